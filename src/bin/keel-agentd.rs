@@ -1,0 +1,3 @@
+//! `keel-agentd`.
+
+fn main() {}

@@ -1,0 +1,3 @@
+//! `keel-controlplane`.
+
+fn main() {}

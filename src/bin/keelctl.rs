@@ -1,0 +1,3 @@
+//! `keelctl`.
+
+fn main() {}

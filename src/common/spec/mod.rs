@@ -1,0 +1,1 @@
+//! Specs: filled by the foundation issue.

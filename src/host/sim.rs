@@ -1,0 +1,1 @@
+//! The simulated host of `keel-agentd --simulate` (filled by the agent issue).
