@@ -1,1 +1,4 @@
-//! Integration tests, linked into one binary.
+//! Integration tests, linked into one binary (`autotests = false`).
+//! Each module is one area; `util` holds the shared helpers.
+
+mod util;
