@@ -26,6 +26,7 @@
 //! [`sim`] is the simulated host of `keel-agentd --simulate`.
 
 pub mod capacity;
+pub mod fake;
 pub mod jail;
 pub mod mount;
 pub mod net;
