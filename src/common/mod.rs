@@ -5,5 +5,6 @@ pub mod backoff;
 pub mod cidr;
 pub mod cmd;
 pub mod config;
+pub mod logging;
 pub mod spec;
 pub mod store;
