@@ -7,3 +7,4 @@ pub mod cmd;
 pub mod config;
 pub mod spec;
 pub mod store;
+pub mod sync;
