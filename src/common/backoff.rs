@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::host::fake::lock;
+use crate::common::sync::lock;
 
 /// Wait before the first retry.
 pub const INITIAL: Duration = Duration::from_secs(1);

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::host::fake::lock;
+use crate::common::sync::lock;
 
 /// The on-disk format this build writes and the only one it reads.
 pub const FORMAT: u64 = 1;
