@@ -280,9 +280,9 @@ pub fn render_argv(argv: &[String]) -> String {
 
 fn quote_word(word: &str) -> String {
     let plain = !word.is_empty()
-        && word.chars().all(|c| {
-            c.is_ascii_alphanumeric() || "-_./=:,@%+^[]{}".contains(c) || !c.is_ascii()
-        });
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+^[]{}".contains(c) || !c.is_ascii());
     if plain {
         word.to_string()
     } else {

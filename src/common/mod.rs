@@ -8,3 +8,4 @@ pub mod config;
 pub mod logging;
 pub mod spec;
 pub mod store;
+pub mod sync;

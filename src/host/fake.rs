@@ -5,7 +5,9 @@
 //! Every Fake is a cheap `Clone` handle over shared state: the test keeps one
 //! clone to inspect and steer, the reconciler owns another.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+pub use crate::common::sync::lock;
 
 /// An ordered log of operations, shared between Fakes. Entries read like
 /// `"zfs.clone_rootfs web-1"` or `"mount.unmount /jails/web-1/data"`.
@@ -76,9 +78,7 @@ impl Faults {
     pub fn should_fail(&self, op: &str, target: &str) -> bool {
         let mut faults = lock(&self.0);
         let hit = faults.iter_mut().position(|f| {
-            f.op == op
-                && f.target.as_deref().is_none_or(|t| t == target)
-                && f.remaining != Some(0)
+            f.op == op && f.target.as_deref().is_none_or(|t| t == target) && f.remaining != Some(0)
         });
         match hit {
             Some(i) => {
@@ -98,12 +98,6 @@ impl Faults {
             remaining,
         });
     }
-}
-
-/// Locks a Fake's state; a test that panicked while holding it leaves data
-/// that is still a valid record, so poisoning is ignored.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

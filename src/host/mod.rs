@@ -54,7 +54,10 @@ pub fn iface_names(jail: &str) -> (String, String) {
         jail.to_string()
     } else {
         let head: String = jail.chars().take(3).collect();
-        format!("{head}_{:08x}", crate::common::cidr::fnv1a32(jail.as_bytes()))
+        format!(
+            "{head}_{:08x}",
+            crate::common::cidr::fnv1a32(jail.as_bytes())
+        )
     };
     (format!("kh_{stem}"), format!("kj_{stem}"))
 }

@@ -40,8 +40,7 @@ where
             )
         }
     });
-    let transcript = Transcript::parse(&text)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let transcript = Transcript::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     if regenerating() {
         let runner = Arc::new(RecordingRunner::regenerating(&transcript));
         operation(runner.clone());
