@@ -2,3 +2,4 @@
 //! Each module is one area; `util` holds the shared helpers.
 
 mod util;
+mod golden_capacity;
