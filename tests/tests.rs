@@ -3,3 +3,4 @@
 
 mod util;
 mod golden_capacity;
+mod golden_mount;
