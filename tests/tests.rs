@@ -4,3 +4,4 @@
 mod util;
 mod golden_capacity;
 mod golden_mount;
+mod golden_net;
