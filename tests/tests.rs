@@ -1,4 +1,8 @@
 //! Integration tests, linked into one binary (`autotests = false`).
 //! Each module is one area; `util` holds the shared helpers.
 
+mod golden_capacity;
+mod golden_mount;
+mod golden_net;
+mod golden_pf;
 mod util;
