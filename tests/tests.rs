@@ -5,4 +5,5 @@ mod golden_capacity;
 mod golden_mount;
 mod golden_net;
 mod golden_pf;
+mod sim;
 mod util;
