@@ -2,4 +2,5 @@
 //! Each module is one area; `util` holds the shared helpers.
 
 mod golden_jail;
+mod golden_zfs;
 mod util;
