@@ -2,8 +2,10 @@
 //! Each module is one area; `util` holds the shared helpers.
 
 mod golden_capacity;
+mod golden_jail;
 mod golden_mount;
 mod golden_net;
 mod golden_pf;
+mod golden_zfs;
 mod sim;
 mod util;
