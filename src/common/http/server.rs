@@ -25,12 +25,13 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::request::split_target;
 use super::{Conn, HttpError, Request, Response};
+use crate::common::sync::lock;
 
 /// Default bound on a request head (request line and header fields).
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
@@ -143,13 +144,7 @@ impl ShutdownSignal {
     /// Stops every server using this signal from accepting; idempotent.
     pub fn trigger(&self) {
         self.inner.stopped.store(true, Ordering::SeqCst);
-        // A poisoned list is still a valid list of addresses.
-        let targets = self
-            .inner
-            .wake
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let targets = lock(&self.inner.wake).clone();
         for target in targets {
             // Failure means the listener is already gone, which is the goal.
             let _ = match target {
@@ -167,11 +162,7 @@ impl ShutdownSignal {
     }
 
     fn register(&self, target: WakeTarget) {
-        self.inner
-            .wake
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(target);
+        lock(&self.inner.wake).push(target);
     }
 }
 
