@@ -7,5 +7,6 @@ mod golden_mount;
 mod golden_net;
 mod golden_pf;
 mod golden_zfs;
+mod http;
 mod sim;
 mod util;

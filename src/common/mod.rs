@@ -5,6 +5,7 @@ pub mod backoff;
 pub mod cidr;
 pub mod cmd;
 pub mod config;
+pub mod http;
 pub mod spec;
 pub mod store;
 pub mod sync;
