@@ -10,4 +10,5 @@ mod golden_pf;
 mod golden_zfs;
 mod http;
 mod sim;
+mod spec_examples;
 mod util;
