@@ -351,8 +351,8 @@ fn names_are_dns_labels() {
         3,
         "DNS label",
     );
-    // YAML reads 12 as a number; as a name it is the label "12", which is fine.
-    parse_jail(&with(JAIL, 3, "  name: 12")).expect("numeric label");
+    // YAML reads 12a as a string and 12 as a number; both reach the name rules.
+    parse_jail(&with(JAIL, 3, "  name: 12a")).expect("label starting with digits");
 }
 
 #[test]
@@ -1008,4 +1008,27 @@ mod props {
             let _ = parse_documents(&text);
         }
     }
+}
+
+#[test]
+fn all_digit_names_are_refused_because_jail8_reads_them_as_jids() {
+    refused(
+        &with(JAIL, 3, "  name: \"123\""),
+        1,
+        "metadata.name",
+        3,
+        "jail id",
+    );
+    assert!(validate_name("web-123").is_ok());
+}
+
+#[test]
+fn a_program_containing_equals_is_refused() {
+    refused(
+        &with(JAIL, 13, "    start: [\"A=b\", \"/etc/rc\"]"),
+        1,
+        "spec.exec.start[0]",
+        13,
+        "'='",
+    );
 }

@@ -63,6 +63,12 @@ pub fn validate_name(name: &str) -> Result<(), String> {
              ending with a letter or digit (got {name:?})"
         ));
     }
+    // jail(8), jls -j and jexec read an all-digit name as a jail id.
+    if name.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "must contain a letter or '-': jail(8) reads an all-digit name as a jail id (got {name:?})"
+        ));
+    }
     Ok(())
 }
 
@@ -241,6 +247,15 @@ fn argv(field: &str, args: &[String], required: bool) -> Check {
             return Err(FieldError::new(
                 f,
                 "must not be empty: it is the program to run",
+            ));
+        }
+        // The jail's exec.start runs the program through env(1) to pass the
+        // spec's environment; env reads a first word containing `=` as one
+        // more variable, not as the program.
+        if i == 0 && arg.contains('=') {
+            return Err(FieldError::new(
+                f,
+                "the program must not contain '='; put variables in spec.env",
             ));
         }
         if let Some(c) = arg.chars().find(|c| c.is_control()) {
@@ -448,10 +463,21 @@ mod tests {
 
     #[test]
     fn names_are_dns_labels() {
-        for good in ["a", "web-1", "0", &"a".repeat(63)] {
+        for good in ["a", "web-1", "0a", &"a".repeat(63)] {
             assert_eq!(validate_name(good), Ok(()), "{good}");
         }
-        for bad in ["", "-a", "a-", "Web", "a_b", "a.b", "é", &"a".repeat(64)] {
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "Web",
+            "a_b",
+            "a.b",
+            "é",
+            "0",
+            "123",
+            &"a".repeat(64),
+        ] {
             assert!(validate_name(bad).is_err(), "{bad:?} accepted");
         }
     }
