@@ -1,4 +1,14 @@
 //! Integration tests, linked into one binary (`autotests = false`).
 //! Each module is one area; `util` holds the shared helpers.
 
+mod config_cli;
+mod golden_capacity;
+mod golden_jail;
+mod golden_mount;
+mod golden_net;
+mod golden_pf;
+mod golden_zfs;
+mod http;
+mod sim;
+mod spec_examples;
 mod util;

@@ -1,3 +1,6 @@
-//! `keel-agentd`.
+//! `keel-agentd`: the node agent. Everything lives in [`keel::agentd`]; this
+//! file only turns its result into the exit status.
 
-fn main() {}
+fn main() {
+    std::process::exit(keel::agentd::cli::main());
+}

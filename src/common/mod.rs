@@ -1,10 +1,13 @@
-//! Shared by all three binaries. Nothing here touches the host except through
-//! [`cmd::CommandRunner`] and the state directory handed to [`store`].
+//! Shared by all three binaries: specs, configuration, HTTP, CIDR maths, the
+//! crash-safe store, backoff, logging and the command runner. Nothing here runs
+//! a host command except through [`cmd::CommandRunner`]; the only host state it
+//! touches directly is the daemon's own files (state directory, sockets).
 
 pub mod backoff;
 pub mod cidr;
 pub mod cmd;
 pub mod config;
+pub mod http;
 pub mod logging;
 pub mod spec;
 pub mod store;

@@ -8,16 +8,30 @@
 //! jail with no processes left is a *crashed workload* ([`ObservedJail::running`]
 //! is false) and the reconciler restarts it through its backoff.
 //!
+//! The workload (`exec.start` of the spec) runs under daemon(8) with its stdio
+//! detached: jail(8) waits for every exec.start command to exit, so a
+//! foreground server would otherwise hold `jail -c` (and the agent) until it
+//! stopped, and a background one would keep our stdout pipe open. When the
+//! workload exits, daemon(8) exits with it and the jail has no processes left,
+//! which is exactly how a crash is detected.
+//!
 //! This module never touches ZFS, mounts or host-side networking: the jail
 //! side of the network (address and default route inside the jail) is part of
-//! the jail.conf it writes, because jail(8) runs it at every start.
+//! the jail.conf it writes, because jail(8) runs it at every start. It never
+//! hands anything to a shell on the host; the only shell is the one jail(8)
+//! runs *inside* the jail for exec.start/exec.stop, and every word reaching it
+//! is quoted by [`render_jail_conf`].
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use crate::common::cmd::{CmdError, CmdOutput};
+use crate::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
+use crate::common::config::CommandPaths;
+use crate::host::fake::{CallLog, Faults, lock};
 
 /// Everything jail(8) needs to create one jail.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,4 +158,852 @@ pub trait JailRuntime: Send {
     fn clear_limits(&self, name: &str) -> Result<(), JailError>;
     /// Runs argv inside the jail with jexec(8); the caller reads the status.
     fn exec(&self, name: &str, argv: &[String]) -> Result<CmdOutput, JailError>;
+}
+
+/// How long `jail -c` and `jail -r` may run: they run exec.start and exec.stop,
+/// and removal waits up to stop.timeout (10 s by default) for processes to exit.
+pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long jls(8) and ps(1) may run.
+pub const OBSERVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one rctl(8) call may run.
+pub const RCTL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a command run with jexec(8) may run (e.g. `nginx -t`, a reload).
+pub const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// devfs(8) ruleset of the jail's /dev: 5 is `devfsrules_jail_vnet`, the
+/// default jail ruleset 4 plus /dev/pf, meant for VNET jails.
+pub const DEVFS_RULESET: u32 = 5;
+/// daemon(8) inside the jail, which detaches the workload (see the module docs).
+pub const JAIL_DAEMON: &str = "/usr/sbin/daemon";
+/// Where daemon(8) appends the workload's stdout and stderr, inside the jail.
+pub const WORKLOAD_LOG: &str = "/var/log/keel-start.log";
+/// env(1) inside the jail: exec.clean empties the environment, so the spec's
+/// variables are passed explicitly.
+pub const JAIL_ENV: &str = "/usr/bin/env";
+const JAIL_IFCONFIG: &str = "/sbin/ifconfig";
+const JAIL_ROUTE: &str = "/sbin/route";
+
+/// The jail.conf(5) text Keel writes for one jail: VNET with the jail end of
+/// its epair, devfs with [`DEVFS_RULESET`], `persist`, a clean environment, and
+/// an exec.start list that brings up lo0 and the jail's address, adds the
+/// default route, then starts the workload under daemon(8) with the spec's
+/// environment applied by env(1).
+///
+/// Two layers of quoting keep every value literal: each argv element is
+/// quoted for sh(1) (jail(8) runs exec.* lines through `/bin/sh -c` inside the
+/// jail), and the whole line is a jail.conf double-quoted string, where `\`,
+/// `"` and `$` are escaped because jail.conf expands `$name` and `${name}`
+/// there.
+pub fn render_jail_conf(params: &JailParams) -> String {
+    let mut lines = vec![
+        format!("path = {}", conf_string(&params.path.to_string_lossy())),
+        format!("host.hostname = {}", conf_string(&params.hostname)),
+        "persist".to_string(),
+    ];
+    let mut start: Vec<Vec<String>> = Vec::new();
+    if let Some(net) = &params.network {
+        lines.push("vnet".to_string());
+        lines.push(format!("vnet.interface = {}", conf_string(&net.interface)));
+        // A new VNET has lo0 down; services that bind 127.0.0.1 need it.
+        start.push(words(&[JAIL_IFCONFIG, "lo0", "inet", "127.0.0.1/8", "up"]));
+        start.push(words(&[
+            JAIL_IFCONFIG,
+            &net.interface,
+            "inet",
+            &format!("{}/{}", net.address, net.prefix_len),
+            "up",
+        ]));
+        start.push(words(&[
+            JAIL_ROUTE,
+            "add",
+            "default",
+            &net.gateway.to_string(),
+        ]));
+    }
+    lines.push("mount.devfs".to_string());
+    lines.push(format!("devfs_ruleset = {DEVFS_RULESET}"));
+    lines.push("exec.clean".to_string());
+    if !params.exec_start.is_empty() {
+        let mut workload = words(&[JAIL_DAEMON, "-f", "-o", WORKLOAD_LOG]);
+        workload.extend(with_env(&params.env, &params.exec_start));
+        start.push(workload);
+    }
+    for (i, command) in start.iter().enumerate() {
+        let op = if i == 0 { "=" } else { "+=" };
+        lines.push(format!(
+            "exec.start {op} {}",
+            conf_string(&sh_command(command))
+        ));
+    }
+    if !params.exec_stop.is_empty() {
+        let stop = with_env(&params.env, &params.exec_stop);
+        lines.push(format!("exec.stop = {}", conf_string(&sh_command(&stop))));
+    }
+    let mut out = String::from(
+        "# Written by keel-agentd at every create; used by `jail -f THIS_FILE -c|-r NAME`.\n",
+    );
+    out.push_str(&format!("{} {{\n", conf_string(&params.name)));
+    for line in lines {
+        out.push_str(&format!("\t{line};\n"));
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// The rctl(8) rules for `limits` on jail `name`, in the order they are added.
+/// `pcpu` is percent of one core, rounded up so a limit never ends up below
+/// what the spec asked for.
+pub fn rctl_rules(name: &str, limits: &Limits) -> Vec<String> {
+    let mut rules = Vec::new();
+    if let Some(cpu) = limits.cpu {
+        rules.push(format!("jail:{name}:pcpu:deny={}", pcpu_percent(cpu)));
+    }
+    if let Some(bytes) = limits.memory {
+        rules.push(format!("jail:{name}:memoryuse:deny={bytes}"));
+    }
+    rules
+}
+
+fn pcpu_percent(cores: f64) -> u64 {
+    // In f64, 0.1 * 100.0 is 10.000000000000002 and 0.29 * 100.0 is
+    // 28.999999999999996: snap to a millionth of a percent before rounding up
+    // so only a real fraction rounds up. Never 0 (a 0 % limit stops the jail).
+    let percent = (cores * 100.0 * 1e6).round() / 1e6;
+    (percent.ceil() as u64).max(1)
+}
+
+fn words(parts: &[&str]) -> Vec<String> {
+    crate::common::cmd::argv(parts)
+}
+
+fn with_env(env: &BTreeMap<String, String>, argv: &[String]) -> Vec<String> {
+    if env.is_empty() {
+        return argv.to_vec();
+    }
+    let mut out = vec![JAIL_ENV.to_string()];
+    out.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    out.extend(argv.iter().cloned());
+    out
+}
+
+/// One sh(1) command line from argv. Not [`render_argv`]: that one is for
+/// people reading transcripts and leaves `[`, `]`, `{`, `}` bare, which sh
+/// would glob; here anything but a conservative set is single-quoted, and `=`
+/// in the first word too, where sh would take `A=b` for an assignment.
+fn sh_command(argv: &[String]) -> String {
+    argv.iter()
+        .enumerate()
+        .map(|(i, w)| sh_word(w, i > 0))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn sh_word(word: &str, allow_equals: bool) -> String {
+    let plain = !word.is_empty()
+        && word.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || b"-_./:,+@%".contains(&b) || (allow_equals && b == b'=')
+        });
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// A jail.conf(5) double-quoted string: `\`, `"` and `$` escaped, everything
+/// else literal (a raw newline is allowed inside the quotes).
+fn conf_string(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        if matches!(c, '\\' | '"' | '$') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// Every string of `params` that ends up in the jail.conf; a NUL byte there
+/// would silently cut the value short in jail(8), so it is refused.
+fn nul_field(params: &JailParams) -> Option<&'static str> {
+    let has_nul = |s: &str| s.contains('\0');
+    if has_nul(&params.name) || has_nul(&params.hostname) {
+        return Some("name or hostname");
+    }
+    if has_nul(&params.path.to_string_lossy()) {
+        return Some("path");
+    }
+    if params
+        .network
+        .as_ref()
+        .is_some_and(|n| has_nul(&n.interface))
+    {
+        return Some("network interface");
+    }
+    if params.exec_start.iter().any(|a| has_nul(a)) {
+        return Some("exec.start");
+    }
+    if params.exec_stop.iter().any(|a| has_nul(a)) {
+        return Some("exec.stop");
+    }
+    if params.env.iter().any(|(k, v)| has_nul(k) || has_nul(v)) {
+        return Some("env");
+    }
+    None
+}
+
+/// Parses `jls -h name jid path`: a header line naming the parameters, then
+/// one line per jail with the values separated by one space. Without `-q`
+/// nothing is quoted, so the path, last, is the rest of the line and may hold
+/// spaces; jls quotes with `-q` without escaping inner quotes, which would
+/// make it no easier to read back.
+fn parse_jls(stdout: &str) -> Result<Vec<(String, u32, PathBuf)>, String> {
+    let mut lines = stdout.lines();
+    let header = lines.next().ok_or("no header line")?;
+    if header.split_whitespace().collect::<Vec<_>>() != ["name", "jid", "path"] {
+        return Err(format!("header is `{header}`, expected `name jid path`"));
+    }
+    let mut jails = Vec::new();
+    for line in lines.filter(|l| !l.trim().is_empty()) {
+        let mut fields = line.splitn(3, ' ');
+        let (Some(name), Some(jid), Some(path)) = (fields.next(), fields.next(), fields.next())
+        else {
+            return Err(format!("`{line}` does not have a name, a jid and a path"));
+        };
+        let jid = jid
+            .parse()
+            .map_err(|_| format!("`{line}`: jid `{jid}` is not a number"))?;
+        if name.is_empty() || path.is_empty() {
+            return Err(format!("`{line}` has an empty name or path"));
+        }
+        jails.push((name.to_string(), jid, PathBuf::from(path)));
+    }
+    Ok(jails)
+}
+
+/// Parses `ps -a -x -o jid=` (one jail id per process, no header) into the
+/// number of processes per jail id.
+fn parse_ps_jids(stdout: &str) -> Result<BTreeMap<u32, usize>, String> {
+    let mut counts = BTreeMap::new();
+    for line in stdout.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let jid: u32 = line
+            .parse()
+            .map_err(|_| format!("`{line}` is not a jail id"))?;
+        *counts.entry(jid).or_insert(0) += 1;
+    }
+    Ok(counts)
+}
+
+fn racct_message(out: &CmdOutput) -> Option<String> {
+    let text = out.stderr.trim();
+    (text.contains("RACCT/RCTL present, but disabled")
+        || text.contains("RACCT/RCTL support not present in kernel"))
+    .then(|| text.to_string())
+}
+
+fn program(path: &Path, args: &[&str]) -> Vec<String> {
+    let mut argv = vec![path.to_string_lossy().into_owned()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    argv
+}
+
+/// [`JailRuntime`] on FreeBSD: jail(8), jls(8), ps(1), rctl(8), jexec(8).
+#[derive(Debug)]
+pub struct FreeBsdJails<R: CommandRunner> {
+    runner: R,
+    paths: CommandPaths,
+    conf_dir: PathBuf,
+}
+
+impl<R: CommandRunner> FreeBsdJails<R> {
+    /// Runs commands through `runner` by the absolute `paths`, and keeps each
+    /// jail's jail.conf in `conf_dir` (created on first use).
+    pub fn new(runner: R, paths: CommandPaths, conf_dir: impl Into<PathBuf>) -> Self {
+        FreeBsdJails {
+            runner,
+            paths,
+            conf_dir: conf_dir.into(),
+        }
+    }
+
+    /// `{conf_dir}/{name}.conf`
+    pub fn conf_path(&self, name: &str) -> PathBuf {
+        self.conf_dir.join(format!("{name}.conf"))
+    }
+
+    fn run(&self, argv: &[String], timeout: Duration) -> Result<CmdOutput, JailError> {
+        Ok(self.runner.run(argv, None, timeout)?)
+    }
+
+    /// Writes the file next to its final name and renames it into place, so a
+    /// crash never leaves a half-written conf that `jail -r` would choke on.
+    fn write_conf(&self, path: &Path, text: &str) -> Result<(), JailError> {
+        let fail = |e: std::io::Error| JailError::WriteConf {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        };
+        std::fs::create_dir_all(&self.conf_dir).map_err(fail)?;
+        let tmp = path.with_extension(format!("conf.tmp.{}", std::process::id()));
+        std::fs::write(&tmp, text).map_err(fail)?;
+        std::fs::rename(&tmp, path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            fail(e)
+        })
+    }
+
+    fn rctl_remove(&self, name: &str) -> Result<(), JailError> {
+        let argv = program(&self.paths.rctl, &["-r", &format!("jail:{name}")]);
+        let out = self.run(&argv, RCTL_TIMEOUT)?;
+        // No rule matched: the kernel says ESRCH. Without RACCT no rule can
+        // exist, so there is nothing to remove either.
+        if out.success() || out.stderr.contains("No such process") || racct_message(&out).is_some()
+        {
+            return Ok(());
+        }
+        out.check(&argv)?;
+        Ok(())
+    }
+}
+
+impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
+    fn list(&self) -> Result<Vec<ObservedJail>, JailError> {
+        let jls = program(&self.paths.jls, &["-h", "name", "jid", "path"]);
+        let out = self.run(&jls, OBSERVE_TIMEOUT)?.check(&jls)?;
+        let jails = parse_jls(&out.stdout).map_err(|reason| JailError::Parse {
+            command: render_argv(&jls),
+            reason,
+        })?;
+        let ps = program(&self.paths.ps, &["-a", "-x", "-o", "jid="]);
+        let out = self.run(&ps, OBSERVE_TIMEOUT)?.check(&ps)?;
+        let processes = parse_ps_jids(&out.stdout).map_err(|reason| JailError::Parse {
+            command: render_argv(&ps),
+            reason,
+        })?;
+        Ok(jails
+            .into_iter()
+            .map(|(name, jid, path)| ObservedJail {
+                running: processes.get(&jid).is_some_and(|n| *n > 0),
+                name,
+                jid,
+                path,
+            })
+            .collect())
+    }
+
+    fn create(&self, params: &JailParams) -> Result<(), JailError> {
+        let conf = self.conf_path(&params.name);
+        if let Some(field) = nul_field(params) {
+            return Err(JailError::WriteConf {
+                path: conf,
+                reason: format!("the {field} contains a NUL byte"),
+            });
+        }
+        self.write_conf(&conf, &render_jail_conf(params))?;
+        let argv = program(
+            &self.paths.jail,
+            &["-f", &conf.to_string_lossy(), "-c", &params.name],
+        );
+        let out = self.run(&argv, CHANGE_TIMEOUT)?;
+        if !out.success()
+            && out
+                .stderr
+                .contains(&format!("\"{}\" already exists", params.name))
+        {
+            return Err(JailError::AlreadyExists(params.name.clone()));
+        }
+        out.check(&argv)?;
+        Ok(())
+    }
+
+    fn remove(&self, name: &str) -> Result<(), JailError> {
+        let conf = self.conf_path(name);
+        // Without our conf (lost state directory, jail made by hand) exec.stop
+        // cannot run; removing the jail is still better than leaving it.
+        let argv = if conf.is_file() {
+            program(
+                &self.paths.jail,
+                &["-f", &conf.to_string_lossy(), "-r", name],
+            )
+        } else {
+            program(&self.paths.jail, &["-r", name])
+        };
+        let out = self.run(&argv, CHANGE_TIMEOUT)?;
+        // Match the quoted name: a failing exec.stop can print sh's own
+        // "not found", and then the jail is still there.
+        if !(out.success() || out.stderr.contains(&format!("\"{name}\" not found"))) {
+            out.check(&argv)?;
+        }
+        match std::fs::remove_file(&conf) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(JailError::WriteConf {
+                path: conf,
+                reason: format!("the jail is gone but its conf could not be removed: {e}"),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn set_limits(&self, name: &str, limits: &Limits) -> Result<(), JailError> {
+        self.rctl_remove(name)?;
+        let rules = rctl_rules(name, limits);
+        if rules.is_empty() {
+            return Ok(());
+        }
+        let mut argv = program(&self.paths.rctl, &["-a"]);
+        argv.extend(rules);
+        let out = self.run(&argv, RCTL_TIMEOUT)?;
+        if let Some(msg) = racct_message(&out) {
+            return Err(JailError::RacctDisabled(msg));
+        }
+        out.check(&argv)?;
+        Ok(())
+    }
+
+    fn clear_limits(&self, name: &str) -> Result<(), JailError> {
+        self.rctl_remove(name)
+    }
+
+    fn exec(&self, name: &str, argv: &[String]) -> Result<CmdOutput, JailError> {
+        let mut full = program(&self.paths.jexec, &[name]);
+        if argv.is_empty() {
+            // jexec with no command starts an interactive shell.
+            return Err(JailError::Command(CmdError::Spawn {
+                command: render_argv(&full),
+                reason: "no command given".to_string(),
+            }));
+        }
+        full.extend(argv.iter().cloned());
+        self.run(&full, EXEC_TIMEOUT)
+    }
+}
+
+/// In-memory [`JailRuntime`] for tests and `--simulate`'s bookkeeping.
+///
+/// Every call that changes something is logged to the shared [`CallLog`]
+/// (`"jail.create web-1"`, `"jail.remove web-1"`, `"jail.set_limits web-1"`,
+/// `"jail.clear_limits web-1"`, `"jail.exec web-1 /usr/local/sbin/nginx -t"`),
+/// failing calls included, so tests can assert on attempts and ordering.
+/// [`Faults`] use the method names as operations (`"create"`, `"remove"`,
+/// `"set_limits"`, `"clear_limits"`, `"exec"`, with the jail name as target;
+/// `"list"` with target `"jails"`) and make the call fail the way the host
+/// would. rctl rules outlive their jail, as they do in the kernel.
+#[derive(Debug, Clone, Default)]
+pub struct FakeJails {
+    state: Arc<Mutex<JailTable>>,
+    log: CallLog,
+    faults: Faults,
+}
+
+#[derive(Debug, Default)]
+struct JailTable {
+    jails: BTreeMap<String, FakeJail>,
+    limits: BTreeMap<String, Limits>,
+    exec_outputs: BTreeMap<String, CmdOutput>,
+    last_jid: u32,
+    racct_disabled: bool,
+}
+
+#[derive(Debug)]
+struct FakeJail {
+    params: JailParams,
+    jid: u32,
+    running: bool,
+}
+
+impl FakeJails {
+    /// An empty host logging to `log` and failing as `faults` say.
+    pub fn new(log: CallLog, faults: Faults) -> FakeJails {
+        FakeJails {
+            state: Arc::default(),
+            log,
+            faults,
+        }
+    }
+
+    /// The workload of `name` exits: the jail stays, with no process left.
+    pub fn crash(&self, name: &str) {
+        if let Some(j) = lock(&self.state).jails.get_mut(name) {
+            j.running = false;
+        }
+    }
+
+    /// True when `name` exists and its workload runs.
+    pub fn is_running(&self, name: &str) -> bool {
+        lock(&self.state).jails.get(name).is_some_and(|j| j.running)
+    }
+
+    /// What `name` was created with, while it exists.
+    pub fn params(&self, name: &str) -> Option<JailParams> {
+        lock(&self.state).jails.get(name).map(|j| j.params.clone())
+    }
+
+    /// The rctl limits in force for `name`, if any were set and not cleared.
+    pub fn limits(&self, name: &str) -> Option<Limits> {
+        lock(&self.state).limits.get(name).copied()
+    }
+
+    /// Makes every later `exec` in `name` answer `output`.
+    pub fn set_exec_output(&self, name: &str, output: CmdOutput) {
+        lock(&self.state)
+            .exec_outputs
+            .insert(name.to_string(), output);
+    }
+
+    /// Simulates a kernel with RACCT disabled: `set_limits` with limits fails
+    /// with [`JailError::RacctDisabled`], clearing still succeeds.
+    pub fn set_racct_enabled(&self, enabled: bool) {
+        lock(&self.state).racct_disabled = !enabled;
+    }
+
+    fn failed(command: String, stderr: &str) -> JailError {
+        JailError::Command(CmdError::Failed {
+            command,
+            status: 1,
+            stderr: stderr.to_string(),
+        })
+    }
+}
+
+impl JailRuntime for FakeJails {
+    fn list(&self) -> Result<Vec<ObservedJail>, JailError> {
+        if self.faults.should_fail("list", "jails") {
+            return Err(FakeJails::failed(
+                "jls -h name jid path".into(),
+                "jls: injected failure",
+            ));
+        }
+        Ok(lock(&self.state)
+            .jails
+            .iter()
+            .map(|(name, j)| ObservedJail {
+                name: name.clone(),
+                jid: j.jid,
+                path: j.params.path.clone(),
+                running: j.running,
+            })
+            .collect())
+    }
+
+    fn create(&self, params: &JailParams) -> Result<(), JailError> {
+        let name = &params.name;
+        self.log.push(format!("jail.create {name}"));
+        if self.faults.should_fail("create", name) {
+            return Err(FakeJails::failed(
+                format!("jail -f {name}.conf -c {name}"),
+                &format!("jail: {name}: exec.start failed"),
+            ));
+        }
+        let mut st = lock(&self.state);
+        if st.jails.contains_key(name) {
+            return Err(JailError::AlreadyExists(name.clone()));
+        }
+        st.last_jid += 1;
+        let jail = FakeJail {
+            params: params.clone(),
+            jid: st.last_jid,
+            running: !params.exec_start.is_empty(),
+        };
+        st.jails.insert(name.clone(), jail);
+        Ok(())
+    }
+
+    fn remove(&self, name: &str) -> Result<(), JailError> {
+        self.log.push(format!("jail.remove {name}"));
+        if self.faults.should_fail("remove", name) {
+            return Err(FakeJails::failed(
+                format!("jail -f {name}.conf -r {name}"),
+                &format!("jail: {name}: exec.stop failed"),
+            ));
+        }
+        lock(&self.state).jails.remove(name);
+        Ok(())
+    }
+
+    fn set_limits(&self, name: &str, limits: &Limits) -> Result<(), JailError> {
+        self.log.push(format!("jail.set_limits {name}"));
+        if self.faults.should_fail("set_limits", name) {
+            return Err(FakeJails::failed(
+                format!("rctl -a jail:{name}"),
+                &format!("rctl: failed to add rule 'jail:{name}': Invalid argument"),
+            ));
+        }
+        let mut st = lock(&self.state);
+        st.limits.remove(name);
+        if rctl_rules(name, limits).is_empty() {
+            return Ok(());
+        }
+        if st.racct_disabled {
+            return Err(JailError::RacctDisabled(
+                "rctl: RACCT/RCTL present, but disabled; enable using kern.racct.enable=1 tunable"
+                    .into(),
+            ));
+        }
+        st.limits.insert(name.to_string(), *limits);
+        Ok(())
+    }
+
+    fn clear_limits(&self, name: &str) -> Result<(), JailError> {
+        self.log.push(format!("jail.clear_limits {name}"));
+        if self.faults.should_fail("clear_limits", name) {
+            return Err(FakeJails::failed(
+                format!("rctl -r jail:{name}"),
+                "rctl: failed to remove rule: Operation not permitted",
+            ));
+        }
+        lock(&self.state).limits.remove(name);
+        Ok(())
+    }
+
+    fn exec(&self, name: &str, argv: &[String]) -> Result<CmdOutput, JailError> {
+        self.log
+            .push(format!("jail.exec {name} {}", render_argv(argv)));
+        if self.faults.should_fail("exec", name) {
+            return Ok(CmdOutput {
+                status: 1,
+                stdout: String::new(),
+                stderr: format!("{}: injected failure\n", render_argv(argv)),
+            });
+        }
+        let st = lock(&self.state);
+        if !st.jails.contains_key(name) {
+            return Ok(CmdOutput {
+                status: 1,
+                stdout: String::new(),
+                stderr: format!("jexec: jail \"{name}\" not found\n"),
+            });
+        }
+        Ok(st.exec_outputs.get(name).cloned().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn web() -> JailParams {
+        JailParams {
+            name: "web-1".into(),
+            path: "/usr/local/keel/jails/web-1".into(),
+            hostname: "web-1".into(),
+            network: Some(JailNetwork {
+                interface: "kj_web-1".into(),
+                address: Ipv4Addr::new(10, 20, 3, 15),
+                prefix_len: 24,
+                gateway: Ipv4Addr::new(10, 20, 3, 1),
+            }),
+            exec_start: vec!["/bin/sh".into(), "/etc/rc".into()],
+            exec_stop: vec!["/bin/sh".into(), "/etc/rc.shutdown".into()],
+            env: BTreeMap::from([("PORT".to_string(), "8080".to_string())]),
+        }
+    }
+
+    #[test]
+    fn conf_has_vnet_devfs_persist_and_the_start_sequence() {
+        let expected = r#"# Written by keel-agentd at every create; used by `jail -f THIS_FILE -c|-r NAME`.
+"web-1" {
+	path = "/usr/local/keel/jails/web-1";
+	host.hostname = "web-1";
+	persist;
+	vnet;
+	vnet.interface = "kj_web-1";
+	mount.devfs;
+	devfs_ruleset = 5;
+	exec.clean;
+	exec.start = "/sbin/ifconfig lo0 inet 127.0.0.1/8 up";
+	exec.start += "/sbin/ifconfig kj_web-1 inet 10.20.3.15/24 up";
+	exec.start += "/sbin/route add default 10.20.3.1";
+	exec.start += "/usr/sbin/daemon -f -o /var/log/keel-start.log /usr/bin/env PORT=8080 /bin/sh /etc/rc";
+	exec.stop = "/usr/bin/env PORT=8080 /bin/sh /etc/rc.shutdown";
+}
+"#;
+        assert_eq!(render_jail_conf(&web()), expected);
+    }
+
+    #[test]
+    fn conf_without_network_env_or_stop_has_only_the_workload() {
+        let mut p = web();
+        p.network = None;
+        p.env.clear();
+        p.exec_stop.clear();
+        let conf = render_jail_conf(&p);
+        assert!(!conf.contains("vnet"), "{conf}");
+        assert!(!conf.contains("exec.stop"), "{conf}");
+        assert!(
+            conf.contains(
+                "\texec.start = \"/usr/sbin/daemon -f -o /var/log/keel-start.log /bin/sh /etc/rc\";\n"
+            ),
+            "{conf}"
+        );
+    }
+
+    #[test]
+    fn hostile_words_are_quoted_for_sh_and_escaped_for_jail_conf() {
+        let mut p = web();
+        p.exec_start = vec![
+            "/bin/echo".into(),
+            "it's".into(),
+            "$HOME".into(),
+            "a;b c".into(),
+            r"back\slash".into(),
+            "\"dq\"".into(),
+            "[a-z]*".into(),
+        ];
+        p.env = BTreeMap::from([("X".to_string(), "${path}".to_string())]);
+        let conf = render_jail_conf(&p);
+        let expected = r#"exec.start += "/usr/sbin/daemon -f -o /var/log/keel-start.log /usr/bin/env 'X=\${path}' /bin/echo 'it'\\''s' '\$HOME' 'a;b c' 'back\\slash' '\"dq\"' '[a-z]*'";"#;
+        assert!(conf.contains(expected), "{conf}");
+    }
+
+    #[test]
+    fn an_assignment_lookalike_is_quoted_only_in_command_position() {
+        assert_eq!(
+            sh_command(&words(&["A=b", "/bin/x", "K=v"])),
+            "'A=b' /bin/x K=v"
+        );
+        assert_eq!(sh_command(&words(&["/bin/x", ""])), "/bin/x ''");
+    }
+
+    #[test]
+    fn pcpu_rounds_up_real_fractions_only() {
+        assert_eq!(pcpu_percent(1.5), 150);
+        assert_eq!(pcpu_percent(0.1), 10);
+        assert_eq!(pcpu_percent(0.29), 29);
+        assert_eq!(pcpu_percent(0.333), 34);
+        assert_eq!(pcpu_percent(2.0), 200);
+        assert_eq!(pcpu_percent(0.0001), 1);
+    }
+
+    #[test]
+    fn rctl_rules_cover_only_the_limits_given() {
+        let both = Limits {
+            cpu: Some(1.5),
+            memory: Some(512 << 20),
+        };
+        assert_eq!(
+            rctl_rules("web-1", &both),
+            [
+                "jail:web-1:pcpu:deny=150",
+                "jail:web-1:memoryuse:deny=536870912"
+            ]
+        );
+        let mem = Limits {
+            cpu: None,
+            memory: Some(1024),
+        };
+        assert_eq!(rctl_rules("db", &mem), ["jail:db:memoryuse:deny=1024"]);
+        assert!(rctl_rules("db", &Limits::default()).is_empty());
+    }
+
+    #[test]
+    fn jls_output_parses_with_spaces_in_paths() {
+        let out = "name jid path\nweb-1 3 /usr/local/keel/jails/web-1\nold 7 /jails/with space\n";
+        assert_eq!(
+            parse_jls(out),
+            Ok(vec![
+                ("web-1".into(), 3, "/usr/local/keel/jails/web-1".into()),
+                ("old".into(), 7, "/jails/with space".into()),
+            ])
+        );
+        assert_eq!(parse_jls("name jid path\n"), Ok(vec![]));
+    }
+
+    #[test]
+    fn unexpected_jls_output_is_refused() {
+        assert!(parse_jls("").is_err());
+        assert!(parse_jls("JID IP Address Hostname Path\n").is_err());
+        assert!(parse_jls("name jid path\nweb-1 x /p\n").is_err());
+        assert!(parse_jls("name jid path\nweb-1 3\n").is_err());
+    }
+
+    #[test]
+    fn ps_jids_are_counted_per_jail() {
+        let counts = parse_ps_jids("    0\n    0\n    3\n   12\n    3\n").expect("parses");
+        assert_eq!(counts, BTreeMap::from([(0, 2), (3, 2), (12, 1)]));
+        assert!(parse_ps_jids("  0\n  PID\n").is_err());
+    }
+
+    #[test]
+    fn fake_tracks_jails_crashes_and_refuses_duplicates() {
+        let log = CallLog::new();
+        let jails = FakeJails::new(log.clone(), Faults::default());
+        jails.create(&web()).expect("created");
+        assert!(jails.is_running("web-1"));
+        assert_eq!(
+            jails.create(&web()),
+            Err(JailError::AlreadyExists("web-1".into()))
+        );
+        jails.crash("web-1");
+        let listed = jails.list().expect("lists");
+        assert_eq!(listed.len(), 1);
+        assert!(!listed[0].running);
+        jails.remove("web-1").expect("removed");
+        jails
+            .remove("web-1")
+            .expect("removing a missing jail is fine");
+        assert!(jails.params("web-1").is_none());
+        assert_eq!(
+            log.entries(),
+            [
+                "jail.create web-1",
+                "jail.create web-1",
+                "jail.remove web-1",
+                "jail.remove web-1"
+            ]
+        );
+    }
+
+    #[test]
+    fn fake_faults_fail_the_named_operation() {
+        let faults = Faults::default();
+        let jails = FakeJails::new(CallLog::new(), faults.clone());
+        faults.fail_times("create", Some("web-1"), 1);
+        assert!(matches!(jails.create(&web()), Err(JailError::Command(_))));
+        jails.create(&web()).expect("second attempt works");
+        faults.fail("list", None);
+        assert!(jails.list().is_err());
+        faults.fail("exec", Some("web-1"));
+        let out = jails.exec("web-1", &words(&["/bin/true"])).expect("runs");
+        assert_eq!(out.status, 1);
+    }
+
+    #[test]
+    fn fake_limits_outlive_the_jail_until_cleared() {
+        let jails = FakeJails::default();
+        let limits = Limits {
+            cpu: Some(1.0),
+            memory: None,
+        };
+        jails.set_limits("web-1", &limits).expect("set");
+        jails.remove("web-1").expect("removed");
+        assert_eq!(jails.limits("web-1"), Some(limits));
+        jails.clear_limits("web-1").expect("cleared");
+        assert_eq!(jails.limits("web-1"), None);
+        jails.set_racct_enabled(false);
+        assert!(matches!(
+            jails.set_limits("web-1", &limits),
+            Err(JailError::RacctDisabled(_))
+        ));
+        jails
+            .clear_limits("web-1")
+            .expect("nothing to clear without RACCT");
+    }
+
+    #[test]
+    fn fake_exec_answers_what_it_was_told() {
+        let jails = FakeJails::default();
+        let nginx = words(&["/usr/local/sbin/nginx", "-t"]);
+        assert_eq!(jails.exec("web-1", &nginx).expect("runs").status, 1);
+        jails.create(&web()).expect("created");
+        assert!(jails.exec("web-1", &nginx).expect("runs").success());
+        jails.set_exec_output(
+            "web-1",
+            CmdOutput {
+                status: 1,
+                stdout: String::new(),
+                stderr: "nginx: [emerg] unknown directive\n".into(),
+            },
+        );
+        assert_eq!(jails.exec("web-1", &nginx).expect("runs").status, 1);
+    }
 }

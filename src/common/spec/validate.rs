@@ -1,0 +1,549 @@
+//! Semantic rules for specs, run on the typed value after serde has accepted its
+//! shape. It owns every constraint that protects what a value later reaches: a
+//! command line, a ZFS dataset name, an rctl rule, a jail.conf, an nginx config.
+//! It never looks at positions (the caller places the returned field path) and
+//! never checks node-local facts such as an address lying inside the node's
+//! pod_cidr (the agent knows its subnet; the spec does not).
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use super::error::FieldError;
+use super::types::{Document, ExecSpec, Ingress, Jail, JailSpec, Resources, Service, VolumeSpec};
+
+/// Most replicas a Service may ask for. Replica names and VIP proxy tables stay
+/// small, and a typo such as `replicas: 30000` is refused instead of scheduled.
+pub const MAX_REPLICAS: u32 = 1000;
+/// Most CPU cores a jail may be limited to (rctl pcpu is a percentage of one core).
+pub const MAX_CPU: f64 = 1024.0;
+/// Smallest CPU limit: rctl pcpu counts whole percent, so 0.01 is 1 %.
+pub const MIN_CPU: f64 = 0.01;
+/// Longest base name: it is one component of a ZFS dataset name.
+pub const MAX_BASE_LEN: usize = 64;
+/// Longest mountPath: the jail's root path is prepended and FreeBSD limits a
+/// mount point to 1023 bytes.
+pub const MAX_MOUNT_PATH_LEN: usize = 512;
+
+pub(crate) const PORT_RANGE: &str = "a port must be between 1 and 65535";
+pub(crate) const REPLICAS_RANGE: &str = "replicas must be between 0 and 1000";
+
+type Check = Result<(), FieldError>;
+
+fn at(field: impl Into<String>, result: Result<(), String>) -> Check {
+    result.map_err(|m| FieldError::new(field, m))
+}
+
+fn label_ok(s: &str) -> bool {
+    let b = s.as_bytes();
+    let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.first().is_some_and(inner)
+        && b.last().is_some_and(inner)
+        && b.iter().all(|c| inner(c) || *c == b'-')
+}
+
+/// Checks a name (jail, service, ingress, volume): a DNS label
+/// `[a-z0-9]([a-z0-9-]*[a-z0-9])?` of at most 63 characters. Also used by the
+/// HTTP routes for names in paths.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > 63 {
+        return Err(format!(
+            "must be at most 63 characters, got {} ({name:?})",
+            name.len()
+        ));
+    }
+    if !label_ok(name) {
+        return Err(format!(
+            "must be a DNS label: lowercase letters a-z, digits and '-', starting and \
+             ending with a letter or digit (got {name:?})"
+        ));
+    }
+    // jail(8), jls -j and jexec read an all-digit name as a jail id.
+    if name.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "must contain a letter or '-': jail(8) reads an all-digit name as a jail id (got {name:?})"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a DNS name of at least `min_labels` labels: lowercase ASCII, each
+/// label a DNS label, at most 253 characters, no wildcard, no trailing dot.
+fn dns_name(name: &str, min_labels: usize) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > 253 {
+        return Err(format!(
+            "must be at most 253 characters, got {}",
+            name.len()
+        ));
+    }
+    if name.contains('*') {
+        return Err(format!(
+            "wildcards are not supported; name one host (got {name:?})"
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_ascii_uppercase()) {
+        return Err(format!("must be lowercase (found {c:?} in {name:?})"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-' || *c == '.'))
+    {
+        return Err(format!(
+            "may contain only lowercase letters, digits, '-' and '.' (found {c:?} in {name:?}); \
+             write internationalised names in punycode (xn--...)"
+        ));
+    }
+    if name.ends_with('.') {
+        return Err(format!("must not end with '.' (got {name:?})"));
+    }
+    let labels: Vec<&str> = name.split('.').collect();
+    if let Some(bad) = labels.iter().find(|l| !label_ok(l)) {
+        return Err(format!(
+            "label {bad:?} of {name:?} is not a DNS label: 1-63 lowercase letters, digits \
+             and '-', starting and ending with a letter or digit"
+        ));
+    }
+    if labels.len() < min_labels {
+        return Err(format!(
+            "must be a fully qualified domain name such as www.example.com (got {name:?})"
+        ));
+    }
+    if min_labels > 1
+        && labels
+            .last()
+            .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(format!(
+            "must be a domain name, not an IP address (got {name:?})"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an Ingress host: a lowercase ASCII FQDN of at least two labels, at
+/// most 253 characters, no wildcard, no trailing dot; punycode (`xn--`) is fine.
+pub fn validate_host(host: &str) -> Result<(), String> {
+    dns_name(host, 2)
+}
+
+/// Checks a jail hostname: the Ingress host rules, but one label is enough.
+pub fn validate_hostname(hostname: &str) -> Result<(), String> {
+    dns_name(hostname, 1)
+}
+
+/// Checks a base name: `[A-Za-z0-9][A-Za-z0-9._-]*`, at most 64 characters
+/// (it becomes `{pool}/keel/bases/<base>`).
+pub fn validate_base(base: &str) -> Result<(), String> {
+    let ok_first = base
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric());
+    let ok_rest = base
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if base.is_empty() {
+        return Err("must not be empty; name a base release such as 14.2-RELEASE".into());
+    }
+    if base.len() > MAX_BASE_LEN {
+        return Err(format!(
+            "must be at most {MAX_BASE_LEN} characters, got {}",
+            base.len()
+        ));
+    }
+    if !ok_first || !ok_rest {
+        return Err(format!(
+            "must start with a letter or digit and contain only letters, digits, '.', '_' \
+             and '-' (it names the ZFS dataset {{pool}}/keel/bases/<base>); got {base:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a fixed jail address: not unspecified (0.0.0.0/8), broadcast,
+/// multicast or reserved (240.0.0.0/4). Loopback is allowed: simulate mode
+/// addresses jails from 127.64.0.0/10.
+pub fn validate_address(addr: Ipv4Addr) -> Result<(), String> {
+    let first = addr.octets()[0];
+    if first == 0 {
+        return Err(format!("{addr} is not a host address (0.0.0.0/8)"));
+    }
+    if addr.is_broadcast() {
+        return Err(format!("{addr} is the broadcast address"));
+    }
+    if addr.is_multicast() {
+        return Err(format!("{addr} is a multicast address"));
+    }
+    if first >= 240 {
+        return Err(format!("{addr} is in the reserved range 240.0.0.0/4"));
+    }
+    Ok(())
+}
+
+/// Checks a volume mountPath: absolute, normalised (no `//`, no trailing `/`,
+/// no `.` or `..` components), not `/`, no whitespace or control characters
+/// (mount -p could not report it unambiguously), at most
+/// [`MAX_MOUNT_PATH_LEN`] bytes.
+pub fn validate_mount_path(path: &Path) -> Result<(), String> {
+    let Some(s) = path.to_str() else {
+        return Err("must be valid UTF-8".into());
+    };
+    if s.is_empty() {
+        return Err("must not be empty; give an absolute path such as /var/db/data".into());
+    }
+    if !s.starts_with('/') {
+        return Err(format!(
+            "must be an absolute path (start with '/'), got {s:?}"
+        ));
+    }
+    if s == "/" {
+        return Err("must not be '/': a volume cannot replace the jail's root".into());
+    }
+    if s.len() > MAX_MOUNT_PATH_LEN {
+        return Err(format!(
+            "must be at most {MAX_MOUNT_PATH_LEN} bytes, got {}",
+            s.len()
+        ));
+    }
+    if let Some(c) = s.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "must not contain whitespace or control characters (found {c:?} in {s:?})"
+        ));
+    }
+    if s.contains("//") {
+        return Err(format!("must be normalised: no '//' (got {s:?})"));
+    }
+    if s.ends_with('/') {
+        return Err(format!("must be normalised: no trailing '/' (got {s:?})"));
+    }
+    if s.split('/').any(|c| c == "." || c == "..") {
+        return Err(format!(
+            "must not contain '.' or '..' components (got {s:?})"
+        ));
+    }
+    Ok(())
+}
+
+fn argv(field: &str, args: &[String], required: bool) -> Check {
+    if args.is_empty() {
+        if required {
+            return Err(FieldError::new(
+                field,
+                "must name at least the program to run, e.g. [\"/bin/sh\", \"/etc/rc\"]",
+            ));
+        }
+        return Ok(());
+    }
+    for (i, arg) in args.iter().enumerate() {
+        let f = format!("{field}[{i}]");
+        if i == 0 && arg.is_empty() {
+            return Err(FieldError::new(
+                f,
+                "must not be empty: it is the program to run",
+            ));
+        }
+        // The jail's exec.start runs the program through env(1) to pass the
+        // spec's environment; env reads a first word containing `=` as one
+        // more variable, not as the program.
+        if i == 0 && arg.contains('=') {
+            return Err(FieldError::new(
+                f,
+                "the program must not contain '='; put variables in spec.env",
+            ));
+        }
+        if let Some(c) = arg.chars().find(|c| c.is_control()) {
+            return Err(FieldError::new(
+                f,
+                format!("must not contain NUL, newline or other control characters (found {c:?})"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn exec(p: &str, e: &ExecSpec) -> Check {
+    argv(&format!("{p}.exec.start"), &e.start, true)?;
+    argv(&format!("{p}.exec.stop"), &e.stop, false)
+}
+
+fn shell_identifier(key: &str) -> bool {
+    let b = key.as_bytes();
+    b.first()
+        .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+}
+
+fn resources(p: &str, r: &Resources) -> Check {
+    if let Some(cpu) = r.cpu {
+        let field = format!("{p}.resources.cpu");
+        if !cpu.is_finite() {
+            return Err(FieldError::new(field, "must be a finite number of cores"));
+        }
+        if cpu <= 0.0 {
+            return Err(FieldError::new(
+                field,
+                format!("must be greater than 0, got {cpu}"),
+            ));
+        }
+        if cpu < MIN_CPU {
+            return Err(FieldError::new(
+                field,
+                format!(
+                    "must be at least {MIN_CPU} (rctl pcpu counts whole percent of a core), got {cpu}"
+                ),
+            ));
+        }
+        if cpu > MAX_CPU {
+            return Err(FieldError::new(
+                field,
+                format!("must be at most {MAX_CPU} cores, got {cpu}"),
+            ));
+        }
+    }
+    if r.memory == Some(0) {
+        return Err(FieldError::new(
+            format!("{p}.resources.memory"),
+            "must be greater than zero; leave memory out for no limit",
+        ));
+    }
+    Ok(())
+}
+
+fn volumes(p: &str, vols: &[VolumeSpec]) -> Check {
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut paths: HashMap<&Path, usize> = HashMap::new();
+    for (i, v) in vols.iter().enumerate() {
+        let f = format!("{p}.volumes[{i}]");
+        at(format!("{f}.name"), validate_name(&v.name))?;
+        at(format!("{f}.mountPath"), validate_mount_path(&v.mount_path))?;
+        if v.size == Some(0) {
+            return Err(FieldError::new(
+                format!("{f}.size"),
+                "must be greater than zero; leave size out for no quota",
+            ));
+        }
+        if let Some(j) = names.insert(&v.name, i) {
+            return Err(FieldError::new(
+                format!("{f}.name"),
+                format!("duplicate volume name {:?} (also {p}.volumes[{j}])", v.name),
+            ));
+        }
+        if let Some(j) = paths.insert(&v.mount_path, i) {
+            return Err(FieldError::new(
+                format!("{f}.mountPath"),
+                format!(
+                    "duplicate mountPath {:?} (also {p}.volumes[{j}])",
+                    v.mount_path.to_string_lossy()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rules shared by a Jail's spec and a Service's template; `p` is the path
+/// of the spec (`spec` or `spec.template`).
+fn jail_body(p: &str, s: &JailSpec) -> Check {
+    at(format!("{p}.base"), validate_base(&s.base))?;
+    if let Some(h) = &s.hostname {
+        at(format!("{p}.hostname"), validate_hostname(h))?;
+    }
+    if let Some(a) = s.network.address {
+        at(format!("{p}.network.address"), validate_address(a))?;
+    }
+    resources(p, &s.resources)?;
+    exec(p, &s.exec)?;
+    for (k, v) in &s.env {
+        let f = format!("{p}.env.{k}");
+        if !shell_identifier(k) {
+            return Err(FieldError::new(
+                f,
+                format!(
+                    "environment variable names must be shell identifiers: letters, digits \
+                     and '_', not starting with a digit (got {k:?})"
+                ),
+            ));
+        }
+        if v.contains('\0') {
+            return Err(FieldError::new(f, "must not contain NUL bytes"));
+        }
+    }
+    volumes(p, &s.volumes)
+}
+
+pub(crate) fn jail(j: &Jail) -> Check {
+    at("metadata.name", validate_name(&j.metadata.name))?;
+    jail_body("spec", &j.spec)
+}
+
+pub(crate) fn service(s: &Service) -> Check {
+    let name = &s.metadata.name;
+    at("metadata.name", validate_name(name))?;
+    let spec = &s.spec;
+    if spec.replicas > MAX_REPLICAS {
+        return Err(FieldError::new(
+            "spec.replicas",
+            format!("{} is out of range: {REPLICAS_RANGE}", spec.replicas),
+        ));
+    }
+    if spec.port == 0 {
+        return Err(FieldError::new(
+            "spec.port",
+            format!("0 is out of range: {PORT_RANGE}"),
+        ));
+    }
+    let t = &spec.template;
+    if t.network.address.is_some() {
+        return Err(FieldError::new(
+            "spec.template.network.address",
+            "must not be set in a Service template: every replica gets its own address \
+             from its node's pod_cidr",
+        ));
+    }
+    // The longest replica name decides whether every derived name still fits.
+    let last = format!("{name}-{}", spec.replicas.saturating_sub(1));
+    if last.len() > 63 {
+        return Err(FieldError::new(
+            "metadata.name",
+            format!(
+                "replica name {last:?} would be longer than 63 characters; shorten the \
+                 service name"
+            ),
+        ));
+    }
+    let as_spec = JailSpec {
+        base: t.base.clone(),
+        hostname: t.hostname.clone(),
+        network: t.network.clone(),
+        resources: t.resources.clone(),
+        exec: t.exec.clone(),
+        env: t.env.clone(),
+        volumes: t.volumes.clone(),
+    };
+    jail_body("spec.template", &as_spec)?;
+    for (i, v) in t.volumes.iter().enumerate() {
+        let derived = format!("{last}-{}", v.name);
+        if derived.len() > 63 {
+            return Err(FieldError::new(
+                format!("spec.template.volumes[{i}].name"),
+                format!(
+                    "per-replica volume name {derived:?} would be longer than 63 \
+                     characters; shorten the volume or service name"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn ingress(i: &Ingress) -> Check {
+    at("metadata.name", validate_name(&i.metadata.name))?;
+    at("spec.host", validate_host(&i.spec.host))?;
+    at("spec.service", validate_name(&i.spec.service))
+}
+
+pub(crate) fn document(d: &Document) -> Check {
+    match d {
+        Document::Jail(j) => jail(j),
+        Document::Service(s) => service(s),
+        Document::Ingress(i) => ingress(i),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_dns_labels() {
+        for good in ["a", "web-1", "0a", &"a".repeat(63)] {
+            assert_eq!(validate_name(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "Web",
+            "a_b",
+            "a.b",
+            "é",
+            "0",
+            "123",
+            &"a".repeat(64),
+        ] {
+            assert!(validate_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn hosts_are_lowercase_fqdns() {
+        for good in ["www.example.com", "xn--bcher-kva.example", "a.b"] {
+            assert_eq!(validate_host(good), Ok(()), "{good}");
+        }
+        let long = format!("{}.com", vec!["a".repeat(63); 4].join("."));
+        for bad in [
+            "example",
+            "*.example.com",
+            "WWW.example.com",
+            "www.example.com.",
+            "a..b",
+            "a b.com",
+            "a;b.com",
+            "a{b.com",
+            "a\"b.com",
+            "a'b.com",
+            "bücher.example",
+            "1.2.3.4",
+            "-a.com",
+            &long,
+        ] {
+            assert!(validate_host(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(validate_hostname("web-1"), Ok(()));
+        assert!(validate_hostname("web_1").is_err());
+    }
+
+    #[test]
+    fn addresses() {
+        for good in ["10.20.3.15", "127.64.0.2", "192.168.1.1"] {
+            assert_eq!(validate_address(good.parse().expect("ip")), Ok(()));
+        }
+        for bad in [
+            "0.0.0.0",
+            "0.1.2.3",
+            "255.255.255.255",
+            "224.0.0.1",
+            "240.0.0.1",
+        ] {
+            assert!(validate_address(bad.parse().expect("ip")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mount_paths() {
+        assert_eq!(validate_mount_path(Path::new("/var/db/postgres")), Ok(()));
+        for bad in [
+            "", "data", "/", "/a//b", "/a/", "/a/./b", "/a/../b", "/..", "/a b", "/a\nb",
+        ] {
+            assert!(
+                validate_mount_path(Path::new(bad)).is_err(),
+                "{bad:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn bases() {
+        assert_eq!(validate_base("14.2-RELEASE"), Ok(()));
+        for bad in ["", ".x", "-x", "a/b", "a b", "a@b", &"a".repeat(65)] {
+            assert!(validate_base(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! keel-controlplane's command line: its flag table, each flag tied to the
+//! `keel.toml` key it overrides, and `main`. Parsing, loading and validation are
+//! shared with keel-agentd in [`crate::common::config`]; this file only says which
+//! flags the control plane has. It never touches the host itself.
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use crate::common::config::{
+    self, CliError, Daemon, FLAG_CHECK_CONFIG, FLAG_CONFIG, FLAG_DAEMON, FLAG_HELP, FLAG_LOG_LEVEL,
+    FLAG_SIMULATE, FLAG_VERSION, Flag, FlagAction,
+};
+
+/// The control plane's parsed command line.
+pub use crate::common::config::DaemonOptions as Options;
+
+const fn set(
+    long: &'static str,
+    key: &'static str,
+    value: &'static str,
+    help: &'static str,
+) -> Flag {
+    Flag {
+        short: None,
+        long,
+        action: FlagAction::Set { key, value },
+        help,
+    }
+}
+
+/// Every flag keel-controlplane accepts, in `--help` order.
+pub const FLAGS: &[Flag] = &[
+    FLAG_CONFIG,
+    FLAG_CHECK_CONFIG,
+    FLAG_SIMULATE,
+    FLAG_DAEMON,
+    set(
+        "listen",
+        "controlplane.listen",
+        "IP:PORT",
+        "TCP address of the API",
+    ),
+    set(
+        "state-dir",
+        "controlplane.state_dir",
+        "PATH",
+        "crash-safe state directory",
+    ),
+    set(
+        "pidfile",
+        "controlplane.pidfile",
+        "PATH",
+        "pid file written with --daemon",
+    ),
+    set(
+        "cluster-cidr",
+        "controlplane.cluster_cidr",
+        "CIDR",
+        "range every node's /24 is carved from",
+    ),
+    set(
+        "service-cidr",
+        "controlplane.service_cidr",
+        "CIDR",
+        "range service VIPs are taken from (disjoint from the cluster range)",
+    ),
+    set(
+        "heartbeat-interval",
+        "controlplane.heartbeat_interval",
+        "DURATION",
+        "heartbeat period expected from agents",
+    ),
+    set(
+        "dead-after",
+        "controlplane.dead_after",
+        "DURATION",
+        "silence after which a node is dead (longer than the heartbeat)",
+    ),
+    FLAG_LOG_LEVEL,
+    FLAG_HELP,
+    FLAG_VERSION,
+];
+
+/// keel-controlplane's name, description and flags.
+pub const DAEMON: Daemon = Daemon {
+    name: "keel-controlplane",
+    about: "the Keel control plane: node registry, scheduler, services and their VIPs",
+    flags: FLAGS,
+};
+
+/// Parses keel-controlplane's arguments (without the program name); see
+/// [`config::parse_daemon_args`].
+pub fn parse_args(
+    args: impl IntoIterator<Item = OsString>,
+    cwd: &Path,
+) -> Result<Options, CliError> {
+    config::parse_daemon_args(&DAEMON, args, cwd)
+}
+
+/// keel-controlplane's `main`; returns the exit status.
+pub fn main() -> i32 {
+    config::daemon_main(&DAEMON, super::run)
+}

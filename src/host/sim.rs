@@ -1,1 +1,0 @@
-//! The simulated host of `keel-agentd --simulate` (filled by the agent issue).

@@ -1,0 +1,323 @@
+//! Golden transcripts of `FreeBsdJails` (tests/golden/jail_*.txt): every
+//! `JailRuntime` method and its failure paths against canned FreeBSD output,
+//! plus an end-to-end check that the quoting of `render_jail_conf` survives
+//! both jail.conf(5) and sh(1) parsing.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use keel::common::cmd::{CommandRunner, RecordingRunner, SystemRunner, argv};
+use keel::common::config::CommandPaths;
+use keel::host::jail::{
+    FreeBsdJails, JailError, JailNetwork, JailParams, JailRuntime, Limits, ObservedJail,
+    render_jail_conf,
+};
+
+use crate::util::golden;
+
+/// The conf directory of one transcript. Fixed rather than a fresh temporary
+/// directory because its path is part of the argv the transcript records.
+fn conf_dir(transcript: &str) -> PathBuf {
+    PathBuf::from("/tmp/keel-golden").join(transcript)
+}
+
+fn jails(runner: Arc<RecordingRunner>, transcript: &str) -> FreeBsdJails<Arc<RecordingRunner>> {
+    FreeBsdJails::new(runner, CommandPaths::default(), conf_dir(transcript))
+}
+
+fn web() -> JailParams {
+    JailParams {
+        name: "web-1".into(),
+        path: "/usr/local/keel/jails/web-1".into(),
+        hostname: "web-1".into(),
+        network: Some(JailNetwork {
+            interface: "kj_web-1".into(),
+            address: Ipv4Addr::new(10, 20, 3, 15),
+            prefix_len: 24,
+            gateway: Ipv4Addr::new(10, 20, 3, 1),
+        }),
+        exec_start: argv(&["/usr/local/bin/app", "--port", "8080"]),
+        exec_stop: argv(&["/usr/local/bin/app", "stop"]),
+        env: BTreeMap::from([("GREETING".to_string(), "hello world".to_string())]),
+    }
+}
+
+/// Puts the conf a previous create would have left, for the remove transcripts.
+fn leave_conf(transcript: &str) -> PathBuf {
+    let dir = conf_dir(transcript);
+    std::fs::create_dir_all(&dir).expect("conf dir");
+    let path = dir.join("web-1.conf");
+    std::fs::write(&path, render_jail_conf(&web())).expect("conf written");
+    path
+}
+
+#[test]
+fn create_writes_the_conf_and_creates_from_it() {
+    golden::check("jail_create", |runner| {
+        jails(runner, "jail_create")
+            .create(&web())
+            .expect("created");
+        let conf = conf_dir("jail_create").join("web-1.conf");
+        let text = std::fs::read_to_string(&conf).expect("conf exists");
+        assert_eq!(text, render_jail_conf(&web()));
+    });
+}
+
+#[test]
+fn create_of_an_existing_jail_is_already_exists() {
+    golden::check("jail_create_exists", |runner| {
+        let err = jails(runner, "jail_create_exists")
+            .create(&web())
+            .expect_err("exists");
+        assert_eq!(err, JailError::AlreadyExists("web-1".into()));
+    });
+}
+
+#[test]
+fn create_failing_in_exec_start_reports_jails_message() {
+    golden::check("jail_create_start_failed", |runner| {
+        let err = jails(runner, "jail_create_start_failed")
+            .create(&web())
+            .expect_err("exec.start failed");
+        let msg = err.to_string();
+        assert!(msg.contains("jail -f /tmp/keel-golden"), "{msg}");
+        assert!(
+            msg.contains("/sbin/route add default 10.20.3.1: failed"),
+            "{msg}"
+        );
+    });
+}
+
+#[test]
+fn remove_uses_the_conf_then_deletes_it() {
+    let conf = leave_conf("jail_remove");
+    golden::check("jail_remove", |runner| {
+        jails(runner, "jail_remove")
+            .remove("web-1")
+            .expect("removed");
+    });
+    assert!(!conf.exists(), "conf of a removed jail is deleted");
+}
+
+#[test]
+fn remove_of_a_missing_jail_is_success() {
+    let conf = leave_conf("jail_remove_missing");
+    golden::check("jail_remove_missing", |runner| {
+        jails(runner, "jail_remove_missing")
+            .remove("web-1")
+            .expect("absent is fine");
+    });
+    assert!(!conf.exists());
+}
+
+#[test]
+fn remove_without_a_conf_falls_back_to_the_name() {
+    let conf = conf_dir("jail_remove_without_conf").join("web-1.conf");
+    let _ = std::fs::remove_file(&conf);
+    golden::check("jail_remove_without_conf", |runner| {
+        jails(runner, "jail_remove_without_conf")
+            .remove("web-1")
+            .expect("removed");
+    });
+}
+
+#[test]
+fn remove_failing_in_exec_stop_keeps_the_conf() {
+    let conf = leave_conf("jail_remove_stop_failed");
+    golden::check("jail_remove_stop_failed", |runner| {
+        let err = jails(runner, "jail_remove_stop_failed")
+            .remove("web-1")
+            .expect_err("exec.stop failed, so the jail is still there");
+        assert!(matches!(err, JailError::Command(_)), "{err}");
+    });
+    assert!(conf.exists(), "the conf is kept for the next attempt");
+}
+
+#[test]
+fn list_reads_jls_and_counts_processes_once() {
+    golden::check("jail_list", |runner| {
+        let listed = jails(runner, "jail_list").list().expect("lists");
+        let jail = |name: &str, jid, path: &str, running| ObservedJail {
+            name: name.into(),
+            jid,
+            path: path.into(),
+            running,
+        };
+        assert_eq!(
+            listed,
+            [
+                jail("web-1", 1, "/usr/local/keel/jails/web-1", true),
+                jail("db-0", 2, "/usr/local/keel/jails/db-0", false),
+                jail("legacy", 5, "/jails/legacy app", true),
+            ]
+        );
+    });
+}
+
+#[test]
+fn list_with_no_jails_is_empty() {
+    golden::check("jail_list_empty", |runner| {
+        assert_eq!(jails(runner, "jail_list_empty").list(), Ok(vec![]));
+    });
+}
+
+fn limits() -> Limits {
+    Limits {
+        cpu: Some(1.5),
+        memory: Some(512 << 20),
+    }
+}
+
+#[test]
+fn set_limits_replaces_the_rules() {
+    golden::check("jail_set_limits", |runner| {
+        jails(runner, "jail_set_limits")
+            .set_limits("web-1", &limits())
+            .expect("set");
+    });
+}
+
+#[test]
+fn set_limits_without_prior_rules() {
+    golden::check("jail_set_limits_no_prior_rules", |runner| {
+        jails(runner, "jail_set_limits_no_prior_rules")
+            .set_limits("web-1", &limits())
+            .expect("set");
+    });
+}
+
+#[test]
+fn set_limits_with_racct_disabled_says_how_to_enable_it() {
+    golden::check("jail_set_limits_racct_disabled", |runner| {
+        let err = jails(runner, "jail_set_limits_racct_disabled")
+            .set_limits("web-1", &limits())
+            .expect_err("racct is off");
+        assert!(matches!(err, JailError::RacctDisabled(_)), "{err}");
+        assert!(err.to_string().contains("/boot/loader.conf"), "{err}");
+    });
+}
+
+#[test]
+fn clear_limits_removes_every_rule() {
+    golden::check("jail_clear_limits", |runner| {
+        jails(runner, "jail_clear_limits")
+            .clear_limits("web-1")
+            .expect("cleared");
+    });
+}
+
+#[test]
+fn clear_limits_with_no_rules_is_success() {
+    golden::check("jail_clear_limits_no_rules", |runner| {
+        jails(runner, "jail_clear_limits_no_rules")
+            .clear_limits("web-1")
+            .expect("nothing to clear");
+    });
+}
+
+#[test]
+fn clear_limits_without_racct_is_success() {
+    golden::check("jail_clear_limits_racct_absent", |runner| {
+        jails(runner, "jail_clear_limits_racct_absent")
+            .clear_limits("web-1")
+            .expect("no rule can exist without RACCT");
+    });
+}
+
+#[test]
+fn exec_returns_the_commands_output() {
+    golden::check("jail_exec", |runner| {
+        let out = jails(runner, "jail_exec")
+            .exec("web-1", &argv(&["/usr/local/sbin/nginx", "-t"]))
+            .expect("ran");
+        assert!(out.success());
+        assert!(out.stderr.contains("test is successful"), "{}", out.stderr);
+    });
+}
+
+#[test]
+fn exec_leaves_a_failing_status_to_the_caller() {
+    golden::check("jail_exec_failing", |runner| {
+        let out = jails(runner, "jail_exec_failing")
+            .exec("web-1", &argv(&["/usr/local/sbin/nginx", "-t"]))
+            .expect("ran");
+        assert_eq!(out.status, 1);
+        assert!(out.stderr.contains("[emerg]"), "{}", out.stderr);
+    });
+}
+
+/// Reads one jail.conf double-quoted string the way jail(8)'s lexer does
+/// (backslash takes the next character literally; `$` would start a
+/// variable), returning the value and the rest of the line.
+fn jail_conf_string(text: &str) -> (String, &str) {
+    let body = text.strip_prefix('"').expect("a quoted string");
+    let mut value = String::new();
+    let mut chars = body.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => value.push(chars.next().expect("escaped character").1),
+            '$' => panic!("unescaped $ would be expanded by jail(8): {text}"),
+            '"' => return (value, &body[i + 1..]),
+            c => value.push(c),
+        }
+    }
+    panic!("unterminated string: {text}")
+}
+
+#[test]
+fn hostile_values_reach_the_workload_unchanged() {
+    let hostile = [
+        "it's",
+        "\"double\"",
+        "$HOME",
+        "${path}",
+        "a;b",
+        "two words",
+        r"back\slash",
+        "`id`",
+        "[a-z]*",
+        "~root",
+        "#not a comment",
+        "new\nline",
+        "",
+    ];
+    let mut params = web();
+    params.exec_start = std::iter::once("/usr/local/bin/app".to_string())
+        .chain(hostile.iter().map(|s| s.to_string()))
+        .collect();
+    params.env = BTreeMap::from([("V".to_string(), "$HOME 'x' \"y\" \\z".to_string())]);
+    let conf = render_jail_conf(&params);
+    // The value spans lines (one argument holds a newline): parse from the
+    // last `exec.start +=`, the workload, rather than line by line.
+    let marker = "exec.start += ";
+    let at = conf.rfind(marker).expect("the workload line") + marker.len();
+    let (command, rest) = jail_conf_string(&conf[at..]);
+    assert!(rest.starts_with(";\n"), "{rest}");
+    // Swap daemon(8) for printf(1) so sh(1) shows the argv it would exec.
+    let args = command
+        .strip_prefix("/usr/sbin/daemon -f -o /var/log/keel-start.log ")
+        .expect("the workload runs under daemon(8)");
+    let shell = "/bin/sh".to_string();
+    let script = format!("printf '<%s>' {args}");
+    let out = SystemRunner
+        .run(
+            &[shell, "-c".to_string(), script],
+            None,
+            std::time::Duration::from_secs(10),
+        )
+        .expect("sh runs");
+    assert!(out.success(), "{}", out.stderr);
+    let expected: String = [
+        "/usr/bin/env",
+        "V=$HOME 'x' \"y\" \\z",
+        "/usr/local/bin/app",
+    ]
+    .iter()
+    .copied()
+    .chain(hostile)
+    .map(|a| format!("<{a}>"))
+    .collect();
+    assert_eq!(out.stdout, expected);
+}
