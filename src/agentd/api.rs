@@ -32,12 +32,8 @@ impl AgentApi {
         let method = req.method.as_str();
         Ok(match (method, segments.as_slice()) {
             ("GET", ["healthz"]) => Response::json(200, &Health { status: "ok" }),
-            ("GET", ["metrics"]) => {
-                Response::text(200, self.worker.metrics()?).with_header(
-                    "Content-Type",
-                    "text/plain; version=0.0.4; charset=utf-8",
-                )
-            }
+            ("GET", ["metrics"]) => Response::text(200, self.worker.metrics()?)
+                .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
             ("GET", ["jails", name]) => match check_name(name) {
                 Err(r) => r,
@@ -65,7 +61,11 @@ impl AgentApi {
 
     fn put_jail(&self, name: &str, req: &Request) -> Result<Response, WorkerGone> {
         let Ok(text) = std::str::from_utf8(&req.body) else {
-            return Ok(Response::error(400, "the body must be a UTF-8 YAML Jail spec", None));
+            return Ok(Response::error(
+                400,
+                "the body must be a UTF-8 YAML Jail spec",
+                None,
+            ));
         };
         let jail = match spec::parse_jail(text) {
             Ok(j) => j,
@@ -101,7 +101,8 @@ impl AgentApi {
 
 impl Handler for AgentApi {
     fn handle(&self, req: Request) -> Response {
-        self.route(&req).unwrap_or_else(|e| Response::error(503, &e.to_string(), None))
+        self.route(&req)
+            .unwrap_or_else(|e| Response::error(503, &e.to_string(), None))
     }
 }
 
@@ -117,7 +118,11 @@ struct Deleted<'a> {
 
 fn check_name(name: &str) -> Result<(), Response> {
     spec::validate_name(name).map_err(|why| {
-        Response::error(400, &format!("jail name {name:?}: {why}"), Some("metadata.name"))
+        Response::error(
+            400,
+            &format!("jail name {name:?}: {why}"),
+            Some("metadata.name"),
+        )
     })
 }
 
@@ -126,7 +131,8 @@ fn not_found(name: &str) -> Response {
 }
 
 fn method_not_allowed(allow: &str) -> Response {
-    Response::error(405, &format!("method not allowed; use {allow}"), None).with_header("Allow", allow)
+    Response::error(405, &format!("method not allowed; use {allow}"), None)
+        .with_header("Allow", allow)
 }
 
 /// Maps a reconciler error to its status code (DESIGN.md section 5).

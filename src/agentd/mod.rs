@@ -1,34 +1,22 @@
-//! keel-agentd, the node agent: its command line ([`cli`]) and, in the issues to
-//! come, the reconciler, the state, the API over the Unix socket (and TCP when
-//! clustered), cluster membership, the service proxy and ingress. It reaches the
-//! host only through the `host` traits and never imports `controlplane`: what the
-//! two daemons exchange lives in `common::wire`.
+//! keel-agentd, the node agent.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`reconciler`] | desired vs observed state of this host's jails; provision, restart, delete |
+//! | [`worker`] | the one thread that owns the reconciler, and the channel to it |
+//! | [`api`] | the route table served on the Unix socket (and TCP when clustered) |
+//! | [`metrics`] | Prometheus text for `GET /metrics` |
+//! | [`daemon`] | startup, host selection (FreeBSD or simulated), shutdown |
+//! | [`cli`] | flags and `--check-config` |
+//!
+//! It reaches the host only through the `host` traits and never imports
+//! `controlplane`: what the two daemons exchange lives in `common::wire`.
 
-use std::fmt;
-
+pub mod api;
 pub mod cli;
+pub mod daemon;
+pub mod metrics;
+pub mod reconciler;
+pub mod worker;
 
-/// Why the agent stopped.
-#[derive(Debug)]
-pub enum RunError {
-    /// This build has no agent loop yet (placeholder until the single-node agent
-    /// lands).
-    NotBuilt,
-}
-
-impl fmt::Display for RunError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RunError::NotBuilt => {
-                f.write_str("cannot run yet: only --check-config and --help work in this build")
-            }
-        }
-    }
-}
-
-impl std::error::Error for RunError {}
-
-/// Runs the agent with a validated configuration.
-pub fn run(_options: cli::Options) -> Result<(), RunError> {
-    Err(RunError::NotBuilt)
-}
+pub use daemon::{RunError, run};

@@ -38,6 +38,7 @@ use crate::common::backoff::{Backoff, Clock, Policy, Snapshot};
 use crate::common::cidr::Ipv4Net;
 use crate::common::spec::Jail;
 use crate::common::store::{Store, StoreError};
+pub use crate::common::wire::{JailStatus, Phase};
 use crate::host::jail::{JailError, JailNetwork, JailParams, Limits, ObservedJail};
 use crate::host::mount::{MountEntry, MountError};
 use crate::host::net::NetError;
@@ -112,58 +113,6 @@ pub struct JailRecord {
     /// How many times the workload was restarted after a crash.
     #[serde(default)]
     pub restarts: u32,
-}
-
-/// Where a jail stands, as last seen by the reconciler.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Phase {
-    /// Recorded, not provisioned yet.
-    Pending,
-    /// The workload runs.
-    Running,
-    /// The workload exited; waiting for its backoff delay before restarting.
-    CrashLoop,
-    /// The last provisioning or restart attempt failed.
-    Failed,
-    /// A delete is in progress.
-    Deleting,
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Phase::Pending => "Pending",
-            Phase::Running => "Running",
-            Phase::CrashLoop => "CrashLoop",
-            Phase::Failed => "Failed",
-            Phase::Deleting => "Deleting",
-        })
-    }
-}
-
-/// A jail's state for the API: desired and observed together.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JailStatus {
-    /// Jail name.
-    pub name: String,
-    /// Phase as last observed.
-    pub state: Phase,
-    /// The jail's address.
-    pub address: Ipv4Addr,
-    /// Restarts after crashes.
-    pub restarts: u32,
-    /// When it was first applied (Unix seconds).
-    pub created_unix: u64,
-    /// The last error, if the last attempt failed.
-    pub last_error: Option<String>,
-    /// Seconds until the next restart attempt while in CrashLoop or Failed.
-    pub retry_in_secs: Option<u64>,
-    /// Placement epoch, for jails the control plane placed.
-    pub epoch: Option<u64>,
-    /// cpu cores requested.
-    pub cpu: Option<f64>,
-    /// memory bytes requested.
-    pub memory: Option<u64>,
 }
 
 /// One jail that failed during a pass.
@@ -547,7 +496,8 @@ where
             .values()
             .filter(|j| self.is_keel_jail(j))
             .filter(|j| {
-                !self.state.jails.contains_key(&j.name) && !self.state.deleting.contains_key(&j.name)
+                !self.state.jails.contains_key(&j.name)
+                    && !self.state.deleting.contains_key(&j.name)
             })
             .map(|j| j.name.clone())
             .collect();
@@ -656,7 +606,11 @@ where
         }
         let first = u32::from(self.node.subnet.network());
         let host_bits = 32 - u32::from(self.node.subnet.prefix_len());
-        let count = if host_bits >= 32 { u32::MAX } else { 1u32 << host_bits };
+        let count = if host_bits >= 32 {
+            u32::MAX
+        } else {
+            1u32 << host_bits
+        };
         (2..count)
             .map(|i| Ipv4Addr::from(first + i))
             .find(|ip| self.node.is_host_address(*ip) && !used.contains_key(ip))
@@ -682,11 +636,12 @@ where
     }
 
     fn ensure_bridge(&self) -> Result<(), HostError> {
-        let gw = Ipv4Net::new(self.node.gateway(), self.node.subnet.prefix_len())
-            .map_err(|e| HostError::Net(NetError::Parse {
+        let gw = Ipv4Net::new(self.node.gateway(), self.node.subnet.prefix_len()).map_err(|e| {
+            HostError::Net(NetError::Parse {
                 command: "bridge address".into(),
                 reason: e.to_string(),
-            }))?;
+            })
+        })?;
         self.net.ensure_bridge(&self.node.bridge, gw)?;
         Ok(())
     }
@@ -714,7 +669,8 @@ where
             }
             let target = under_root(&root, &v.mount_path);
             if !obs.is_mounted(&target) {
-                self.mounts.mount_nullfs(&layout.volume_path(&v.name), &target)?;
+                self.mounts
+                    .mount_nullfs(&layout.volume_path(&v.name), &target)?;
             }
         }
 
@@ -794,7 +750,13 @@ where
     fn finish_delete(&mut self, name: &str) -> Result<(), HostError> {
         let spec = self.state.deleting.get(name).cloned();
         let volumes: Vec<PathBuf> = spec
-            .map(|s| s.spec.volumes.iter().map(|v| v.mount_path.clone()).collect())
+            .map(|s| {
+                s.spec
+                    .volumes
+                    .iter()
+                    .map(|v| v.mount_path.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         self.teardown(name, &volumes)?;
         let mut next = self.state.clone();
@@ -840,7 +802,11 @@ where
         let deleting = self.state.deleting.contains_key(name);
         let rt = self.runtime.entry(key.clone()).or_default();
         rt.last_error = Some(error.to_string());
-        rt.phase = Some(if deleting { Phase::Deleting } else { Phase::Failed });
+        rt.phase = Some(if deleting {
+            Phase::Deleting
+        } else {
+            Phase::Failed
+        });
         if !deleting {
             self.backoff.record_failure(&key, now);
         }

@@ -211,7 +211,9 @@ where
                 let running = list.iter().filter(|s| s.state == Phase::Running).count();
                 let _ = reply.send(metrics.render(reconciler.state().jails.len(), running));
             }
-            Command::Reconcile => pass(&mut reconciler, &mut metrics),
+            Command::Reconcile => {
+                pass(&mut reconciler, &mut metrics);
+            }
             Command::ReconcileNow { reply } => {
                 let failures = pass(&mut reconciler, &mut metrics);
                 let _ = reply.send(failures);

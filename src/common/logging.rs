@@ -4,6 +4,8 @@
 use std::io::Write;
 use std::sync::OnceLock;
 
+use crate::common::config::LogLevel;
+
 /// Writes `LEVEL message` lines to stderr.
 struct StderrLogger {
     ident: &'static str,
@@ -31,18 +33,18 @@ impl log::Log for StderrLogger {
 
 static STDERR: OnceLock<StderrLogger> = OnceLock::new();
 
-/// Parses `error|warn|info|debug` (validated by config).
-pub fn level_filter(level: &str) -> log::LevelFilter {
+/// The `log` filter for a configured level.
+pub fn level_filter(level: LogLevel) -> log::LevelFilter {
     match level {
-        "error" => log::LevelFilter::Error,
-        "warn" => log::LevelFilter::Warn,
-        "debug" => log::LevelFilter::Debug,
-        _ => log::LevelFilter::Info,
+        LogLevel::Error => log::LevelFilter::Error,
+        LogLevel::Warn => log::LevelFilter::Warn,
+        LogLevel::Info => log::LevelFilter::Info,
+        LogLevel::Debug => log::LevelFilter::Debug,
     }
 }
 
 /// Logs to stderr. Calling it twice keeps the first logger.
-pub fn to_stderr(ident: &'static str, level: &str) {
+pub fn to_stderr(ident: &'static str, level: LogLevel) {
     let logger = STDERR.get_or_init(|| StderrLogger { ident });
     if log::set_logger(logger).is_ok() {
         log::set_max_level(level_filter(level));
@@ -51,7 +53,7 @@ pub fn to_stderr(ident: &'static str, level: &str) {
 
 /// Logs to the local syslog with facility daemon; falls back to stderr when
 /// syslogd cannot be reached (and says so there).
-pub fn to_syslog(ident: &'static str, level: &str) {
+pub fn to_syslog(ident: &'static str, level: LogLevel) {
     let formatter = syslog::Formatter3164 {
         facility: syslog::Facility::LOG_DAEMON,
         hostname: None,

@@ -12,3 +12,4 @@ pub mod logging;
 pub mod spec;
 pub mod store;
 pub mod sync;
+pub mod wire;

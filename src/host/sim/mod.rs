@@ -9,7 +9,9 @@
 //!   `volumes_dir`; there are no base images, so a clone is an empty directory.
 //! - [`SimMounts`]: a nullfs mount is a symlink from the target to the source.
 //!
-//! Networking, the firewall and capacity come from the in-memory Fakes.
+//! - [`SimNet`]: the bridge, epairs, routes and aliases as a table on disk.
+//!
+//! The firewall and capacity come from the in-memory Fakes.
 //!
 //! State lives in the state directory handed to [`SimHost::new`]:
 //! `sim-jails.json`, `sim-mounts.json` (both replaced atomically) and
@@ -22,6 +24,7 @@
 
 mod jails;
 mod mounts;
+mod net;
 mod process;
 mod zfs;
 
@@ -36,6 +39,7 @@ use crate::host::zfs::ZfsLayout;
 
 pub use jails::SimJails;
 pub use mounts::SimMounts;
+pub use net::SimNet;
 pub use zfs::SimZfs;
 
 /// The simulated host seams that touch the machine: jails, datasets, mounts.
@@ -47,6 +51,8 @@ pub struct SimHost {
     pub zfs: SimZfs,
     /// nullfs mounts as symlinks.
     pub mounts: SimMounts,
+    /// Networking as a table on disk.
+    pub net: SimNet,
 }
 
 impl SimHost {
@@ -57,7 +63,13 @@ impl SimHost {
         let mounts = SimMounts::new(state_dir)?;
         let zfs = SimZfs::new(layout, &mounts)?;
         let jails = SimJails::new(state_dir)?;
-        Ok(SimHost { jails, zfs, mounts })
+        let net = SimNet::new(state_dir)?;
+        Ok(SimHost {
+            jails,
+            zfs,
+            mounts,
+            net,
+        })
     }
 }
 

@@ -1,0 +1,216 @@
+//! Running keel-agentd: build the host seams (FreeBSD or simulated), open the
+//! state, start the worker, the API and the reconcile timer, and stop cleanly
+//! on SIGTERM or SIGINT.
+//!
+//! Stopping the agent is not stopping the workloads: on SIGTERM the agent stops
+//! accepting requests, finishes the command in progress, removes its socket and
+//! exits, and every jail keeps running. The next agent adopts them with a no-op
+//! pass.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use crate::agentd::api::AgentApi;
+use crate::agentd::cli::Options;
+use crate::agentd::reconciler::{NodeNetwork, Reconciler, STATE_FILE};
+use crate::agentd::worker;
+use crate::common::backoff::SystemClock;
+use crate::common::cmd::SystemRunner;
+use crate::common::config::Config;
+use crate::common::http::{HttpError, Server, ServerLimits, ShutdownSignal, bind_unix_socket};
+use crate::common::logging;
+use crate::common::store::{Store, StoreError};
+use crate::host::capacity::{Capacity, FreeBsdCapacity};
+use crate::host::jail::FreeBsdJails;
+use crate::host::mount::FreeBsdMounts;
+use crate::host::net::FreeBsdNet;
+use crate::host::sim::{SimError, SimHost};
+use crate::host::zfs::{FreeBsdZfs, ZfsLayout};
+use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
+
+/// Mode of the API socket: owner and group read/write, nobody else.
+pub const SOCKET_MODE: u32 = 0o660;
+
+/// The socket group in keel.toml's defaults; simulate mode, which runs
+/// unprivileged on any OS, leaves the socket in the user's own group instead
+/// (Linux has no `wheel` group).
+const DEFAULT_SOCKET_GROUP: &str = "wheel";
+
+/// Why the agent could not start or stopped with an error.
+#[derive(Debug)]
+pub enum RunError {
+    /// The state file could not be opened (corrupt, unknown format, I/O).
+    Store(StoreError),
+    /// The simulated host could not be set up.
+    Sim(SimError),
+    /// The API socket could not be bound.
+    Socket(HttpError),
+    /// A thread or the signal handler could not be set up.
+    Setup(String),
+    /// Detaching with --daemon failed.
+    Daemonize(String),
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Store(e) => write!(f, "{e}"),
+            RunError::Sim(e) => write!(f, "{e}"),
+            RunError::Socket(e) => write!(f, "{e}"),
+            RunError::Setup(e) => write!(f, "{e}"),
+            RunError::Daemonize(e) => write!(f, "cannot detach (--daemon): {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub fn run(options: Options) -> Result<(), RunError> {
+    let cfg = options.config;
+    let level = cfg.log.level;
+    if options.daemon {
+        // Detach before any thread exists: fork keeps only the calling thread.
+        daemonize::Daemonize::new()
+            .pid_file(&cfg.agent.pidfile)
+            .working_directory("/")
+            .start()
+            .map_err(|e| RunError::Daemonize(e.to_string()))?;
+        logging::to_syslog("keel-agentd", level);
+    } else {
+        logging::to_stderr("keel-agentd", level);
+    }
+
+    let (store, state) = Store::open(&cfg.agent.state_dir, STATE_FILE).map_err(RunError::Store)?;
+    let layout = ZfsLayout {
+        pool: cfg.zfs.pool.clone(),
+        jails_dir: cfg.zfs.jails_dir.clone(),
+        volumes_dir: cfg.zfs.volumes_dir.clone(),
+    };
+    let node = NodeNetwork {
+        bridge: cfg.agent.bridge.clone(),
+        subnet: cfg.agent.node_subnet,
+    };
+    let clock = Box::new(SystemClock);
+
+    if options.simulate {
+        log::info!(
+            "simulate mode: jails are processes, datasets are directories under {}",
+            cfg.zfs.jails_dir.display()
+        );
+        let sim = SimHost::new(&cfg.agent.state_dir.join("sim"), layout).map_err(RunError::Sim)?;
+        let reconciler = Reconciler::new(
+            sim.jails, sim.zfs, sim.net, sim.mounts, node, store, state, clock,
+        );
+        let group = (cfg.agent.socket_group != DEFAULT_SOCKET_GROUP)
+            .then_some(cfg.agent.socket_group.as_str());
+        return serve(reconciler, &cfg, group);
+    }
+
+    let runner = Arc::new(SystemRunner);
+    preflight(&FreeBsdCapacity::new(runner.clone(), cfg.commands.clone()));
+    let reconciler = Reconciler::new(
+        FreeBsdJails::new(
+            runner.clone(),
+            cfg.commands.clone(),
+            cfg.agent.state_dir.join("jails"),
+        ),
+        FreeBsdZfs::new(
+            runner.clone(),
+            cfg.commands.clone(),
+            layout,
+            cfg.zfs.busy_retries,
+            cfg.zfs.busy_retry_delay.0,
+        ),
+        FreeBsdNet::new(runner.clone(), cfg.commands.clone()),
+        FreeBsdMounts::new(runner, cfg.commands.clone()),
+        node,
+        store,
+        state,
+        clock,
+    );
+    serve(reconciler, &cfg, Some(cfg.agent.socket_group.as_str()))
+}
+
+/// Reports missing kernel features once at startup: the agent still starts
+/// (so `keelctl get` works and the admin sees the errors), but says plainly
+/// what will fail.
+fn preflight(capacity: &impl Capacity) {
+    match capacity.preflight() {
+        Ok(p) => {
+            if !p.vimage {
+                log::error!(
+                    "this kernel has no VIMAGE (kern.features.vimage is not 1): VNET jails cannot be created"
+                );
+            }
+            if !p.racct {
+                log::warn!(
+                    "kern.racct.enable is 0: resource limits will fail; set kern.racct.enable=1 in /boot/loader.conf and reboot"
+                );
+            }
+        }
+        Err(e) => log::warn!("could not check kernel features: {e}"),
+    }
+}
+
+fn serve<J, Z, N, M>(
+    reconciler: Reconciler<J, Z, N, M>,
+    cfg: &Config,
+    group: Option<&str>,
+) -> Result<(), RunError>
+where
+    J: JailRuntime + 'static,
+    Z: ZfsManager + 'static,
+    N: NetManager + 'static,
+    M: MountManager + 'static,
+{
+    let socket = &cfg.agent.socket;
+    let listener = bind_unix_socket(socket, SOCKET_MODE, group).map_err(RunError::Socket)?;
+    let setup = |e: std::io::Error| RunError::Setup(e.to_string());
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(setup)?;
+
+    let (worker, worker_thread) = worker::spawn(reconciler).map_err(setup)?;
+    let shutdown = ShutdownSignal::new();
+    let server = Server::new(
+        Arc::new(AgentApi::new(worker.clone())),
+        ServerLimits::default(),
+        shutdown.clone(),
+    );
+    let http = server.serve_unix(listener).map_err(RunError::Socket)?;
+    let (stop_timer, timer_stop) = mpsc::channel();
+    let timer = worker::spawn_timer(worker.clone(), cfg.agent.reconcile_interval.0, timer_stop)
+        .map_err(setup)?;
+    log::info!(
+        "listening on {} (reconcile every {})",
+        socket.display(),
+        cfg.agent.reconcile_interval
+    );
+
+    let signal = signals.forever().next();
+    log::info!(
+        "stopping on signal {}; jails keep running",
+        signal.unwrap_or_default()
+    );
+    shutdown.trigger();
+    drop(stop_timer);
+    worker.shutdown();
+    let _ = http.join();
+    let _ = timer.join();
+    let _ = worker_thread.join();
+    remove_quietly(socket);
+    Ok(())
+}
+
+fn remove_quietly(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        log::warn!("could not remove {}: {e}", path.display());
+    }
+}
