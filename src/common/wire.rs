@@ -60,3 +60,139 @@ pub struct JailStatus {
     /// memory bytes requested.
     pub memory: Option<u64>,
 }
+
+/// Header carrying the control plane's placement epoch on a forwarded apply.
+pub const EPOCH_HEADER: &str = "X-Keel-Epoch";
+
+/// Size of a node, or what its jails have committed of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    /// CPU cores (capacity: `hw.ncpu`; committed: sum of `spec.resources.cpu`).
+    pub cpu: f64,
+    /// Bytes (capacity: `hw.physmem`; committed: sum of `spec.resources.memory`).
+    pub memory: u64,
+}
+
+/// `POST /nodes/register`: an agent joins (or rejoins) the cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    /// The node's id (a DNS label; default the hostname).
+    pub node_id: String,
+    /// `IP:PORT` of the agent's TCP listener; the control plane forwards there
+    /// and peers route the node's subnet via this IP.
+    pub advertise_addr: std::net::SocketAddr,
+    /// What the host offers, detected once at agent startup.
+    pub capacity: Resources,
+}
+
+/// Answer to a registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    /// The node's subnet, the same on every re-registration.
+    pub pod_cidr: String,
+}
+
+/// A jail the control plane placed on the reporting node, with the epoch it
+/// was placed under (fencing: see [`HeartbeatResponse::stale`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacedJail {
+    /// Jail name.
+    pub name: String,
+    /// Placement epoch stored with the jail.
+    pub epoch: u64,
+    /// Whether its workload was running at the agent's last pass.
+    pub running: bool,
+}
+
+/// `POST /nodes/{id}/heartbeat`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    /// Sum of the resources of every jail the agent tracks.
+    pub committed: Resources,
+    /// Number of jails the agent tracks.
+    pub jails: u32,
+    /// Jails the control plane placed here, with their epochs.
+    #[serde(default)]
+    pub placed: Vec<PlacedJail>,
+}
+
+/// One cluster member as peers see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peer {
+    /// Node id.
+    pub node_id: String,
+    /// The address its subnet is routed via (the advertise address's IP).
+    pub address: std::net::Ipv4Addr,
+    /// Its subnet.
+    pub pod_cidr: String,
+    /// Alive (heartbeating) or not; a Dead peer's route is withdrawn.
+    pub alive: bool,
+}
+
+/// A replicated service as every node's proxy needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceEndpoints {
+    /// Service name.
+    pub name: String,
+    /// Its virtual IP.
+    pub vip: std::net::Ipv4Addr,
+    /// Its port.
+    pub port: u16,
+    /// `address:port` of every replica on an Alive node whose workload runs.
+    pub replicas: Vec<std::net::SocketAddrV4>,
+}
+
+/// Answer to a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// Every other registered node.
+    pub peers: Vec<Peer>,
+    /// Placed jails the reporting node holds that are no longer placed on it
+    /// (moved while it was Dead, or deleted): the agent deletes them.
+    #[serde(default)]
+    pub stale: Vec<String>,
+    /// Every service, for the node's proxy.
+    #[serde(default)]
+    pub services: Vec<ServiceEndpoints>,
+}
+
+/// Liveness of a node, computed on read from its last heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Liveness {
+    /// Heartbeated within `dead_after`.
+    Alive,
+    /// Silent for longer than `dead_after`, or not heard from since the
+    /// control plane started.
+    Dead,
+}
+
+impl fmt::Display for Liveness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Liveness::Alive => "Alive",
+            Liveness::Dead => "Dead",
+        })
+    }
+}
+
+/// `GET /nodes` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// Node id.
+    pub node_id: String,
+    /// Alive or Dead.
+    pub status: Liveness,
+    /// The agent's advertise address.
+    pub address: std::net::SocketAddr,
+    /// Its subnet.
+    pub pod_cidr: String,
+    /// Host size.
+    pub capacity: Resources,
+    /// What its jails have committed.
+    pub committed: Resources,
+    /// Jails it tracks.
+    pub jails: u32,
+    /// Seconds since its last heartbeat; `None` when not heard from since the
+    /// control plane started.
+    pub last_seen_secs: Option<u64>,
+}
