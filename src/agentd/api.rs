@@ -12,9 +12,8 @@ use crate::agentd::reconciler::ReconcileError;
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::http::{Handler, Request, Response};
 use crate::common::spec;
+use crate::common::wire::EPOCH_HEADER;
 
-/// Header carrying the control plane's placement epoch on a scheduled apply.
-pub const EPOCH_HEADER: &str = "X-Keel-Epoch";
 
 /// The agent API.
 pub struct AgentApi {
