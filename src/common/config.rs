@@ -168,6 +168,9 @@ pub struct ControlPlaneConfig {
     pub heartbeat_interval: Interval,
     /// Silence after which a node counts as dead. Default `15s`.
     pub dead_after: Interval,
+    /// Node key the control plane signs the requests it forwards to agents
+    /// with (agents accept node keys only). Default `/usr/local/etc/keel/node.key`.
+    pub key_file: PathBuf,
 }
 
 impl Default for ControlPlaneConfig {
@@ -180,6 +183,7 @@ impl Default for ControlPlaneConfig {
             service_cidr: net([10, 96, 0, 0], 16),
             heartbeat_interval: Interval::secs(5),
             dead_after: Interval::secs(15),
+            key_file: "/usr/local/etc/keel/node.key".into(),
         }
     }
 }
@@ -728,6 +732,18 @@ impl Config {
             prod.controlplane.pidfile,
             sim.join("controlplane.pid"),
         );
+        // Keys live with the rest of the simulated cluster; the daemons create
+        // missing ones in simulate mode (see `common::auth::ensure_sim_key`).
+        let keys = sim.join("keys");
+        swap(&mut c.key_file, prod.controlplane.key_file, keys.join("node.key"));
+        swap(&mut self.agent.key_file, prod.agent.key_file, keys.join("node.key"));
+        swap(&mut self.ctl.key_file, prod.ctl.key_file, keys.join("operator.key"));
+        swap(&mut self.auth.node_keys, prod.auth.node_keys, vec![keys.join("node.key")]);
+        swap(
+            &mut self.auth.operator_keys,
+            prod.auth.operator_keys,
+            vec![keys.join("operator.key")],
+        );
     }
 
     /// Checks what the types cannot: absolute UTF-8 paths, durations above zero,
@@ -809,6 +825,8 @@ impl Config {
                 ),
             ));
         }
+
+        check_path("controlplane.key_file", &c.key_file)?;
 
         let auth = &self.auth;
         for (i, p) in auth.node_keys.iter().enumerate() {

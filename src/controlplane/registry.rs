@@ -1,0 +1,592 @@
+//! The cluster model the worker thread owns: registered nodes and their
+//! liveness, placements, and applies in flight.
+//!
+//! Liveness is computed on read from the last heartbeat (Alive while younger
+//! than `dead_after`); nothing sweeps in the background. Every method that
+//! changes persisted state returns the [`Op`]s it applied, for the worker to
+//! journal before answering.
+//!
+//! Applies in flight: a scheduled apply is resolved here (a read), forwarded by
+//! a handler thread, and recorded only when the node answered success. While
+//! it is in flight the name is *pending* on its chosen node, so a second apply
+//! of the same name resolves to the same node and epoch instead of racing to
+//! another one, and a heartbeat from that node does not fence the jail the
+//! node has just created but the control plane has not recorded yet.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use crate::common::cidr::{Ipv4Net, derive_pod_cidr};
+use crate::common::wire::{
+    HeartbeatRequest, HeartbeatResponse, Liveness, NodeStatus, Peer, RegisterRequest, Resources,
+};
+use crate::controlplane::scheduler::{Candidate, pick_node};
+use crate::controlplane::state::{ClusterState, NodeRecord, Op, Placement};
+
+/// A request the cluster refuses, with its HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// 400, 404, 409, 503 ...
+    pub status: u16,
+    /// One line a human can act on.
+    pub message: String,
+    /// The offending field, when there is one.
+    pub field: Option<String>,
+}
+
+impl Refusal {
+    fn new(status: u16, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            message: message.into(),
+            field: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Where a request for a jail goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Node id.
+    pub node: String,
+    /// Its agent's TCP listener.
+    pub addr: SocketAddr,
+    /// The placement epoch to send with an apply.
+    pub epoch: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Live {
+    last_heartbeat: Option<Instant>,
+    committed: Resources,
+    jails: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Pending {
+    node: String,
+    epoch: u64,
+    /// Applies of this name in flight (released when the last one ends).
+    count: u32,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Cluster {
+    state: ClusterState,
+    live: BTreeMap<String, Live>,
+    pending: BTreeMap<String, Pending>,
+    cluster_cidr: Ipv4Net,
+    dead_after: Duration,
+}
+
+impl Cluster {
+    /// A cluster from persisted state: every node Dead until it heartbeats.
+    pub fn new(state: ClusterState, cluster_cidr: Ipv4Net, dead_after: Duration) -> Cluster {
+        Cluster {
+            state,
+            live: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            cluster_cidr,
+            dead_after,
+        }
+    }
+
+    /// The persisted part.
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// Replaces the persisted part (after a failed journal write, with what is
+    /// on disk); applies in flight are forgotten.
+    pub fn reset(&mut self, state: ClusterState) {
+        self.state = state;
+        self.pending.clear();
+    }
+
+    fn apply(&mut self, ops: Vec<Op>) -> Vec<Op> {
+        use crate::common::journal::Replay;
+        for op in &ops {
+            self.state.replay(op);
+        }
+        ops
+    }
+
+    /// Liveness of `id` at `now`, `None` when unknown.
+    pub fn liveness(&self, id: &str, now: Instant) -> Option<Liveness> {
+        self.state.nodes.get(id)?;
+        let alive = self
+            .live
+            .get(id)
+            .and_then(|l| l.last_heartbeat)
+            .is_some_and(|t| now.saturating_duration_since(t) < self.dead_after);
+        Some(if alive {
+            Liveness::Alive
+        } else {
+            Liveness::Dead
+        })
+    }
+
+    /// Registers (or re-registers) a node; its pod_cidr never changes.
+    pub fn register(
+        &mut self,
+        req: &RegisterRequest,
+        now: Instant,
+    ) -> Result<(Ipv4Net, Vec<Op>), Refusal> {
+        crate::common::names::validate_name(&req.node_id).map_err(|why| Refusal {
+            status: 400,
+            message: format!("node_id {:?}: {why}", req.node_id),
+            field: Some("node_id".into()),
+        })?;
+        if !matches!(req.advertise_addr.ip(), IpAddr::V4(_)) {
+            return Err(Refusal {
+                status: 400,
+                message: "advertise_addr must be an IPv4 address: node subnets are routed via it"
+                    .into(),
+                field: Some("advertise_addr".into()),
+            });
+        }
+        let pod_cidr = match self.state.nodes.get(&req.node_id) {
+            Some(existing) => existing.pod_cidr,
+            None => {
+                let taken: BTreeSet<Ipv4Net> =
+                    self.state.nodes.values().map(|n| n.pod_cidr).collect();
+                derive_pod_cidr(&req.node_id, self.cluster_cidr, &taken)
+                    .map_err(|e| Refusal::new(503, e.to_string()))?
+            }
+        };
+        let record = NodeRecord {
+            advertise: req.advertise_addr,
+            capacity: req.capacity,
+            pod_cidr,
+        };
+        let ops = if self.state.nodes.get(&req.node_id) == Some(&record) {
+            Vec::new()
+        } else {
+            self.apply(vec![Op::PutNode {
+                id: req.node_id.clone(),
+                record,
+            }])
+        };
+        // Registering is talking to us: the node is Alive from now.
+        self.live.entry(req.node_id.clone()).or_default().last_heartbeat = Some(now);
+        Ok((pod_cidr, ops))
+    }
+
+    /// Records a heartbeat and answers with peers and the placed jails the
+    /// node holds that are no longer placed on it.
+    pub fn heartbeat(
+        &mut self,
+        id: &str,
+        req: &HeartbeatRequest,
+        now: Instant,
+    ) -> Result<HeartbeatResponse, Refusal> {
+        if !self.state.nodes.contains_key(id) {
+            return Err(Refusal::new(
+                404,
+                format!("node {id} is not registered; register first"),
+            ));
+        }
+        let live = self.live.entry(id.to_string()).or_default();
+        live.last_heartbeat = Some(now);
+        live.committed = req.committed;
+        live.jails = req.jails;
+        let stale = req
+            .placed
+            .iter()
+            .filter(|j| !self.holds(id, &j.name, j.epoch))
+            .map(|j| j.name.clone())
+            .collect();
+        Ok(HeartbeatResponse {
+            peers: self.peers(id, now),
+            stale,
+            services: Vec::new(),
+        })
+    }
+
+    /// True when `node` may keep jail `name` placed under `epoch`: it is the
+    /// recorded placement, or an apply of it to that node is in flight.
+    fn holds(&self, node: &str, name: &str, epoch: u64) -> bool {
+        let placed = self
+            .state
+            .placements
+            .get(name)
+            .is_some_and(|p| p.node == node && p.epoch == epoch);
+        let pending = self
+            .pending
+            .get(name)
+            .is_some_and(|p| p.node == node && p.epoch == epoch);
+        placed || pending
+    }
+
+    /// Every registered node but `except`, with liveness.
+    pub fn peers(&self, except: &str, now: Instant) -> Vec<Peer> {
+        self.state
+            .nodes
+            .iter()
+            .filter(|(id, _)| id.as_str() != except)
+            .filter_map(|(id, n)| {
+                let IpAddr::V4(address) = n.advertise.ip() else {
+                    return None;
+                };
+                Some(Peer {
+                    node_id: id.clone(),
+                    address,
+                    pod_cidr: n.pod_cidr.to_string(),
+                    alive: self.liveness(id, now) == Some(Liveness::Alive),
+                })
+            })
+            .collect()
+    }
+
+    /// `GET /nodes`.
+    pub fn node_statuses(&self, now: Instant) -> Vec<NodeStatus> {
+        self.state
+            .nodes
+            .iter()
+            .map(|(id, n)| {
+                let live = self.live.get(id).cloned().unwrap_or_default();
+                NodeStatus {
+                    node_id: id.clone(),
+                    status: self.liveness(id, now).unwrap_or(Liveness::Dead),
+                    address: n.advertise,
+                    pod_cidr: n.pod_cidr.to_string(),
+                    capacity: n.capacity,
+                    committed: live.committed,
+                    jails: live.jails,
+                    last_seen_secs: live
+                        .last_heartbeat
+                        .map(|t| now.saturating_duration_since(t).as_secs()),
+                }
+            })
+            .collect()
+    }
+
+    /// The address of an Alive node: unknown is 404, Dead is 503. No network.
+    pub fn resolve_node(&self, id: &str, now: Instant) -> Result<SocketAddr, Refusal> {
+        match self.liveness(id, now) {
+            None => Err(Refusal::new(404, format!("no node named {id}"))),
+            Some(Liveness::Dead) => Err(Refusal::new(
+                503,
+                format!(
+                    "node {id} is Dead (no heartbeat for {}s or more); nothing was sent to it",
+                    self.dead_after.as_secs()
+                ),
+            )),
+            Some(Liveness::Alive) => Ok(self.state.nodes[id].advertise),
+        }
+    }
+
+    /// Alive nodes as scheduler candidates.
+    fn candidates(&self, now: Instant) -> Vec<Candidate<'_>> {
+        self.state
+            .nodes
+            .iter()
+            .filter(|(id, _)| self.liveness(id, now) == Some(Liveness::Alive))
+            .map(|(id, n)| Candidate {
+                node_id: id,
+                capacity: n.capacity,
+                committed: self.live.get(id).map(|l| l.committed).unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// Where jail `name` lives, for GET and DELETE: 404 when not placed.
+    pub fn resolve_placed(&self, name: &str, now: Instant) -> Result<Target, Refusal> {
+        let Some(p) = self.state.placements.get(name) else {
+            return Err(Refusal::new(
+                404,
+                format!("no jail named {name} is placed in the cluster"),
+            ));
+        };
+        let addr = self.resolve_node(&p.node, now)?;
+        Ok(Target {
+            node: p.node.clone(),
+            addr,
+            epoch: p.epoch,
+        })
+    }
+
+    /// Where an apply of `name` goes: sticky to its placement (failing like a
+    /// named route when that node is Dead), else the scheduler's pick. Marks
+    /// the apply in flight; [`Cluster::finish_apply`] ends it.
+    pub fn begin_apply(
+        &mut self,
+        name: &str,
+        node: Option<&str>,
+        now: Instant,
+    ) -> Result<Target, Refusal> {
+        let placed = self.state.placements.get(name).cloned();
+        let pending = self.pending.get(name).cloned();
+        let (node_id, epoch) = match (placed, pending, node) {
+            (Some(p), _, Some(wanted)) if p.node != wanted => {
+                return Err(Refusal::new(
+                    409,
+                    format!(
+                        "jail {name} is placed on node {}; delete it there before applying it to {wanted}",
+                        p.node
+                    ),
+                ));
+            }
+            (Some(p), _, _) => (p.node, p.epoch),
+            (None, Some(p), Some(wanted)) if p.node != wanted => {
+                return Err(Refusal::new(
+                    409,
+                    format!("an apply of jail {name} to node {} is in progress", p.node),
+                ));
+            }
+            (None, Some(p), _) => (p.node, p.epoch),
+            (None, None, Some(wanted)) => (wanted.to_string(), self.next_epoch()),
+            (None, None, None) => {
+                let picked = pick_node(&self.candidates(now)).ok_or_else(|| {
+                    Refusal::new(
+                        503,
+                        "no Alive node to place the jail on: start keel-agentd on a node, or wait for one to heartbeat",
+                    )
+                })?;
+                (picked.to_string(), self.next_epoch())
+            }
+        };
+        let addr = self.resolve_node(&node_id, now)?;
+        let entry = self.pending.entry(name.to_string()).or_insert(Pending {
+            node: node_id.clone(),
+            epoch,
+            count: 0,
+        });
+        entry.count += 1;
+        Ok(Target {
+            node: node_id,
+            addr,
+            epoch,
+        })
+    }
+
+    /// An epoch no placement has had. Pending applies reserve theirs, so two
+    /// in flight never share one.
+    fn next_epoch(&self) -> u64 {
+        let pending_max = self.pending.values().map(|p| p.epoch).max().unwrap_or(0);
+        self.state.last_epoch.max(pending_max) + 1
+    }
+
+    /// Ends an apply: records the placement when the node answered success.
+    pub fn finish_apply(&mut self, name: &str, target: &Target, succeeded: bool) -> Vec<Op> {
+        if let Some(p) = self.pending.get_mut(name) {
+            p.count = p.count.saturating_sub(1);
+            if p.count == 0 {
+                self.pending.remove(name);
+            }
+        }
+        let already = self.state.placements.get(name)
+            == Some(&Placement {
+                node: target.node.clone(),
+                epoch: target.epoch,
+            });
+        if !succeeded || already {
+            return Vec::new();
+        }
+        self.apply(vec![Op::PutPlacement {
+            name: name.to_string(),
+            placement: Placement {
+                node: target.node.clone(),
+                epoch: target.epoch,
+            },
+        }])
+    }
+
+    /// Removes the placement of `name` on `node` (after the node confirmed the
+    /// delete, or said it has no such jail).
+    pub fn remove_placement(&mut self, name: &str, node: &str) -> Vec<Op> {
+        match self.state.placements.get(name) {
+            Some(p) if p.node == node => self.apply(vec![Op::RemovePlacement {
+                name: name.to_string(),
+            }]),
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::wire::PlacedJail;
+
+    const DEAD_AFTER: Duration = Duration::from_secs(15);
+
+    fn cluster() -> Cluster {
+        Cluster::new(
+            ClusterState::default(),
+            "10.20.0.0/16".parse().expect("cidr"),
+            DEAD_AFTER,
+        )
+    }
+
+    fn register(c: &mut Cluster, id: &str, port: u16, now: Instant) -> Ipv4Net {
+        c.register(
+            &RegisterRequest {
+                node_id: id.into(),
+                advertise_addr: SocketAddr::from(([127, 0, 0, 1], port)),
+                capacity: Resources {
+                    cpu: 4.0,
+                    memory: 8 << 30,
+                },
+            },
+            now,
+        )
+        .expect("registers")
+        .0
+    }
+
+    fn beat(c: &mut Cluster, id: &str, cpu: f64, placed: &[(&str, u64)], now: Instant) -> HeartbeatResponse {
+        c.heartbeat(
+            id,
+            &HeartbeatRequest {
+                committed: Resources {
+                    cpu,
+                    memory: 0,
+                },
+                jails: placed.len() as u32,
+                placed: placed
+                    .iter()
+                    .map(|(n, e)| PlacedJail {
+                        name: n.to_string(),
+                        epoch: *e,
+                        running: true,
+                    })
+                    .collect(),
+            },
+            now,
+        )
+        .expect("heartbeat")
+    }
+
+    #[test]
+    fn liveness_boundaries() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        assert_eq!(c.liveness("a", t0 + DEAD_AFTER - Duration::from_millis(1)), Some(Liveness::Alive));
+        assert_eq!(c.liveness("a", t0 + DEAD_AFTER), Some(Liveness::Dead));
+        beat(&mut c, "a", 0.0, &[], t0 + DEAD_AFTER);
+        assert_eq!(c.liveness("a", t0 + DEAD_AFTER), Some(Liveness::Alive));
+        assert_eq!(c.liveness("nope", t0), None);
+    }
+
+    #[test]
+    fn pod_cidr_is_stable_across_re_registration_and_restarts() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        let a = register(&mut c, "a", 1, t0);
+        let b = register(&mut c, "b", 2, t0);
+        assert_ne!(a, b);
+        assert_eq!(register(&mut c, "a", 9, t0), a);
+        let mut restarted = Cluster::new(c.state().clone(), c.cluster_cidr, DEAD_AFTER);
+        assert_eq!(restarted.liveness("a", t0), Some(Liveness::Dead));
+        assert_eq!(register(&mut restarted, "a", 1, t0), a);
+    }
+
+    #[test]
+    fn scheduled_applies_are_sticky_and_recorded_only_on_success() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        beat(&mut c, "a", 3.0, &[], t0);
+        let t = c.begin_apply("web", None, t0).expect("target");
+        assert_eq!(t.node, "b", "b has more headroom");
+        assert!(c.finish_apply("web", &t, false).is_empty());
+        assert!(c.state().placements.is_empty(), "failure leaves no placement");
+        let t = c.begin_apply("web", None, t0).expect("target");
+        let ops = c.finish_apply("web", &t, true);
+        assert_eq!(ops.len(), 1);
+        beat(&mut c, "b", 3.5, &[], t0);
+        let again = c.begin_apply("web", None, t0).expect("sticky");
+        assert_eq!((again.node.as_str(), again.epoch), ("b", t.epoch));
+        c.finish_apply("web", &again, true);
+    }
+
+    #[test]
+    fn a_placed_jail_on_a_dead_node_fails_like_the_named_route() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        let t = c.begin_apply("web", None, t0).expect("target");
+        c.finish_apply("web", &t, true);
+        let later = t0 + DEAD_AFTER;
+        assert_eq!(c.begin_apply("web", None, later).expect_err("dead").status, 503);
+        assert_eq!(c.resolve_placed("web", later).expect_err("dead").status, 503);
+        assert_eq!(c.resolve_node("a", later).expect_err("dead").status, 503);
+        assert_eq!(c.resolve_node("zz", later).expect_err("unknown").status, 404);
+    }
+
+    #[test]
+    fn no_alive_node_is_503() {
+        let mut c = cluster();
+        assert_eq!(c.begin_apply("web", None, Instant::now()).expect_err("none").status, 503);
+    }
+
+    #[test]
+    fn concurrent_applies_of_one_name_go_to_one_node() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let first = c.begin_apply("web", None, t0).expect("first");
+        beat(&mut c, &first.node, 4.0, &[], t0);
+        let second = c.begin_apply("web", None, t0).expect("second");
+        assert_eq!(first, second);
+        let other = c.begin_apply("db", None, t0).expect("db");
+        assert_ne!(other.epoch, first.epoch);
+    }
+
+    #[test]
+    fn named_applies_conflict_with_a_placement_elsewhere() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let t = c.begin_apply("web", Some("a"), t0).expect("named");
+        c.finish_apply("web", &t, true);
+        assert_eq!(c.begin_apply("web", Some("b"), t0).expect_err("conflict").status, 409);
+        assert_eq!(c.begin_apply("web", None, t0).expect("scheduled").node, "a");
+    }
+
+    #[test]
+    fn heartbeats_fence_jails_placed_elsewhere_or_deleted_but_not_in_flight_ones() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let t = c.begin_apply("web", Some("b"), t0).expect("web on b");
+        c.finish_apply("web", &t, true);
+        let inflight = c.begin_apply("db", Some("a"), t0).expect("db on a");
+        let resp = beat(
+            &mut c,
+            "a",
+            0.0,
+            &[("web", t.epoch - 1), ("db", inflight.epoch), ("gone", 1)],
+            t0,
+        );
+        assert_eq!(resp.stale, vec!["web".to_string(), "gone".to_string()]);
+        assert_eq!(resp.peers.len(), 1);
+        assert!(resp.peers[0].alive);
+    }
+
+    #[test]
+    fn removing_a_placement_needs_the_node_that_holds_it() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        let t = c.begin_apply("web", None, t0).expect("web");
+        c.finish_apply("web", &t, true);
+        assert!(c.remove_placement("web", "b").is_empty());
+        assert_eq!(c.remove_placement("web", "a").len(), 1);
+        assert!(c.state().placements.is_empty());
+    }
+}

@@ -1,0 +1,351 @@
+//! The control plane's one worker thread, and the channel that reaches it.
+//!
+//! The worker owns the [`Cluster`] (registry, placements, applies in flight)
+//! and the [`Journal`]. HTTP handler threads hold a [`WorkerHandle`] and send
+//! [`Command`]s carrying their own reply channels. Forwarding to an agent never
+//! happens here: the worker only resolves (a read, no network) and records, so
+//! one slow node cannot stall the cluster.
+//!
+//! Group commit: the worker takes every command already queued (up to
+//! [`MAX_BATCH`]), applies them in memory, appends all their ops to the journal
+//! with one fsync, and only then answers them. Under load many applies share
+//! one fsync; alone, a request costs one. If the journal write fails, the
+//! worker reloads the state from disk (which holds exactly what was
+//! acknowledged before) and answers every command of the batch with the error.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::common::journal::{Journal, JournalError};
+use crate::common::wire::{
+    HeartbeatRequest, HeartbeatResponse, NodeStatus, RegisterRequest, RegisterResponse,
+};
+use crate::controlplane::registry::{Cluster, Refusal, Target};
+use crate::controlplane::state::{ClusterState, Op, STATE_NAME};
+
+/// Most commands handled (and journaled) together.
+pub const MAX_BATCH: usize = 1024;
+
+type Reply<T> = Sender<Result<T, Refusal>>;
+
+/// What the worker can be asked to do.
+pub enum Command {
+    /// `POST /nodes/register`.
+    Register(RegisterRequest, Reply<RegisterResponse>),
+    /// `POST /nodes/{id}/heartbeat`.
+    Heartbeat(String, HeartbeatRequest, Reply<HeartbeatResponse>),
+    /// `GET /nodes`.
+    Nodes(Sender<Vec<NodeStatus>>),
+    /// Address of an Alive node (named routes).
+    ResolveNode(String, Reply<std::net::SocketAddr>),
+    /// Where a placed jail lives (GET, DELETE).
+    ResolvePlaced(String, Reply<Target>),
+    /// Start an apply of a jail (to `node` for the named route).
+    BeginApply {
+        /// Jail name.
+        name: String,
+        /// The named route's node, `None` for the scheduled route.
+        node: Option<String>,
+        /// Where the answer goes.
+        reply: Reply<Target>,
+    },
+    /// End an apply; records the placement when it succeeded.
+    FinishApply {
+        /// Jail name.
+        name: String,
+        /// What `BeginApply` answered.
+        target: Target,
+        /// Whether the node answered 2xx.
+        succeeded: bool,
+        /// Answered once the placement is durable.
+        reply: Reply<()>,
+    },
+    /// The node confirmed a delete: forget the placement.
+    RemovePlacement {
+        /// Jail name.
+        name: String,
+        /// The node that confirmed.
+        node: String,
+        /// Answered once durable.
+        reply: Reply<()>,
+    },
+    /// Stop the loop.
+    Shutdown,
+}
+
+/// The worker thread has stopped; the daemon must stop too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerGone;
+
+impl std::fmt::Display for WorkerGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the control plane's worker thread has stopped; restart keel-controlplane")
+    }
+}
+
+impl std::error::Error for WorkerGone {}
+
+/// Cloneable access to the worker.
+#[derive(Clone)]
+pub struct WorkerHandle {
+    tx: Sender<Command>,
+}
+
+impl WorkerHandle {
+    fn ask<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> Command,
+    ) -> Result<Result<T, Refusal>, WorkerGone> {
+        let (reply, rx) = mpsc::channel();
+        self.tx.send(make(reply)).map_err(|_| WorkerGone)?;
+        rx.recv().map_err(|_| WorkerGone)
+    }
+
+    /// See [`Command::Register`].
+    pub fn register(
+        &self,
+        req: RegisterRequest,
+    ) -> Result<Result<RegisterResponse, Refusal>, WorkerGone> {
+        self.ask(|r| Command::Register(req, r))
+    }
+
+    /// See [`Command::Heartbeat`].
+    pub fn heartbeat(
+        &self,
+        id: &str,
+        req: HeartbeatRequest,
+    ) -> Result<Result<HeartbeatResponse, Refusal>, WorkerGone> {
+        self.ask(|r| Command::Heartbeat(id.to_string(), req, r))
+    }
+
+    /// See [`Command::Nodes`].
+    pub fn nodes(&self) -> Result<Vec<NodeStatus>, WorkerGone> {
+        let (reply, rx) = mpsc::channel();
+        self.tx.send(Command::Nodes(reply)).map_err(|_| WorkerGone)?;
+        rx.recv().map_err(|_| WorkerGone)
+    }
+
+    /// See [`Command::ResolveNode`].
+    pub fn resolve_node(
+        &self,
+        id: &str,
+    ) -> Result<Result<std::net::SocketAddr, Refusal>, WorkerGone> {
+        self.ask(|r| Command::ResolveNode(id.to_string(), r))
+    }
+
+    /// See [`Command::ResolvePlaced`].
+    pub fn resolve_placed(&self, name: &str) -> Result<Result<Target, Refusal>, WorkerGone> {
+        self.ask(|r| Command::ResolvePlaced(name.to_string(), r))
+    }
+
+    /// See [`Command::BeginApply`].
+    pub fn begin_apply(
+        &self,
+        name: &str,
+        node: Option<&str>,
+    ) -> Result<Result<Target, Refusal>, WorkerGone> {
+        self.ask(|reply| Command::BeginApply {
+            name: name.to_string(),
+            node: node.map(str::to_string),
+            reply,
+        })
+    }
+
+    /// See [`Command::FinishApply`].
+    pub fn finish_apply(
+        &self,
+        name: &str,
+        target: Target,
+        succeeded: bool,
+    ) -> Result<Result<(), Refusal>, WorkerGone> {
+        self.ask(|reply| Command::FinishApply {
+            name: name.to_string(),
+            target,
+            succeeded,
+            reply,
+        })
+    }
+
+    /// See [`Command::RemovePlacement`].
+    pub fn remove_placement(
+        &self,
+        name: &str,
+        node: &str,
+    ) -> Result<Result<(), Refusal>, WorkerGone> {
+        self.ask(|reply| Command::RemovePlacement {
+            name: name.to_string(),
+            node: node.to_string(),
+            reply,
+        })
+    }
+
+    /// Asks the loop to stop after what is queued.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+}
+
+/// A reply held back until the batch's ops are durable.
+type Deferred = Box<dyn FnOnce(Result<(), Refusal>) + Send>;
+
+/// The worker's owned state.
+pub struct Worker {
+    cluster: Cluster,
+    journal: Journal<ClusterState, Op>,
+    state_dir: PathBuf,
+}
+
+impl Worker {
+    /// A worker over the state in `state_dir` (opened with [`open_state`]).
+    pub fn new(cluster: Cluster, journal: Journal<ClusterState, Op>, state_dir: PathBuf) -> Worker {
+        Worker {
+            cluster,
+            journal,
+            state_dir,
+        }
+    }
+
+    /// Starts the worker thread.
+    pub fn spawn(self) -> std::io::Result<(WorkerHandle, JoinHandle<()>)> {
+        let (tx, rx) = mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("keel-cp-worker".into())
+            .spawn(move || self.run(rx))?;
+        Ok((WorkerHandle { tx }, handle))
+    }
+
+    fn run(mut self, rx: Receiver<Command>) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(cmd) => batch.push(cmd),
+                    Err(_) => break,
+                }
+            }
+            let mut ops = Vec::new();
+            let mut deferred: Vec<Deferred> = Vec::new();
+            let mut stop = false;
+            for cmd in batch {
+                if matches!(cmd, Command::Shutdown) {
+                    stop = true;
+                    continue;
+                }
+                self.handle(cmd, &mut ops, &mut deferred);
+            }
+            let outcome = self.persist(&ops);
+            for reply in deferred {
+                reply(outcome.clone());
+            }
+            if stop {
+                break;
+            }
+        }
+    }
+
+    fn persist(&mut self, ops: &[Op]) -> Result<(), Refusal> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        match self.journal.append(ops) {
+            Ok(()) => {
+                if self.journal.wants_compaction()
+                    && let Err(e) = self.journal.compact(self.cluster.state())
+                {
+                    // The log still holds everything; compaction retries later.
+                    log::warn!("state compaction failed: {e}");
+                }
+                Ok(())
+            }
+            Err(e) => {
+                log::error!("could not persist the cluster state: {e}");
+                self.reload();
+                Err(Refusal {
+                    status: 500,
+                    message: format!(
+                        "the control plane could not persist this change and did not make it: {e}"
+                    ),
+                    field: None,
+                })
+            }
+        }
+    }
+
+    /// After a failed append: memory may hold changes the disk lacks, so take
+    /// the disk's word.
+    fn reload(&mut self) {
+        match open_state(&self.state_dir) {
+            Ok((journal, state)) => {
+                self.journal = journal;
+                self.cluster.reset(state);
+            }
+            Err(e) => log::error!("could not reload the cluster state: {e}"),
+        }
+    }
+
+    fn handle(&mut self, cmd: Command, ops: &mut Vec<Op>, deferred: &mut Vec<Deferred>) {
+        let now = Instant::now();
+        // Replies to callers who gave up (closed connection) are dropped.
+        match cmd {
+            Command::Register(req, reply) => match self.cluster.register(&req, now) {
+                Ok((pod_cidr, new_ops)) => {
+                    if !new_ops.is_empty() {
+                        log::info!("node {} registered with pod_cidr {pod_cidr}", req.node_id);
+                    }
+                    ops.extend(new_ops);
+                    let body = RegisterResponse {
+                        pod_cidr: pod_cidr.to_string(),
+                    };
+                    deferred.push(Box::new(move |r| {
+                        let _ = reply.send(r.map(|()| body));
+                    }));
+                }
+                Err(refusal) => {
+                    let _ = reply.send(Err(refusal));
+                }
+            },
+            Command::Heartbeat(id, req, reply) => {
+                let _ = reply.send(self.cluster.heartbeat(&id, &req, now));
+            }
+            Command::Nodes(reply) => {
+                let _ = reply.send(self.cluster.node_statuses(now));
+            }
+            Command::ResolveNode(id, reply) => {
+                let _ = reply.send(self.cluster.resolve_node(&id, now));
+            }
+            Command::ResolvePlaced(name, reply) => {
+                let _ = reply.send(self.cluster.resolve_placed(&name, now));
+            }
+            Command::BeginApply { name, node, reply } => {
+                let _ = reply.send(self.cluster.begin_apply(&name, node.as_deref(), now));
+            }
+            Command::FinishApply {
+                name,
+                target,
+                succeeded,
+                reply,
+            } => {
+                ops.extend(self.cluster.finish_apply(&name, &target, succeeded));
+                deferred.push(Box::new(move |r| {
+                    let _ = reply.send(r);
+                }));
+            }
+            Command::RemovePlacement { name, node, reply } => {
+                ops.extend(self.cluster.remove_placement(&name, &node));
+                deferred.push(Box::new(move |r| {
+                    let _ = reply.send(r);
+                }));
+            }
+            Command::Shutdown => {}
+        }
+    }
+}
+
+/// Opens the journal in `state_dir`.
+pub fn open_state(
+    state_dir: &std::path::Path,
+) -> Result<(Journal<ClusterState, Op>, ClusterState), JournalError> {
+    Journal::open(state_dir, STATE_NAME)
+}
