@@ -2,6 +2,7 @@
 //! Each module is one area; `util` holds the shared helpers.
 
 mod config_cli;
+mod golden_agent;
 mod golden_capacity;
 mod golden_jail;
 mod golden_mount;
@@ -9,6 +10,7 @@ mod golden_net;
 mod golden_pf;
 mod golden_zfs;
 mod http;
+mod reconciler;
 mod sim;
 mod spec_examples;
 mod util;
