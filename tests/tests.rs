@@ -3,6 +3,7 @@
 
 mod auth;
 mod config_cli;
+mod golden_agent;
 mod golden_capacity;
 mod golden_jail;
 mod golden_mount;
@@ -10,6 +11,7 @@ mod golden_net;
 mod golden_pf;
 mod golden_zfs;
 mod http;
+mod reconciler;
 mod sim;
 mod spec_examples;
 mod util;
