@@ -9,6 +9,7 @@ mod golden_net;
 mod golden_pf;
 mod golden_zfs;
 mod http;
+mod packaging;
 mod sim;
 mod spec_examples;
 mod util;
