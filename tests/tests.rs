@@ -11,6 +11,7 @@ mod golden_net;
 mod golden_pf;
 mod golden_zfs;
 mod http;
+mod packaging;
 mod reconciler;
 mod sim;
 mod spec_examples;
