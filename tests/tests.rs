@@ -3,6 +3,7 @@
 
 mod auth;
 mod config_cli;
+mod golden_agent;
 mod golden_capacity;
 mod golden_jail;
 mod golden_mount;
@@ -10,6 +11,8 @@ mod golden_net;
 mod golden_pf;
 mod golden_zfs;
 mod http;
+mod packaging;
+mod reconciler;
 mod sim;
 mod spec_examples;
 mod util;
