@@ -3,6 +3,7 @@
 
 mod auth;
 mod config_cli;
+mod controlplane;
 mod golden_agent;
 mod golden_capacity;
 mod golden_jail;

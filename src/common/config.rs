@@ -735,10 +735,26 @@ impl Config {
         // Keys live with the rest of the simulated cluster; the daemons create
         // missing ones in simulate mode (see `common::auth::ensure_sim_key`).
         let keys = sim.join("keys");
-        swap(&mut c.key_file, prod.controlplane.key_file, keys.join("node.key"));
-        swap(&mut self.agent.key_file, prod.agent.key_file, keys.join("node.key"));
-        swap(&mut self.ctl.key_file, prod.ctl.key_file, keys.join("operator.key"));
-        swap(&mut self.auth.node_keys, prod.auth.node_keys, vec![keys.join("node.key")]);
+        swap(
+            &mut c.key_file,
+            prod.controlplane.key_file,
+            keys.join("node.key"),
+        );
+        swap(
+            &mut self.agent.key_file,
+            prod.agent.key_file,
+            keys.join("node.key"),
+        );
+        swap(
+            &mut self.ctl.key_file,
+            prod.ctl.key_file,
+            keys.join("operator.key"),
+        );
+        swap(
+            &mut self.auth.node_keys,
+            prod.auth.node_keys,
+            vec![keys.join("node.key")],
+        );
         swap(
             &mut self.auth.operator_keys,
             prod.auth.operator_keys,
@@ -1270,6 +1286,42 @@ pub struct DaemonOptions {
     pub daemon: bool,
     /// `--check-config` was given.
     pub check_config: bool,
+    /// How `config` was made, to make it again on SIGHUP.
+    pub source: ConfigSource,
+}
+
+/// Where a daemon's configuration came from: the file, simulate mode and the
+/// flags that override keys. [`ConfigSource::load`] repeats the whole recipe,
+/// so a reload (SIGHUP) sees the file's new contents with the same flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigSource {
+    /// `--config`, or `None` for the default path (missing means defaults).
+    pub path: Option<PathBuf>,
+    /// `--simulate` was given.
+    pub simulate: bool,
+    /// The working directory simulate-mode paths are relative to.
+    pub cwd: PathBuf,
+    /// `(key, value)` of every key-setting flag, in command-line order.
+    pub sets: Vec<(&'static str, String)>,
+}
+
+impl ConfigSource {
+    /// Loads the file again, applies simulate defaults and the flags, and
+    /// validates.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let mut config = match &self.path {
+            Some(path) => Config::load(path),
+            None => Config::load_or_default(Path::new(DEFAULT_CONFIG_PATH)),
+        }?;
+        if self.simulate {
+            config.apply_simulate_defaults(&self.cwd);
+        }
+        for (key, value) in &self.sets {
+            config.set_key(key, value)?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
 }
 
 /// Why a daemon's command line does not lead to running it. `Help` and `Version`
@@ -1425,11 +1477,21 @@ pub fn parse_daemon_args(
             None => CliError::Config(Box::new(error)),
         });
     }
+    let source = ConfigSource {
+        path: config_path,
+        simulate,
+        cwd: cwd.to_path_buf(),
+        sets: sets
+            .iter()
+            .filter_map(|(flag, value)| flag.key().map(|k| (k, value.clone())))
+            .collect(),
+    };
     Ok(DaemonOptions {
         config,
         simulate,
         daemon: daemonize,
         check_config,
+        source,
     })
 }
 

@@ -155,9 +155,7 @@ where
         self.log
             .write_all(&buf)
             .map_err(io("append to", &self.log_path))?;
-        self.log
-            .sync_data()
-            .map_err(io("fsync", &self.log_path))?;
+        self.log.sync_data().map_err(io("fsync", &self.log_path))?;
         self.entries += ops.len();
         Ok(())
     }
@@ -179,7 +177,9 @@ where
                 source,
             }
         };
-        self.log.set_len(0).map_err(io("truncate", &self.log_path))?;
+        self.log
+            .set_len(0)
+            .map_err(io("truncate", &self.log_path))?;
         self.log.sync_all().map_err(io("fsync", &self.log_path))?;
         self.entries = 0;
         Ok(())
@@ -275,7 +275,11 @@ mod tests {
     fn appended_ops_survive_reopen_and_compaction() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (mut j, mut s) = open(dir.path());
-        let ops = [Op::Set("a".into(), 1), Op::Set("b".into(), 2), Op::Remove("a".into())];
+        let ops = [
+            Op::Set("a".into(), 1),
+            Op::Set("b".into(), 2),
+            Op::Remove("a".into()),
+        ];
         for op in &ops {
             s.replay(op);
         }
@@ -324,7 +328,11 @@ mod tests {
     fn replaying_after_a_crash_between_snapshot_and_truncate_is_harmless() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (mut j, mut s) = open(dir.path());
-        let ops = [Op::Set("a".into(), 1), Op::Remove("a".into()), Op::Set("b".into(), 3)];
+        let ops = [
+            Op::Set("a".into(), 1),
+            Op::Remove("a".into()),
+            Op::Set("b".into(), 3),
+        ];
         for op in &ops {
             s.replay(op);
         }

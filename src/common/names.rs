@@ -41,4 +41,3 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     }
     Ok(())
 }
-

@@ -21,11 +21,12 @@
 //! the worker how it went so it can record or forget the placement.
 
 use std::net::SocketAddr;
+use std::sync::RwLock;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::common::auth::{self, Role, Signer, Verifier};
+use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
 use crate::common::http::{Client, Endpoint, Handler, Request, Response};
 use crate::common::names::validate_name;
 use crate::common::wire::{EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest};
@@ -40,7 +41,8 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct ControlPlaneApi {
     worker: WorkerHandle,
     verifier: Verifier,
-    signer: Signer,
+    // Replaced on SIGHUP during a key rotation; handlers only read it.
+    signer: RwLock<Signer>,
 }
 
 impl ControlPlaneApi {
@@ -50,8 +52,15 @@ impl ControlPlaneApi {
         ControlPlaneApi {
             worker,
             verifier,
-            signer,
+            signer: RwLock::new(signer),
         }
+    }
+
+    /// Swaps in newly loaded keys (SIGHUP): requests in flight finish with the
+    /// old ones, the next ones use the new; the replay cache is kept.
+    pub fn reload_keys(&self, keyring: Keyring, signer: Signer) {
+        self.verifier.replace_keyring(keyring);
+        *self.signer.write().unwrap_or_else(|p| p.into_inner()) = signer;
     }
 
     fn route(&self, req: &Request) -> Result<Response, WorkerGone> {
@@ -176,14 +185,20 @@ impl ControlPlaneApi {
             Some(q) => format!("{node_path}?{q}"),
             None => node_path.to_string(),
         };
-        let mut headers =
-            match auth::sign_headers(&self.signer, &req.method, &target, &req.body, auth::unix_now())
-            {
-                Ok(h) => h,
-                Err(e) => {
-                    return Response::error(500, &format!("cannot sign the forwarded request: {e}"), None);
-                }
-            };
+        let signed = {
+            let signer = self.signer.read().unwrap_or_else(|p| p.into_inner());
+            auth::sign_headers(&signer, &req.method, &target, &req.body, auth::unix_now())
+        };
+        let mut headers = match signed {
+            Ok(h) => h,
+            Err(e) => {
+                return Response::error(
+                    500,
+                    &format!("cannot sign the forwarded request: {e}"),
+                    None,
+                );
+            }
+        };
         if let Some(epoch) = epoch {
             headers.push((EPOCH_HEADER.to_string(), epoch.to_string()));
         }

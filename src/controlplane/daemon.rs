@@ -1,5 +1,6 @@
 //! Running keel-controlplane: load the keys and the persisted cluster, start
-//! the worker and the TCP API, stop cleanly on SIGTERM or SIGINT.
+//! the worker and the TCP API, reload the keys on SIGHUP (rotation), stop
+//! cleanly on SIGTERM or SIGINT.
 //!
 //! Stopping the control plane stops nothing else: agents keep running their
 //! jails and their last peer and service lists until it is back.
@@ -57,9 +58,16 @@ impl fmt::Display for RunError {
 
 impl std::error::Error for RunError {}
 
-/// Runs the control plane until SIGTERM or SIGINT.
+fn load_keys(cfg: &crate::common::config::Config) -> Result<(Keyring, Signer), AuthError> {
+    let policy = KeyFilePolicy::for_current_process();
+    let keyring = Keyring::load(&cfg.auth.node_keys, &cfg.auth.operator_keys, policy)?;
+    let signer = Signer::new(auth::load_key(&cfg.controlplane.key_file, policy)?);
+    Ok((keyring, signer))
+}
+
+/// Runs the control plane until SIGTERM or SIGINT; SIGHUP reloads the keys.
 pub fn run(options: Options) -> Result<(), RunError> {
-    let cfg = options.config;
+    let cfg = &options.config;
     let c = &cfg.controlplane;
     if options.simulate {
         for (path, id) in [
@@ -71,10 +79,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
     }
     // Keys and the listener are checked before detaching, so a bad setup is
     // reported on the admin's terminal, not only in syslog.
-    let policy = KeyFilePolicy::for_current_process();
-    let keyring = Keyring::load(&cfg.auth.node_keys, &cfg.auth.operator_keys, policy)
-        .map_err(RunError::Keys)?;
-    let signer = Signer::new(auth::load_key(&c.key_file, policy).map_err(RunError::Keys)?);
+    let (keyring, signer) = load_keys(cfg).map_err(RunError::Keys)?;
     let listener = TcpListener::bind(c.listen).map_err(|source| RunError::Listen {
         addr: c.listen,
         source,
@@ -103,6 +108,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
     ])
     .map_err(setup)?;
     let (worker, worker_thread) = Worker::new(cluster, journal, c.state_dir.clone())
@@ -110,17 +116,32 @@ pub fn run(options: Options) -> Result<(), RunError> {
         .map_err(setup)?;
     let verifier = Verifier::new(keyring, cfg.auth.max_clock_skew.0);
     let shutdown = ShutdownSignal::new();
-    let server = Server::new(
-        Arc::new(ControlPlaneApi::new(worker.clone(), verifier, signer)),
-        ServerLimits::default(),
-        shutdown.clone(),
-    );
+    let api = Arc::new(ControlPlaneApi::new(worker.clone(), verifier, signer));
+    let server = Server::new(api.clone(), ServerLimits::default(), shutdown.clone());
     let local = listener.local_addr().map_err(setup)?;
     let http = server.serve_tcp(listener).map_err(RunError::Http)?;
     log::info!("listening on {local}");
 
-    let signal = signals.forever().next();
-    log::info!("stopping on signal {}", signal.unwrap_or_default());
+    for signal in signals.forever() {
+        if signal != signal_hook::consts::SIGHUP {
+            log::info!("stopping on signal {signal}");
+            break;
+        }
+        // Key rotation without downtime: keel.toml and the key files it
+        // names are read again; only the keys change on a reload.
+        let reloaded = options
+            .source
+            .load()
+            .map_err(|e| e.to_string())
+            .and_then(|new| load_keys(&new).map_err(|e| e.to_string()));
+        match reloaded {
+            Ok((keyring, signer)) => {
+                log::info!("reloaded keys (signing with {})", signer.key_id());
+                api.reload_keys(keyring, signer);
+            }
+            Err(e) => log::error!("key reload failed, keeping the previous keys: {e}"),
+        }
+    }
     shutdown.trigger();
     worker.shutdown();
     let _ = http.join();

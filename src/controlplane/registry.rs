@@ -176,7 +176,10 @@ impl Cluster {
             }])
         };
         // Registering is talking to us: the node is Alive from now.
-        self.live.entry(req.node_id.clone()).or_default().last_heartbeat = Some(now);
+        self.live
+            .entry(req.node_id.clone())
+            .or_default()
+            .last_heartbeat = Some(now);
         Ok((pod_cidr, ops))
     }
 
@@ -443,14 +446,17 @@ mod tests {
         .0
     }
 
-    fn beat(c: &mut Cluster, id: &str, cpu: f64, placed: &[(&str, u64)], now: Instant) -> HeartbeatResponse {
+    fn beat(
+        c: &mut Cluster,
+        id: &str,
+        cpu: f64,
+        placed: &[(&str, u64)],
+        now: Instant,
+    ) -> HeartbeatResponse {
         c.heartbeat(
             id,
             &HeartbeatRequest {
-                committed: Resources {
-                    cpu,
-                    memory: 0,
-                },
+                committed: Resources { cpu, memory: 0 },
                 jails: placed.len() as u32,
                 placed: placed
                     .iter()
@@ -471,7 +477,10 @@ mod tests {
         let t0 = Instant::now();
         let mut c = cluster();
         register(&mut c, "a", 1, t0);
-        assert_eq!(c.liveness("a", t0 + DEAD_AFTER - Duration::from_millis(1)), Some(Liveness::Alive));
+        assert_eq!(
+            c.liveness("a", t0 + DEAD_AFTER - Duration::from_millis(1)),
+            Some(Liveness::Alive)
+        );
         assert_eq!(c.liveness("a", t0 + DEAD_AFTER), Some(Liveness::Dead));
         beat(&mut c, "a", 0.0, &[], t0 + DEAD_AFTER);
         assert_eq!(c.liveness("a", t0 + DEAD_AFTER), Some(Liveness::Alive));
@@ -501,7 +510,10 @@ mod tests {
         let t = c.begin_apply("web", None, t0).expect("target");
         assert_eq!(t.node, "b", "b has more headroom");
         assert!(c.finish_apply("web", &t, false).is_empty());
-        assert!(c.state().placements.is_empty(), "failure leaves no placement");
+        assert!(
+            c.state().placements.is_empty(),
+            "failure leaves no placement"
+        );
         let t = c.begin_apply("web", None, t0).expect("target");
         let ops = c.finish_apply("web", &t, true);
         assert_eq!(ops.len(), 1);
@@ -519,16 +531,30 @@ mod tests {
         let t = c.begin_apply("web", None, t0).expect("target");
         c.finish_apply("web", &t, true);
         let later = t0 + DEAD_AFTER;
-        assert_eq!(c.begin_apply("web", None, later).expect_err("dead").status, 503);
-        assert_eq!(c.resolve_placed("web", later).expect_err("dead").status, 503);
+        assert_eq!(
+            c.begin_apply("web", None, later).expect_err("dead").status,
+            503
+        );
+        assert_eq!(
+            c.resolve_placed("web", later).expect_err("dead").status,
+            503
+        );
         assert_eq!(c.resolve_node("a", later).expect_err("dead").status, 503);
-        assert_eq!(c.resolve_node("zz", later).expect_err("unknown").status, 404);
+        assert_eq!(
+            c.resolve_node("zz", later).expect_err("unknown").status,
+            404
+        );
     }
 
     #[test]
     fn no_alive_node_is_503() {
         let mut c = cluster();
-        assert_eq!(c.begin_apply("web", None, Instant::now()).expect_err("none").status, 503);
+        assert_eq!(
+            c.begin_apply("web", None, Instant::now())
+                .expect_err("none")
+                .status,
+            503
+        );
     }
 
     #[test]
@@ -553,7 +579,12 @@ mod tests {
         register(&mut c, "b", 2, t0);
         let t = c.begin_apply("web", Some("a"), t0).expect("named");
         c.finish_apply("web", &t, true);
-        assert_eq!(c.begin_apply("web", Some("b"), t0).expect_err("conflict").status, 409);
+        assert_eq!(
+            c.begin_apply("web", Some("b"), t0)
+                .expect_err("conflict")
+                .status,
+            409
+        );
         assert_eq!(c.begin_apply("web", None, t0).expect("scheduled").node, "a");
     }
 

@@ -27,10 +27,7 @@ impl Candidate<'_> {
     /// `min(free_cpu / cap_cpu, free_mem / cap_mem)`.
     pub fn headroom(&self) -> f64 {
         let cpu = fraction_free(self.capacity.cpu, self.committed.cpu);
-        let mem = fraction_free(
-            self.capacity.memory as f64,
-            self.committed.memory as f64,
-        );
+        let mem = fraction_free(self.capacity.memory as f64, self.committed.memory as f64);
         cpu.min(mem)
     }
 }
@@ -93,7 +90,10 @@ mod tests {
     #[test]
     fn the_most_constrained_dimension_decides() {
         // a: 50 % cpu free, 10 % memory free -> 0.1; b: 30 % / 30 % -> 0.3.
-        let nodes = [node("a", (4.0, 100), (2.0, 90)), node("b", (4.0, 100), (2.8, 70))];
+        let nodes = [
+            node("a", (4.0, 100), (2.0, 90)),
+            node("b", (4.0, 100), (2.8, 70)),
+        ];
         assert_eq!(pick_node(&nodes), Some("b"));
     }
 
@@ -109,7 +109,10 @@ mod tests {
 
     #[test]
     fn when_all_are_full_the_smallest_id_is_still_picked() {
-        let nodes = [node("b", (4.0, 100), (6.0, 100)), node("a", (4.0, 100), (4.0, 200))];
+        let nodes = [
+            node("b", (4.0, 100), (6.0, 100)),
+            node("a", (4.0, 100), (4.0, 200)),
+        ];
         assert_eq!(pick_node(&nodes), Some("a"));
     }
 
@@ -120,13 +123,19 @@ mod tests {
 
     #[test]
     fn a_node_reporting_no_capacity_has_no_headroom() {
-        let nodes = [node("a", (0.0, 0), (0.0, 0)), node("b", (4.0, 100), (3.9, 99))];
+        let nodes = [
+            node("a", (0.0, 0), (0.0, 0)),
+            node("b", (4.0, 100), (3.9, 99)),
+        ];
         assert_eq!(pick_node(&nodes), Some("b"));
     }
 
     #[test]
     fn spreading_avoids_nodes_with_a_replica_unless_all_have_one() {
-        let nodes = [node("a", (4.0, 100), (0.0, 0)), node("b", (4.0, 100), (3.0, 80))];
+        let nodes = [
+            node("a", (4.0, 100), (0.0, 0)),
+            node("b", (4.0, 100), (3.0, 80)),
+        ];
         let avoid: BTreeSet<&str> = ["a"].into();
         assert_eq!(pick_node_spread(&nodes, &avoid), Some("b"));
         let all: BTreeSet<&str> = ["a", "b"].into();

@@ -123,7 +123,9 @@ impl WorkerHandle {
     /// See [`Command::Nodes`].
     pub fn nodes(&self) -> Result<Vec<NodeStatus>, WorkerGone> {
         let (reply, rx) = mpsc::channel();
-        self.tx.send(Command::Nodes(reply)).map_err(|_| WorkerGone)?;
+        self.tx
+            .send(Command::Nodes(reply))
+            .map_err(|_| WorkerGone)?;
         rx.recv().map_err(|_| WorkerGone)
     }
 

@@ -34,8 +34,8 @@ fn at(field: impl Into<String>, result: Result<(), String>) -> Check {
     result.map_err(|m| FieldError::new(field, m))
 }
 
-pub use crate::common::names::validate_name;
 use crate::common::names::label_ok;
+pub use crate::common::names::validate_name;
 
 /// Checks a DNS name of at least `min_labels` labels: lowercase ASCII, each
 /// label a DNS label, at most 253 characters, no wildcard, no trailing dot.

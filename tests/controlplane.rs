@@ -1,0 +1,436 @@
+//! keel-controlplane as a process on loopback, driven with signed requests:
+//! membership, liveness, scheduling, forwarding, persistence across `kill -9`,
+//! and refusal of unsigned, forged, stale, replayed and wrong-role requests.
+//! The agents here are small in-test HTTP servers that check the control
+//! plane's node signature and answer like keel-agentd would.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keel::common::auth::{self, KeyFilePolicy, Keyring, Role, Signer, Verifier};
+use keel::common::http::{
+    Client, ClientResponse, Endpoint, Response, Server, ServerLimits, ShutdownSignal,
+};
+use keel::common::wire::{
+    HeartbeatRequest, HeartbeatResponse, NodeStatus, RegisterRequest, RegisterResponse, Resources,
+};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+struct ControlPlane {
+    child: Child,
+    dir: PathBuf,
+    addr: SocketAddr,
+}
+
+impl ControlPlane {
+    fn start(dir: &Path, port: u16, dead_after: &str) -> ControlPlane {
+        let child = Command::new(env!("CARGO_BIN_EXE_keel-controlplane"))
+            .args([
+                "--simulate",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--heartbeat-interval",
+                "100ms",
+                "--dead-after",
+                dead_after,
+            ])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn keel-controlplane");
+        let cp = ControlPlane {
+            child,
+            dir: dir.to_path_buf(),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        };
+        let start = Instant::now();
+        while std::net::TcpStream::connect(cp.addr).is_err() {
+            assert!(start.elapsed() < DEADLINE, "control plane did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        cp
+    }
+
+    fn key(&self, name: &str) -> Signer {
+        let key = auth::load_key(
+            &self.dir.join("keel-sim/keys").join(name),
+            KeyFilePolicy::for_current_process(),
+        )
+        .expect("key");
+        Signer::new(key)
+    }
+
+    fn call(
+        &self,
+        signer: Option<&Signer>,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> ClientResponse {
+        let headers = match signer {
+            Some(s) => auth::sign_headers(s, method, path, body, auth::unix_now()).expect("sign"),
+            None => Vec::new(),
+        };
+        Client::new(Endpoint::Tcp(self.addr.to_string()))
+            .request(method, path, &headers, body)
+            .expect("request")
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// An in-test agent: verifies the node signature, records what it got and
+/// answers 200 with the jail name.
+struct FakeAgent {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<(String, String, Option<String>)>>>,
+    shutdown: ShutdownSignal,
+}
+
+impl FakeAgent {
+    fn start(dir: &Path) -> FakeAgent {
+        let keys = dir.join("keel-sim/keys");
+        let keyring = Keyring::load(
+            &[keys.join("node.key")],
+            &[],
+            KeyFilePolicy::for_current_process(),
+        )
+        .expect("keyring");
+        let verifier = Verifier::new(keyring, Duration::from_secs(300));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let handler = move |req: keel::common::http::Request| {
+            if let Err(e) = auth::verify_request(&verifier, &req, Role::Node, auth::unix_now()) {
+                return auth::refusal(&e);
+            }
+            log.lock().expect("lock").push((
+                req.method.clone(),
+                req.path.clone(),
+                req.header("X-Keel-Epoch").map(str::to_string),
+            ));
+            Response::json(200, &serde_json::json!({"path": req.path}))
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shutdown = ShutdownSignal::new();
+        Server::new(Arc::new(handler), ServerLimits::default(), shutdown.clone())
+            .serve_tcp(listener)
+            .expect("serve");
+        FakeAgent {
+            addr,
+            seen,
+            shutdown,
+        }
+    }
+}
+
+impl Drop for FakeAgent {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("json")
+}
+
+fn register(cp: &ControlPlane, node: &Signer, id: &str, addr: SocketAddr, cpu: f64) -> String {
+    let body = json(&RegisterRequest {
+        node_id: id.into(),
+        advertise_addr: addr,
+        capacity: Resources {
+            cpu,
+            memory: 8 << 30,
+        },
+    });
+    let r = cp.call(Some(node), "POST", "/nodes/register", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    serde_json::from_slice::<RegisterResponse>(&r.body)
+        .expect("register body")
+        .pod_cidr
+}
+
+fn heartbeat(cp: &ControlPlane, node: &Signer, id: &str, cpu: f64) -> HeartbeatResponse {
+    let body = json(&HeartbeatRequest {
+        committed: Resources { cpu, memory: 0 },
+        jails: 0,
+        placed: vec![],
+    });
+    let r = cp.call(Some(node), "POST", &format!("/nodes/{id}/heartbeat"), &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    serde_json::from_slice(&r.body).expect("heartbeat body")
+}
+
+const JAIL: &[u8] =
+    b"kind: Jail\nmetadata: {name: web}\nspec: {base: b, exec: {start: [/bin/sleep, '60']}}\n";
+
+#[test]
+fn membership_scheduling_forwarding_and_persistence() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let mut cp = ControlPlane::start(dir.path(), port, "2s");
+    let node = cp.key("node.key");
+    let operator = cp.key("operator.key");
+    let a = FakeAgent::start(dir.path());
+    let b = FakeAgent::start(dir.path());
+
+    let cidr_a = register(&cp, &node, "node-a", a.addr, 4.0);
+    let cidr_b = register(&cp, &node, "node-b", b.addr, 4.0);
+    assert_ne!(cidr_a, cidr_b);
+    assert_eq!(
+        register(&cp, &node, "node-a", a.addr, 4.0),
+        cidr_a,
+        "stable pod_cidr"
+    );
+    let peers = heartbeat(&cp, &node, "node-a", 3.0).peers;
+    assert_eq!(peers.len(), 1);
+    assert_eq!(peers[0].node_id, "node-b");
+
+    // node-a reported 3 of 4 cores committed: the scheduler picks node-b.
+    let r = cp.call(Some(&operator), "PUT", "/jails/web", JAIL);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("X-Keel-Node"), Some("node-b"));
+    let seen = b.seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        (seen[0].0.as_str(), seen[0].1.as_str()),
+        ("PUT", "/jails/web")
+    );
+    let epoch = seen[0].2.clone().expect("epoch header");
+
+    // Sticky: node-b filling up does not move the jail.
+    heartbeat(&cp, &node, "node-b", 4.0);
+    let r = cp.call(Some(&operator), "PUT", "/jails/web", JAIL);
+    assert_eq!(r.header("X-Keel-Node"), Some("node-b"));
+    assert_eq!(
+        b.seen.lock().expect("lock")[1].2.as_deref(),
+        Some(epoch.as_str())
+    );
+
+    // Named route to the other node conflicts with the placement.
+    let r = cp.call(Some(&operator), "PUT", "/nodes/node-a/jails/web", JAIL);
+    assert_eq!(r.status, 409);
+
+    // kill -9 and restart: placements and pod_cidrs survive; nodes are Dead
+    // until they heartbeat, and a placed jail on a Dead node answers 503.
+    cp.kill();
+    let cp = ControlPlane::start(dir.path(), port, "2s");
+    let r = cp.call(Some(&operator), "GET", "/jails/web", b"");
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    let nodes: Vec<NodeStatus> =
+        serde_json::from_slice(&cp.call(Some(&operator), "GET", "/nodes", b"").body)
+            .expect("nodes");
+    assert_eq!(nodes.len(), 2);
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n.status == keel::common::wire::Liveness::Dead)
+    );
+    assert_eq!(register(&cp, &node, "node-b", b.addr, 4.0), cidr_b);
+    let r = cp.call(Some(&operator), "GET", "/jails/web", b"");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        b.seen.lock().expect("lock").last().map(|s| s.0.clone()),
+        Some("GET".into())
+    );
+
+    // Delete removes the placement after the node confirmed.
+    let r = cp.call(Some(&operator), "DELETE", "/jails/web", b"");
+    assert_eq!(r.status, 200);
+    let r = cp.call(Some(&operator), "GET", "/jails/web", b"");
+    assert_eq!(r.status, 404);
+}
+
+#[test]
+fn every_route_refuses_bad_signatures_and_wrong_roles() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = ControlPlane::start(dir.path(), free_port(), "2s");
+    let node = cp.key("node.key");
+    let operator = cp.key("operator.key");
+    let forged = Signer::new(auth::generate_key("node").expect("key"));
+
+    let routes: &[(&str, &str, Role)] = &[
+        ("POST", "/nodes/register", Role::Node),
+        ("POST", "/nodes/n1/heartbeat", Role::Node),
+        ("GET", "/nodes", Role::Operator),
+        ("GET", "/metrics", Role::Operator),
+        ("GET", "/nodes/n1/jails", Role::Operator),
+        ("PUT", "/nodes/n1/jails/web", Role::Operator),
+        ("GET", "/nodes/n1/jails/web", Role::Operator),
+        ("DELETE", "/nodes/n1/jails/web", Role::Operator),
+        ("PUT", "/jails/web", Role::Operator),
+        ("GET", "/jails/web", Role::Operator),
+        ("DELETE", "/jails/web", Role::Operator),
+    ];
+    for (method, path, role) in routes {
+        let wrong = match role {
+            Role::Node => &operator,
+            Role::Operator => &node,
+        };
+        let client = Client::new(Endpoint::Tcp(cp.addr.to_string()));
+        let send = |headers: Vec<(String, String)>| {
+            client
+                .request(method, path, &headers, b"")
+                .expect("request")
+                .status
+        };
+        assert_eq!(send(vec![]), 401, "unsigned {method} {path}");
+        let forged_h =
+            auth::sign_headers(&forged, method, path, b"", auth::unix_now()).expect("sign");
+        assert_eq!(send(forged_h), 401, "forged {method} {path}");
+        let wrong_h = auth::sign_headers(wrong, method, path, b"", auth::unix_now()).expect("sign");
+        assert_eq!(send(wrong_h), 401, "wrong role {method} {path}");
+        let stale_h = auth::sign_headers(
+            match role {
+                Role::Node => &node,
+                Role::Operator => &operator,
+            },
+            method,
+            path,
+            b"",
+            auth::unix_now() - 301,
+        )
+        .expect("sign");
+        assert_eq!(send(stale_h), 401, "stale {method} {path}");
+        let good = match role {
+            Role::Node => &node,
+            Role::Operator => &operator,
+        };
+        let once = auth::sign_headers(good, method, path, b"", auth::unix_now()).expect("sign");
+        let first = send(once.clone());
+        assert_ne!(first, 401, "good signature refused on {method} {path}");
+        assert_eq!(send(once), 401, "replayed {method} {path}");
+    }
+    // The one unauthenticated route says nothing but "ok".
+    assert_eq!(cp.call(None, "GET", "/healthz", b"").status, 200);
+}
+
+/// Issue 4's rotation procedure with continuous traffic: add the new key to
+/// the accepted set, reload, switch signers, remove the old key, reload; not
+/// one request fails.
+#[test]
+fn key_rotation_under_continuous_traffic_loses_no_request() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keys = dir.path().join("keys");
+    std::fs::create_dir(&keys).expect("keys dir");
+    let old = auth::generate_key("ops-old").expect("key");
+    let new = auth::generate_key("ops-new").expect("key");
+    auth::write_key_file(&keys.join("old.key"), &old).expect("write");
+    auth::write_key_file(&keys.join("new.key"), &new).expect("write");
+    let conf = dir.path().join("keel.toml");
+    let write_conf = |files: &[&str]| {
+        let list: Vec<String> = files
+            .iter()
+            .map(|f| format!("{:?}", keys.join(f).display().to_string()))
+            .collect();
+        std::fs::write(
+            &conf,
+            format!("[auth]\noperator_keys = [{}]\n", list.join(", ")),
+        )
+        .expect("conf");
+    };
+    write_conf(&["old.key"]);
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_keel-controlplane"))
+        .args(["--simulate", "-c"])
+        .arg(&conf)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut cp = ControlPlane {
+        child,
+        dir: dir.path().to_path_buf(),
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+    };
+    let start = Instant::now();
+    while std::net::TcpStream::connect(cp.addr).is_err() {
+        assert!(start.elapsed() < DEADLINE, "control plane did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let use_new = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let traffic = {
+        let (use_new, stop, ok, failed) =
+            (use_new.clone(), stop.clone(), ok.clone(), failed.clone());
+        let (old, new, addr) = (Signer::new(old.clone()), Signer::new(new.clone()), cp.addr);
+        std::thread::spawn(move || {
+            let client = Client::new(Endpoint::Tcp(addr.to_string()));
+            while !stop.load(Ordering::SeqCst) {
+                let signer = if use_new.load(Ordering::SeqCst) {
+                    &new
+                } else {
+                    &old
+                };
+                let h = auth::sign_headers(signer, "GET", "/nodes", b"", auth::unix_now())
+                    .expect("sign");
+                match client.request("GET", "/nodes", &h, b"") {
+                    Ok(r) if r.status == 200 => ok.fetch_add(1, Ordering::SeqCst),
+                    _ => failed.fetch_add(1, Ordering::SeqCst),
+                };
+            }
+        })
+    };
+    let accepted = |key: &auth::Key| {
+        let s = Signer::new(key.clone());
+        cp.call(Some(&s), "GET", "/nodes", b"").status == 200
+    };
+    let hup = |cp: &ControlPlane| {
+        let status = Command::new("/bin/kill")
+            .args(["-HUP", &cp.child.id().to_string()])
+            .status()
+            .expect("kill -HUP");
+        assert!(status.success());
+    };
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    assert!(!accepted(&new));
+    write_conf(&["old.key", "new.key"]);
+    hup(&cp);
+    wait_for("the new key to be accepted", &|| accepted(&new));
+    use_new.store(true, Ordering::SeqCst);
+    write_conf(&["new.key"]);
+    hup(&cp);
+    wait_for("the old key to be refused", &|| !accepted(&old));
+    stop.store(true, Ordering::SeqCst);
+    traffic.join().expect("traffic");
+    assert!(ok.load(Ordering::SeqCst) > 0);
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        0,
+        "requests failed during rotation"
+    );
+    cp.kill();
+}
