@@ -7,6 +7,7 @@ mod golden_jail;
 mod golden_mount;
 mod golden_net;
 mod golden_pf;
+mod golden_routes;
 mod golden_zfs;
 mod http;
 mod sim;

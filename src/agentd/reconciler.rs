@@ -95,6 +95,15 @@ pub struct AgentState {
     /// workload that was crash-looping before it went down.
     #[serde(default)]
     pub backoff: Snapshot<String>,
+    /// The subnet the control plane assigned (clustered nodes only); kept so a
+    /// restarted node keeps it while the control plane is unreachable.
+    #[serde(default)]
+    pub node_subnet: Option<Ipv4Net>,
+    /// Destinations of the kernel routes Keel added towards peers' subnets,
+    /// so a route to a peer that left the cluster can still be withdrawn and
+    /// no other route is ever touched.
+    #[serde(default)]
+    pub cluster_routes: BTreeSet<Ipv4Net>,
 }
 
 /// One desired jail.
@@ -865,4 +874,54 @@ fn unix_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// Cluster membership support (`agentd::cluster`): the node subnet the control
+/// plane assigns and the peer routes Keel manages, both persisted with the
+/// desired jails.
+impl<J, Z, N, M> Reconciler<J, Z, N, M>
+where
+    J: JailRuntime,
+    Z: ZfsManager,
+    N: NetManager,
+    M: MountManager,
+{
+    /// The host networking seam, for the peer-route reconciliation that runs
+    /// on the worker thread next to the reconciler.
+    pub fn net(&self) -> &N {
+        &self.net
+    }
+
+    /// Adopts the subnet the control plane assigned: moves the node to it
+    /// (refused while a jail has an address outside it), persists it, and
+    /// gives the bridge the subnet's first address (idempotent, so every
+    /// heartbeat may call it).
+    pub fn adopt_node_subnet(&mut self, subnet: Ipv4Net) -> Result<(), ReconcileError> {
+        let subnet = subnet.trunc();
+        if self.node.subnet != subnet {
+            self.set_node_subnet(subnet)?;
+        }
+        if self.state.node_subnet != Some(subnet) {
+            let mut next = self.state.clone();
+            next.node_subnet = Some(subnet);
+            self.commit(next)?;
+        }
+        self.ensure_bridge().map_err(|error| ReconcileError::Host {
+            jail: "(node)".into(),
+            error,
+        })
+    }
+
+    /// Persists the set of peer routes Keel manages now.
+    pub fn record_cluster_routes(
+        &mut self,
+        routes: BTreeSet<Ipv4Net>,
+    ) -> Result<(), ReconcileError> {
+        if self.state.cluster_routes == routes {
+            return Ok(());
+        }
+        let mut next = self.state.clone();
+        next.cluster_routes = routes;
+        self.commit(next)
+    }
 }
