@@ -2,7 +2,9 @@
 //! served from the test: it registers with its capacity, adopts the pod_cidr,
 //! serves its API on the TCP listener, heartbeats what its jails commit,
 //! routes Alive peers, fences a stale placed jail but never a local one, and
-//! keeps everything when the control plane goes away.
+//! keeps everything when the control plane goes away. Every request to the
+//! control plane is signed with the node key, and the agent's TCP listener
+//! refuses anything not signed with one (the Unix socket needs no signature).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -11,6 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use keel::common::auth::{
+    Key, Keyring, Role, Signer, Verifier, generate_key, sign_headers, unix_now, verify_request,
+    write_key_file,
+};
 use keel::common::cidr::Ipv4Net;
 use keel::common::http::{
     Client, ClientResponse, Endpoint, Request, Response, Server, ServerLimits, ShutdownSignal,
@@ -33,6 +39,8 @@ struct CpState {
     heartbeat_paths: Vec<String>,
     peers: Vec<Peer>,
     stale: Vec<String>,
+    /// Requests refused for a missing or bad signature.
+    refused: usize,
 }
 
 struct FakeControlPlane {
@@ -43,11 +51,18 @@ struct FakeControlPlane {
 }
 
 impl FakeControlPlane {
-    fn start() -> FakeControlPlane {
+    /// A control plane accepting requests signed with `node_key`.
+    fn start(node_key: &Key) -> FakeControlPlane {
         let state = Arc::new(Mutex::new(CpState::default()));
         let shared = Arc::clone(&state);
+        let keyring = Keyring::new(vec![node_key.clone()], vec![]).expect("keyring");
+        let verifier = Verifier::new(keyring, Duration::from_secs(300));
         let handler = move |req: Request| -> Response {
             let mut st = shared.lock().expect("cp state");
+            if verify_request(&verifier, &req, Role::Node, unix_now()).is_err() {
+                st.refused += 1;
+                return Response::error(401, "unsigned", None);
+            }
             match (req.method.as_str(), req.segments().as_slice()) {
                 ("POST", ["nodes", "register"]) => {
                     let body: RegisterRequest =
@@ -116,15 +131,23 @@ impl Drop for FakeControlPlane {
 /// The agent process; killed on drop together with its simulated jails
 /// (they run in process groups of their own and outlive the agent).
 struct Agent {
-    child: Child,
+    child: Mutex<Child>,
     dir: tempfile::TempDir,
     tcp: SocketAddr,
 }
 
 impl Agent {
-    fn start(controlplane: SocketAddr) -> Agent {
-        let dir = tempfile::tempdir().expect("tempdir");
+    /// An agent in `dir` signing with the key file `key`, which is also the
+    /// only node key its TCP listener accepts.
+    fn start(controlplane: SocketAddr, dir: tempfile::TempDir, key: &Path) -> Agent {
         let tcp = free_port();
+        let config = dir.path().join("keel.toml");
+        let key = key.display().to_string();
+        std::fs::write(
+            &config,
+            format!("[agent]\nkey_file = {key:?}\n\n[auth]\nnode_keys = [{key:?}]\n"),
+        )
+        .expect("write keel.toml");
         let log = std::fs::File::create(dir.path().join("agentd.log")).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_keel-agentd"))
             .args([
@@ -134,6 +157,8 @@ impl Agent {
                 "--heartbeat-interval",
                 "100ms",
             ])
+            .arg("--config")
+            .arg(&config)
             .arg("--controlplane")
             .arg(controlplane.to_string())
             .arg("--advertise-addr")
@@ -144,7 +169,11 @@ impl Agent {
             .stderr(log)
             .spawn()
             .expect("spawn keel-agentd");
-        Agent { child, dir, tcp }
+        Agent {
+            child: Mutex::new(child),
+            dir,
+            tcp,
+        }
     }
 
     fn sim_dir(&self) -> PathBuf {
@@ -181,6 +210,13 @@ impl Agent {
             if let Some(v) = f() {
                 return v;
             }
+            let exited = self.child.lock().expect("child").try_wait().ok().flatten();
+            if let Some(code) = exited {
+                panic!(
+                    "keel-agentd exited ({code}) while waiting for {what}; its log:\n{}",
+                    self.log()
+                );
+            }
             assert!(
                 Instant::now() < end,
                 "timed out waiting for {what}; agent log:\n{}",
@@ -193,8 +229,10 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Ok(child) = self.child.get_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         kill_sim_jails(&self.sim_dir());
     }
 }
@@ -251,10 +289,26 @@ fn get(client: &Client, path: &str) -> Option<ClientResponse> {
     client.request("GET", path, &[], b"").ok()
 }
 
+/// Signature headers for one request.
+fn signed(signer: &Signer, method: &str, path: &str, body: &[u8]) -> Vec<(String, String)> {
+    sign_headers(signer, method, path, body, unix_now()).expect("sign")
+}
+
+/// A key written to `dir/ID.key` (mode 0600, ours).
+fn key_file(dir: &Path, id: &str) -> (Key, PathBuf) {
+    let key = generate_key(id).expect("key");
+    let path = dir.join(format!("{id}.key"));
+    write_key_file(&path, &key).expect("write key");
+    (key, path)
+}
+
 #[test]
 fn a_clustered_agent_registers_heartbeats_routes_fences_and_survives_the_control_plane() {
-    let mut cp = FakeControlPlane::start();
-    let agent = Agent::start(cp.addr);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node_key, node_key_path) = key_file(dir.path(), "node-1");
+    let node = Signer::new(node_key.clone());
+    let mut cp = FakeControlPlane::start(&node_key);
+    let agent = Agent::start(cp.addr, dir, &node_key_path);
     let pod: Ipv4Net = POD_CIDR.parse().expect("pod cidr");
 
     // Registration carries the node id, the advertise address and the
@@ -273,8 +327,53 @@ fn a_clustered_agent_registers_heartbeats_routes_fences_and_survives_the_control
         cp.with(|s| s.heartbeat_paths.iter().all(|p| p == "/nodes/n1/heartbeat")),
         "heartbeats go to the node's own path"
     );
-    let health = agent.await_some("the TCP listener", || get(&agent.tcp(), "/healthz"));
+    let health = agent.await_some("the TCP listener", || {
+        agent
+            .tcp()
+            .request(
+                "GET",
+                "/healthz",
+                &signed(&node, "GET", "/healthz", b""),
+                b"",
+            )
+            .ok()
+    });
     assert_eq!(health.status, 200);
+
+    // The TCP listener wants a node signature: none, an unknown key, or a
+    // replayed header get 401; the Unix socket needs none.
+    let unsigned = get(&agent.tcp(), "/jails").expect("answered");
+    assert_eq!(unsigned.status, 401);
+    let stranger = Signer::new(generate_key("operator-1").expect("key"));
+    let foreign = agent
+        .tcp()
+        .request(
+            "GET",
+            "/jails",
+            &signed(&stranger, "GET", "/jails", b""),
+            b"",
+        )
+        .expect("answered");
+    assert_eq!(foreign.status, 401);
+    let once = signed(&node, "GET", "/jails", b"");
+    assert_eq!(
+        agent
+            .tcp()
+            .request("GET", "/jails", &once, b"")
+            .expect("answered")
+            .status,
+        200
+    );
+    assert_eq!(
+        agent
+            .tcp()
+            .request("GET", "/jails", &once, b"")
+            .expect("answered")
+            .status,
+        401,
+        "a replayed signature is refused"
+    );
+    assert_eq!(get(&agent.unix(), "/jails").expect("answered").status, 200);
 
     // A local apply (Unix socket, no epoch) and a placed one (TCP, with the
     // epoch header) both get addresses in the pod_cidr.
@@ -291,15 +390,13 @@ fn a_clustered_agent_registers_heartbeats_routes_fences_and_survives_the_control
     );
     assert!(pod.contains(local.address), "{}", local.address);
     assert_eq!(local.epoch, None);
+    let body = jail_yaml("placed-1", "1", "128M");
+    let mut headers = signed(&node, "PUT", "/jails/placed-1", body.as_bytes());
+    headers.push((EPOCH_HEADER.to_string(), "3".to_string()));
     let placed = status(
         &agent
             .tcp()
-            .request(
-                "PUT",
-                "/jails/placed-1",
-                &[(EPOCH_HEADER.to_string(), "3".to_string())],
-                jail_yaml("placed-1", "1", "128M").as_bytes(),
-            )
+            .request("PUT", "/jails/placed-1", &headers, body.as_bytes())
             .expect("placed apply"),
     );
     assert!(pod.contains(placed.address), "{}", placed.address);
@@ -362,9 +459,39 @@ fn a_clustered_agent_registers_heartbeats_routes_fences_and_survives_the_control
             .contains("keeping every jail and route")
             .then_some(())
     });
-    let health = get(&agent.tcp(), "/healthz").expect("TCP listener still up");
+    let health = agent
+        .tcp()
+        .request(
+            "GET",
+            "/healthz",
+            &signed(&node, "GET", "/healthz", b""),
+            b"",
+        )
+        .expect("TCP listener still up");
     assert_eq!(health.status, 200);
+    assert_eq!(
+        cp.with(|s| s.refused),
+        0,
+        "every request to the control plane was signed"
+    );
     let local = status(&get(&agent.unix(), "/jails/local-1").expect("local-1"));
     assert_eq!(local.state, keel::common::wire::Phase::Running);
     assert_eq!(agent.routes()["127.64.10.0/24"], "127.0.0.2");
+}
+
+#[test]
+fn a_clustered_agent_refuses_a_key_file_others_can_read() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, path) = key_file(dir.path(), "node-1");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let agent = Agent::start(free_port(), dir, &path);
+    let code = agent.await_some("keel-agentd to refuse to start", || {
+        agent.child.lock().expect("child").try_wait().ok().flatten()
+    });
+    assert!(!code.success());
+    let log = agent.log();
+    assert!(log.contains("node-1.key"), "{log}");
+    assert!(!agent.dir.path().join("keel-sim/agentd.sock").exists());
 }

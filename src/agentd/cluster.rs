@@ -26,6 +26,13 @@
 //!   heartbeat. A jail applied over the Unix socket has no epoch and is never
 //!   deleted here, whatever the control plane says.
 //!
+//! Every request to the control plane is signed with the node key
+//! (`agent.key_file`), and the agent's TCP listener answers only requests
+//! signed with a node key from `auth.node_keys` ([`SignedApi`]); the Unix
+//! socket stays unauthenticated (its mode and group guard it). Both key sets
+//! are read once at startup ([`load_keys`]): rotating a node key means
+//! restarting the agents, which never stops a jail.
+//!
 //! It never imports `controlplane`: the bodies are `common::wire`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -38,11 +45,16 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::agentd::api::AgentApi;
 use crate::agentd::reconciler::{Phase, Reconciler};
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
+use crate::common::auth::{
+    self, AuthError, KeyFilePolicy, Keyring, Role, Signer, Verifier, sign_headers, unix_now,
+};
 use crate::common::backoff::{Backoff, Clock, Policy, SystemClock};
 use crate::common::cidr::Ipv4Net;
-use crate::common::http::{Client, Endpoint, HttpError};
+use crate::common::config::Config;
+use crate::common::http::{Client, Endpoint, Handler, HttpError, Request, Response};
 use crate::common::spec;
 use crate::common::wire::{
     HeartbeatRequest, HeartbeatResponse, JailStatus, Peer, PlacedJail, RegisterRequest,
@@ -77,6 +89,8 @@ pub enum ClusterError {
     NodeId(String),
     /// The host's size could not be read at startup.
     Capacity(CapacityError),
+    /// A signing key could not be loaded, or a request could not be signed.
+    Keys(AuthError),
     /// The control plane could not be reached or did not answer in time.
     Unreachable(HttpError),
     /// The control plane answered with an unexpected status.
@@ -123,6 +137,10 @@ impl fmt::Display for ClusterError {
             } => write!(
                 f,
                 "the control plane answered {path} with {status}: {message}"
+            ),
+            ClusterError::Keys(e) => write!(
+                f,
+                "{e}; a clustered agent signs with agent.key_file and accepts the keys in auth.node_keys (key files: docs/security.md)"
             ),
             ClusterError::UnknownNode => {
                 f.write_str("the control plane does not know this node; registering again")
@@ -474,8 +492,50 @@ where
     outcome
 }
 
+/// Reads the node's signing key (`agent.key_file`) and the node keys its TCP
+/// listener accepts (`auth.node_keys`), refusing files that are not mode
+/// 0600 and owned by root (by the current user when not running as root).
+pub fn load_keys(cfg: &Config) -> Result<(Signer, Verifier), ClusterError> {
+    let policy = KeyFilePolicy::for_current_process();
+    let key = auth::load_key(&cfg.agent.key_file, policy).map_err(ClusterError::Keys)?;
+    let keyring = Keyring::load(&cfg.auth.node_keys, &[], policy).map_err(ClusterError::Keys)?;
+    Ok((
+        Signer::new(key),
+        Verifier::new(keyring, cfg.auth.max_clock_skew.0),
+    ))
+}
+
+/// The agent API behind the TCP listener's guard: a request that did not
+/// arrive on the Unix socket must be signed with a node key, else it is
+/// answered 401 (logged with the peer and the reason) and never reaches a
+/// route. The Unix socket and the TCP listener share one server (one
+/// connection bound), so the guard goes by [`Request::peer`], which the
+/// server sets to `"unix"` only for the Unix socket.
+pub struct SignedApi {
+    api: AgentApi,
+    verifier: Verifier,
+}
+
+impl SignedApi {
+    /// `api`, guarded by `verifier` on TCP.
+    pub fn new(api: AgentApi, verifier: Verifier) -> SignedApi {
+        SignedApi { api, verifier }
+    }
+}
+
+impl Handler for SignedApi {
+    fn handle(&self, req: Request) -> Response {
+        if req.peer != "unix"
+            && let Err(e) = auth::verify_request(&self.verifier, &req, Role::Node, unix_now())
+        {
+            return auth::refusal(&e);
+        }
+        self.api.handle(req)
+    }
+}
+
 /// What the cluster thread needs to know.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Membership {
     /// The control plane's `HOST:PORT`.
     pub controlplane: String,
@@ -487,21 +547,26 @@ pub struct Membership {
     pub capacity: Resources,
     /// Heartbeat period.
     pub heartbeat_interval: Duration,
+    /// Signs every request to the control plane with the node key.
+    pub signer: Signer,
 }
 
 /// The control plane, as the agent talks to it.
 pub struct ControlPlane {
     client: Client,
     node_id: String,
+    signer: Signer,
 }
 
 impl ControlPlane {
-    /// A client for `controlplane` (`HOST:PORT`) speaking for `node_id`.
-    pub fn new(controlplane: &str, node_id: &str) -> ControlPlane {
+    /// A client for `controlplane` (`HOST:PORT`) speaking for `node_id`,
+    /// signing with `signer`.
+    pub fn new(controlplane: &str, node_id: &str, signer: Signer) -> ControlPlane {
         ControlPlane {
             client: Client::new(Endpoint::Tcp(controlplane.to_string()))
                 .with_timeout(CONTROLPLANE_TIMEOUT),
             node_id: node_id.to_string(),
+            signer,
         }
     }
 
@@ -527,7 +592,9 @@ impl ControlPlane {
             path: path.to_string(),
             reason: e.to_string(),
         })?;
-        let headers = vec![("Content-Type".to_string(), "application/json".to_string())];
+        let mut headers = sign_headers(&self.signer, "POST", path, &body, unix_now())
+            .map_err(ClusterError::Keys)?;
+        headers.push(("Content-Type".to_string(), "application/json".to_string()));
         let resp = self
             .client
             .request("POST", path, &headers, &body)
@@ -568,7 +635,11 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("keel-cluster".into())
         .spawn(move || {
-            let cp = ControlPlane::new(&membership.controlplane, &membership.node_id);
+            let cp = ControlPlane::new(
+                &membership.controlplane,
+                &membership.node_id,
+                membership.signer.clone(),
+            );
             // Err only when the worker is gone: the daemon is stopping.
             let _ = run(&membership, &cp, &worker, &stop);
         })

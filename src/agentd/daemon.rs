@@ -22,13 +22,16 @@ use std::sync::mpsc;
 
 use crate::agentd::api::AgentApi;
 use crate::agentd::cli::Options;
-use crate::agentd::cluster::{self, ClusterError, Membership};
+use crate::agentd::cluster::{self, ClusterError, Membership, SignedApi};
 use crate::agentd::reconciler::{AgentState, NodeNetwork, Reconciler, STATE_FILE};
 use crate::agentd::worker;
+use crate::common::auth::Verifier;
 use crate::common::backoff::SystemClock;
 use crate::common::cmd::SystemRunner;
 use crate::common::config::Config;
-use crate::common::http::{HttpError, Server, ServerLimits, ShutdownSignal, bind_unix_socket};
+use crate::common::http::{
+    Handler, HttpError, Server, ServerLimits, ShutdownSignal, bind_unix_socket,
+};
 use crate::common::logging;
 use crate::common::store::{Store, StoreError};
 use crate::host::capacity::{Capacity, FreeBsdCapacity};
@@ -113,11 +116,11 @@ pub fn run(options: Options) -> Result<(), RunError> {
         jails_dir: cfg.zfs.jails_dir.clone(),
         volumes_dir: cfg.zfs.volumes_dir.clone(),
     };
-    let membership = membership(&cfg, options.simulate)?;
+    let cluster = membership(&cfg, options.simulate)?;
     let persisted = state.as_ref().and_then(|s| s.node_subnet);
     let node = NodeNetwork {
         bridge: cfg.agent.bridge.clone(),
-        subnet: match (&membership, persisted) {
+        subnet: match (&cluster, persisted) {
             (Some(_), Some(assigned)) => assigned,
             _ => cfg.agent.node_subnet,
         },
@@ -135,7 +138,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
         );
         let group = (cfg.agent.socket_group != DEFAULT_SOCKET_GROUP)
             .then_some(cfg.agent.socket_group.as_str());
-        return serve(reconciler, &cfg, group, membership);
+        return serve(reconciler, &cfg, group, cluster);
     }
 
     let runner = Arc::new(SystemRunner);
@@ -164,18 +167,19 @@ pub fn run(options: Options) -> Result<(), RunError> {
         reconciler,
         &cfg,
         Some(cfg.agent.socket_group.as_str()),
-        membership,
+        cluster,
     )
 }
 
 /// What the cluster thread needs, when `agent.controlplane` is set: the node
 /// id and the host's capacity, detected once here.
-fn membership(cfg: &Config, simulate: bool) -> Result<Option<Membership>, RunError> {
+fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifier)>, RunError> {
     let a = &cfg.agent;
     let (Some(controlplane), Some(advertise_addr)) = (&a.controlplane, a.advertise_addr) else {
         return Ok(None);
     };
     let node_id = cluster::node_id(a.node_id.as_deref()).map_err(RunError::Cluster)?;
+    let (signer, verifier) = cluster::load_keys(cfg).map_err(RunError::Cluster)?;
     let capacity = if simulate {
         cluster::detect_capacity(&cluster::simulated_capacity())
     } else {
@@ -185,13 +189,15 @@ fn membership(cfg: &Config, simulate: bool) -> Result<Option<Membership>, RunErr
         ))
     }
     .map_err(RunError::Cluster)?;
-    Ok(Some(Membership {
+    let membership = Membership {
         controlplane: controlplane.clone(),
         node_id,
         advertise_addr,
         capacity,
         heartbeat_interval: a.heartbeat_interval.0,
-    }))
+        signer,
+    };
+    Ok(Some((membership, verifier)))
 }
 
 /// Reports missing kernel features once at startup: the agent still starts
@@ -219,7 +225,7 @@ fn serve<J, Z, N, M>(
     reconciler: Reconciler<J, Z, N, M>,
     cfg: &Config,
     group: Option<&str>,
-    membership: Option<Membership>,
+    cluster: Option<(Membership, Verifier)>,
 ) -> Result<(), RunError>
 where
     J: JailRuntime + 'static,
@@ -229,6 +235,7 @@ where
 {
     let socket = &cfg.agent.socket;
     // Bound before the socket, so a taken port leaves nothing behind.
+    let (membership, verifier) = cluster.unzip();
     let tcp = match &membership {
         Some(m) => {
             Some(
@@ -250,11 +257,12 @@ where
 
     let (worker, worker_thread) = worker::spawn(reconciler).map_err(setup)?;
     let shutdown = ShutdownSignal::new();
-    let server = Server::new(
-        Arc::new(AgentApi::new(worker.clone())),
-        ServerLimits::default(),
-        shutdown.clone(),
-    );
+    let api = AgentApi::new(worker.clone());
+    let handler: Arc<dyn Handler> = match verifier {
+        Some(v) => Arc::new(SignedApi::new(api, v)),
+        None => Arc::new(api),
+    };
+    let server = Server::new(handler, ServerLimits::default(), shutdown.clone());
     let http = server.serve_unix(listener).map_err(RunError::Socket)?;
     let http_tcp = tcp
         .map(|l| server.serve_tcp(l))
