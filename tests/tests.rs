@@ -4,6 +4,7 @@
 mod auth;
 mod cluster_agent;
 mod config_cli;
+mod golden_agent;
 mod golden_capacity;
 mod golden_jail;
 mod golden_mount;
@@ -12,6 +13,8 @@ mod golden_pf;
 mod golden_routes;
 mod golden_zfs;
 mod http;
+mod packaging;
+mod reconciler;
 mod sim;
 mod spec_examples;
 mod util;
