@@ -443,6 +443,12 @@ where
     if let Err(e) = reconciler.adopt_node_subnet(pod_cidr) {
         outcome.errors.push(format!("node subnet {pod_cidr}: {e}"));
     }
+    if let Err(e) = reconciler.ensure_gateway() {
+        outcome.errors.push(format!(
+            "address of bridge {}: {e}",
+            reconciler.node().bridge
+        ));
+    }
 
     let own = reconciler.node().subnet;
     let managed = reconciler.state().cluster_routes.clone();
@@ -1017,6 +1023,7 @@ mod tests {
         let mut r = reconciler(dir.path(), fake_net);
         let pod = net("10.20.5.0/24");
         r.adopt_node_subnet(pod).expect("adopt");
+        r.ensure_gateway().expect("bridge");
         r.apply(jail("placed", None), Some(4)).expect("placed");
         r.apply(jail("moved-back", None), Some(9)).expect("placed");
         r.apply(jail("local", None), None).expect("local");
@@ -1056,6 +1063,8 @@ mod tests {
         {
             let mut r = reconciler(dir.path(), fake_net.clone());
             r.adopt_node_subnet(pod).expect("adopt");
+            r.ensure_gateway().expect("bridge");
+            r.ensure_gateway().expect("bridge");
             assert_eq!(fake_net.bridge_address("keel0"), Some(net("10.20.5.1/24")));
             let status = r.apply(jail("web", None), Some(1)).expect("applied");
             assert!(pod.contains(status.address), "{}", status.address);

@@ -1109,23 +1109,37 @@ where
     }
 
     /// Adopts the subnet the control plane assigned: moves the node to it
-    /// (refused while a jail has an address outside it), persists it, and
-    /// gives the bridge the subnet's first address (idempotent, so every
-    /// heartbeat may call it).
+    /// (refused while a jail has an address outside it) and persists it, so a
+    /// restarted node keeps it. Nothing changes when it fails.
     pub fn adopt_node_subnet(&mut self, subnet: Ipv4Net) -> Result<(), ReconcileError> {
         let subnet = subnet.trunc();
+        let previous = self.node.clone();
         if self.node.subnet != subnet {
             self.set_node_subnet(subnet)?;
         }
         if self.state.node_subnet != Some(subnet) {
             let mut next = self.state.clone();
             next.node_subnet = Some(subnet);
-            self.commit(next)?;
+            if let Err(e) = self.commit(next) {
+                self.node = previous;
+                return Err(e);
+            }
         }
-        self.ensure_bridge().map_err(|error| ReconcileError::Host {
-            jail: "(node)".into(),
-            error,
-        })
+        Ok(())
+    }
+
+    /// Gives the bridge the node subnet's first address, creating the bridge
+    /// if needed; idempotent (every heartbeat calls it, so an address removed
+    /// by hand comes back).
+    pub fn ensure_gateway(&self) -> Result<(), NetError> {
+        let gateway =
+            Ipv4Net::new(self.node.gateway(), self.node.subnet.prefix_len()).map_err(|e| {
+                NetError::Parse {
+                    command: "bridge address".into(),
+                    reason: e.to_string(),
+                }
+            })?;
+        self.net.ensure_bridge(&self.node.bridge, gateway)
     }
 
     /// Persists the set of peer routes Keel manages now.

@@ -263,11 +263,20 @@ where
             Command::AdoptSubnet { subnet, reply } => {
                 let result = reconciler.adopt_node_subnet(subnet);
                 if result.is_ok() {
-                    log::info!(
-                        "node subnet is {subnet}; {} has {}",
-                        reconciler.node().bridge,
-                        reconciler.node().gateway()
-                    );
+                    log::info!("node subnet is {subnet}");
+                    // The heartbeat that follows retries a failure here.
+                    match reconciler.ensure_gateway() {
+                        Ok(()) => log::info!(
+                            "{} has {}",
+                            reconciler.node().bridge,
+                            reconciler.node().gateway()
+                        ),
+                        Err(e) => log::warn!(
+                            "cannot give {} its address {}: {e}",
+                            reconciler.node().bridge,
+                            reconciler.node().gateway()
+                        ),
+                    }
                 }
                 let _ = reply.send(result);
             }
