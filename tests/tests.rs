@@ -2,6 +2,7 @@
 //! Each module is one area; `util` holds the shared helpers.
 
 mod auth;
+mod cluster_agent;
 mod config_cli;
 mod controlplane;
 mod golden_agent;
@@ -10,6 +11,7 @@ mod golden_jail;
 mod golden_mount;
 mod golden_net;
 mod golden_pf;
+mod golden_routes;
 mod golden_zfs;
 mod http;
 mod packaging;

@@ -2,24 +2,36 @@
 //! state, start the worker, the API and the reconcile timer, and stop cleanly
 //! on SIGTERM or SIGINT.
 //!
+//! With `agent.controlplane` set the agent also joins a cluster: it serves the
+//! same route table on a TCP listener bound to `agent.advertise_addr` and runs
+//! the cluster thread ([`crate::agentd::cluster`]). A clustered node starts in
+//! the subnet it was last assigned (persisted), so it keeps its addresses
+//! while the control plane is unreachable. Without `agent.controlplane` none
+//! of this exists and the agent is a single node.
+//!
 //! Stopping the agent is not stopping the workloads: on SIGTERM the agent stops
 //! accepting requests, finishes the command in progress, removes its socket and
 //! exits, and every jail keeps running. The next agent adopts them with a no-op
 //! pass.
 
 use std::fmt;
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
 
 use crate::agentd::api::AgentApi;
 use crate::agentd::cli::Options;
-use crate::agentd::reconciler::{NodeNetwork, Reconciler, STATE_FILE};
+use crate::agentd::cluster::{self, ClusterError, Membership, SignedApi};
+use crate::agentd::reconciler::{AgentState, NodeNetwork, Reconciler, STATE_FILE};
 use crate::agentd::worker;
+use crate::common::auth::Verifier;
 use crate::common::backoff::SystemClock;
 use crate::common::cmd::SystemRunner;
 use crate::common::config::Config;
-use crate::common::http::{HttpError, Server, ServerLimits, ShutdownSignal, bind_unix_socket};
+use crate::common::http::{
+    Handler, HttpError, Server, ServerLimits, ShutdownSignal, bind_unix_socket,
+};
 use crate::common::logging;
 use crate::common::store::{Store, StoreError};
 use crate::host::capacity::{Capacity, FreeBsdCapacity};
@@ -51,6 +63,15 @@ pub enum RunError {
     Setup(String),
     /// Detaching with --daemon failed.
     Daemonize(String),
+    /// Cluster membership could not be prepared (node id, host capacity).
+    Cluster(ClusterError),
+    /// The TCP listener on `agent.advertise_addr` could not be bound.
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
 }
 
 impl fmt::Display for RunError {
@@ -61,6 +82,11 @@ impl fmt::Display for RunError {
             RunError::Socket(e) => write!(f, "{e}"),
             RunError::Setup(e) => write!(f, "{e}"),
             RunError::Daemonize(e) => write!(f, "cannot detach (--daemon): {e}"),
+            RunError::Cluster(e) => write!(f, "{e}"),
+            RunError::Listen { addr, source } => write!(
+                f,
+                "cannot listen on agent.advertise_addr {addr}: {source}; it must be an address of this host and a free port"
+            ),
         }
     }
 }
@@ -83,15 +109,21 @@ pub fn run(options: Options) -> Result<(), RunError> {
         logging::to_stderr("keel-agentd", level);
     }
 
-    let (store, state) = Store::open(&cfg.agent.state_dir, STATE_FILE).map_err(RunError::Store)?;
+    let (store, state): (Store<AgentState>, Option<AgentState>) =
+        Store::open(&cfg.agent.state_dir, STATE_FILE).map_err(RunError::Store)?;
     let layout = ZfsLayout {
         pool: cfg.zfs.pool.clone(),
         jails_dir: cfg.zfs.jails_dir.clone(),
         volumes_dir: cfg.zfs.volumes_dir.clone(),
     };
+    let cluster = membership(&cfg, options.simulate)?;
+    let persisted = state.as_ref().and_then(|s| s.node_subnet);
     let node = NodeNetwork {
         bridge: cfg.agent.bridge.clone(),
-        subnet: cfg.agent.node_subnet,
+        subnet: match (&cluster, persisted) {
+            (Some(_), Some(assigned)) => assigned,
+            _ => cfg.agent.node_subnet,
+        },
     };
     let clock = Box::new(SystemClock);
 
@@ -106,7 +138,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
         );
         let group = (cfg.agent.socket_group != DEFAULT_SOCKET_GROUP)
             .then_some(cfg.agent.socket_group.as_str());
-        return serve(reconciler, &cfg, group);
+        return serve(reconciler, &cfg, group, cluster);
     }
 
     let runner = Arc::new(SystemRunner);
@@ -131,7 +163,41 @@ pub fn run(options: Options) -> Result<(), RunError> {
         state,
         clock,
     );
-    serve(reconciler, &cfg, Some(cfg.agent.socket_group.as_str()))
+    serve(
+        reconciler,
+        &cfg,
+        Some(cfg.agent.socket_group.as_str()),
+        cluster,
+    )
+}
+
+/// What the cluster thread needs, when `agent.controlplane` is set: the node
+/// id and the host's capacity, detected once here.
+fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifier)>, RunError> {
+    let a = &cfg.agent;
+    let (Some(controlplane), Some(advertise_addr)) = (&a.controlplane, a.advertise_addr) else {
+        return Ok(None);
+    };
+    let node_id = cluster::node_id(a.node_id.as_deref()).map_err(RunError::Cluster)?;
+    let (signer, verifier) = cluster::load_keys(cfg).map_err(RunError::Cluster)?;
+    let capacity = if simulate {
+        cluster::detect_capacity(&cluster::simulated_capacity())
+    } else {
+        cluster::detect_capacity(&FreeBsdCapacity::new(
+            Arc::new(SystemRunner),
+            cfg.commands.clone(),
+        ))
+    }
+    .map_err(RunError::Cluster)?;
+    let membership = Membership {
+        controlplane: controlplane.clone(),
+        node_id,
+        advertise_addr,
+        capacity,
+        heartbeat_interval: a.heartbeat_interval.0,
+        signer,
+    };
+    Ok(Some((membership, verifier)))
 }
 
 /// Reports missing kernel features once at startup: the agent still starts
@@ -159,6 +225,7 @@ fn serve<J, Z, N, M>(
     reconciler: Reconciler<J, Z, N, M>,
     cfg: &Config,
     group: Option<&str>,
+    cluster: Option<(Membership, Verifier)>,
 ) -> Result<(), RunError>
 where
     J: JailRuntime + 'static,
@@ -167,6 +234,19 @@ where
     M: MountManager + 'static,
 {
     let socket = &cfg.agent.socket;
+    // Bound before the socket, so a taken port leaves nothing behind.
+    let (membership, verifier) = cluster.unzip();
+    let tcp = match &membership {
+        Some(m) => {
+            Some(
+                TcpListener::bind(m.advertise_addr).map_err(|source| RunError::Listen {
+                    addr: m.advertise_addr,
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
     let listener = bind_unix_socket(socket, SOCKET_MODE, group).map_err(RunError::Socket)?;
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
     let mut signals = signal_hook::iterator::Signals::new([
@@ -177,12 +257,32 @@ where
 
     let (worker, worker_thread) = worker::spawn(reconciler).map_err(setup)?;
     let shutdown = ShutdownSignal::new();
-    let server = Server::new(
-        Arc::new(AgentApi::new(worker.clone())),
-        ServerLimits::default(),
-        shutdown.clone(),
-    );
+    let api = AgentApi::new(worker.clone());
+    let handler: Arc<dyn Handler> = match verifier {
+        Some(v) => Arc::new(SignedApi::new(api, v)),
+        None => Arc::new(api),
+    };
+    let server = Server::new(handler, ServerLimits::default(), shutdown.clone());
     let http = server.serve_unix(listener).map_err(RunError::Socket)?;
+    let http_tcp = tcp
+        .map(|l| server.serve_tcp(l))
+        .transpose()
+        .map_err(RunError::Socket)?;
+    let (stop_cluster, cluster_stop) = mpsc::channel();
+    if let Some(m) = &membership {
+        log::info!(
+            "node {} joins the control plane at {} (capacity {} CPUs, {} bytes); API also on TCP {}",
+            m.node_id,
+            m.controlplane,
+            m.capacity.cpu,
+            m.capacity.memory,
+            m.advertise_addr
+        );
+    }
+    let cluster_thread = membership
+        .map(|m| cluster::spawn(m, worker.clone(), cluster_stop))
+        .transpose()
+        .map_err(setup)?;
     let (stop_timer, timer_stop) = mpsc::channel();
     let timer = worker::spawn_timer(worker.clone(), cfg.agent.reconcile_interval.0, timer_stop)
         .map_err(setup)?;
@@ -199,9 +299,17 @@ where
     );
     shutdown.trigger();
     drop(stop_timer);
+    drop(stop_cluster);
     worker.shutdown();
     let _ = http.join();
+    if let Some(t) = http_tcp {
+        let _ = t.join();
+    }
     let _ = timer.join();
+    // At most one control-plane exchange (CONTROLPLANE_TIMEOUT) to finish.
+    if let Some(t) = cluster_thread {
+        let _ = t.join();
+    }
     let _ = worker_thread.join();
     remove_quietly(socket);
     Ok(())

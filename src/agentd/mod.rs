@@ -5,6 +5,7 @@
 //! | [`reconciler`] | desired vs observed state of this host's jails; provision, restart, delete |
 //! | [`worker`] | the one thread that owns the reconciler, and the channel to it |
 //! | [`api`] | the route table served on the Unix socket (and TCP when clustered) |
+//! | [`cluster`] | registration, heartbeats, peer routes and fencing when clustered |
 //! | [`metrics`] | Prometheus text for `GET /metrics` |
 //! | [`daemon`] | startup, host selection (FreeBSD or simulated), shutdown |
 //! | [`cli`] | flags and `--check-config` |
@@ -14,6 +15,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod cluster;
 pub mod daemon;
 pub mod metrics;
 pub mod reconciler;

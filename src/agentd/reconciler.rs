@@ -114,6 +114,15 @@ pub struct AgentState {
     /// workload that was crash-looping before it went down.
     #[serde(default)]
     pub backoff: Snapshot<String>,
+    /// The subnet the control plane assigned (clustered nodes only); kept so a
+    /// restarted node keeps it while the control plane is unreachable.
+    #[serde(default)]
+    pub node_subnet: Option<Ipv4Net>,
+    /// Destinations of the kernel routes Keel added towards peers' subnets,
+    /// so a route to a peer that left the cluster can still be withdrawn and
+    /// no other route is ever touched.
+    #[serde(default)]
+    pub cluster_routes: BTreeSet<Ipv4Net>,
 }
 
 /// One desired jail.
@@ -1081,4 +1090,68 @@ fn unix_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// Cluster membership support (`agentd::cluster`): the node subnet the control
+/// plane assigns and the peer routes Keel manages, both persisted with the
+/// desired jails.
+impl<J, Z, N, M> Reconciler<J, Z, N, M>
+where
+    J: JailRuntime,
+    Z: ZfsManager,
+    N: NetManager,
+    M: MountManager,
+{
+    /// The host networking seam, for the peer-route reconciliation that runs
+    /// on the worker thread next to the reconciler.
+    pub fn net(&self) -> &N {
+        &self.net
+    }
+
+    /// Adopts the subnet the control plane assigned: moves the node to it
+    /// (refused while a jail has an address outside it) and persists it, so a
+    /// restarted node keeps it. Nothing changes when it fails.
+    pub fn adopt_node_subnet(&mut self, subnet: Ipv4Net) -> Result<(), ReconcileError> {
+        let subnet = subnet.trunc();
+        let previous = self.node.clone();
+        if self.node.subnet != subnet {
+            self.set_node_subnet(subnet)?;
+        }
+        if self.state.node_subnet != Some(subnet) {
+            let mut next = self.state.clone();
+            next.node_subnet = Some(subnet);
+            if let Err(e) = self.commit(next) {
+                self.node = previous;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the bridge the node subnet's first address, creating the bridge
+    /// if needed; idempotent (every heartbeat calls it, so an address removed
+    /// by hand comes back).
+    pub fn ensure_gateway(&self) -> Result<(), NetError> {
+        let gateway =
+            Ipv4Net::new(self.node.gateway(), self.node.subnet.prefix_len()).map_err(|e| {
+                NetError::Parse {
+                    command: "bridge address".into(),
+                    reason: e.to_string(),
+                }
+            })?;
+        self.net.ensure_bridge(&self.node.bridge, gateway)
+    }
+
+    /// Persists the set of peer routes Keel manages now.
+    pub fn record_cluster_routes(
+        &mut self,
+        routes: BTreeSet<Ipv4Net>,
+    ) -> Result<(), ReconcileError> {
+        if self.state.cluster_routes == routes {
+            return Ok(());
+        }
+        let mut next = self.state.clone();
+        next.cluster_routes = routes;
+        self.commit(next)
+    }
 }

@@ -13,9 +13,12 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::agentd::cluster::{self, HeartbeatOutcome};
 use crate::agentd::metrics::Metrics;
 use crate::agentd::reconciler::{JailStatus, Phase, ReconcileError, Reconciler};
+use crate::common::cidr::Ipv4Net;
 use crate::common::spec::Jail;
+use crate::common::wire::{Peer, PlacedJail};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
 
 /// What the worker can be asked to do.
@@ -59,6 +62,25 @@ pub enum Command {
     ReconcileNow {
         /// Gets the number of failed jails.
         reply: Sender<usize>,
+    },
+    /// Move the node to the subnet the control plane assigned (persisted, and
+    /// the bridge gets its first address).
+    AdoptSubnet {
+        /// The node's pod_cidr.
+        subnet: Ipv4Net,
+        /// Where the answer goes.
+        reply: Sender<Result<(), ReconcileError>>,
+    },
+    /// Apply a heartbeat answer: see [`cluster::apply_heartbeat`].
+    ClusterUpdate {
+        /// The node's pod_cidr.
+        pod_cidr: Ipv4Net,
+        /// Every other node.
+        peers: Vec<Peer>,
+        /// Placed jails the control plane named stale, with the epoch reported.
+        fence: Vec<PlacedJail>,
+        /// Where the answer goes.
+        reply: Sender<HeartbeatOutcome>,
     },
     /// Stop the worker loop.
     Shutdown,
@@ -132,6 +154,26 @@ impl WorkerHandle {
     /// See [`Command::ReconcileNow`].
     pub fn reconcile_now(&self) -> Result<usize, WorkerGone> {
         self.ask(|reply| Command::ReconcileNow { reply })
+    }
+
+    /// See [`Command::AdoptSubnet`].
+    pub fn adopt_subnet(&self, subnet: Ipv4Net) -> Result<Result<(), ReconcileError>, WorkerGone> {
+        self.ask(|reply| Command::AdoptSubnet { subnet, reply })
+    }
+
+    /// See [`Command::ClusterUpdate`].
+    pub fn cluster_update(
+        &self,
+        pod_cidr: Ipv4Net,
+        peers: Vec<Peer>,
+        fence: Vec<PlacedJail>,
+    ) -> Result<HeartbeatOutcome, WorkerGone> {
+        self.ask(|reply| Command::ClusterUpdate {
+            pod_cidr,
+            peers,
+            fence,
+            reply,
+        })
     }
 
     /// Queues a pass without waiting (the timer).
@@ -217,6 +259,35 @@ where
             Command::ReconcileNow { reply } => {
                 let failures = pass(&mut reconciler, &mut metrics);
                 let _ = reply.send(failures);
+            }
+            Command::AdoptSubnet { subnet, reply } => {
+                let result = reconciler.adopt_node_subnet(subnet);
+                if result.is_ok() {
+                    log::info!("node subnet is {subnet}");
+                    // The heartbeat that follows retries a failure here.
+                    match reconciler.ensure_gateway() {
+                        Ok(()) => log::info!(
+                            "{} has {}",
+                            reconciler.node().bridge,
+                            reconciler.node().gateway()
+                        ),
+                        Err(e) => log::warn!(
+                            "cannot give {} its address {}: {e}",
+                            reconciler.node().bridge,
+                            reconciler.node().gateway()
+                        ),
+                    }
+                }
+                let _ = reply.send(result);
+            }
+            Command::ClusterUpdate {
+                pod_cidr,
+                peers,
+                fence,
+                reply,
+            } => {
+                let outcome = cluster::apply_heartbeat(&mut reconciler, pod_cidr, &peers, &fence);
+                let _ = reply.send(outcome);
             }
             Command::Shutdown => break,
         }
