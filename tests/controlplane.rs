@@ -102,9 +102,12 @@ impl Drop for ControlPlane {
 
 /// An in-test agent: verifies the node signature, records what it got and
 /// answers 200 with the jail name.
+/// Method, path and epoch header of every request an agent accepted.
+type Seen = Arc<Mutex<Vec<(String, String, Option<String>)>>>;
+
 struct FakeAgent {
     addr: SocketAddr,
-    seen: Arc<Mutex<Vec<(String, String, Option<String>)>>>,
+    seen: Seen,
     shutdown: ShutdownSignal,
 }
 

@@ -179,6 +179,12 @@ fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifi
         return Ok(None);
     };
     let node_id = cluster::node_id(a.node_id.as_deref()).map_err(RunError::Cluster)?;
+    if simulate {
+        // A simulated cluster shares keel-sim/keys: whichever daemon starts
+        // first creates the node key (see common::auth::ensure_key).
+        crate::common::auth::ensure_key(&a.key_file, "sim-node")
+            .map_err(|e| RunError::Cluster(cluster::ClusterError::Keys(e)))?;
+    }
     let (signer, verifier) = cluster::load_keys(cfg).map_err(RunError::Cluster)?;
     let capacity = if simulate {
         cluster::detect_capacity(&cluster::simulated_capacity())

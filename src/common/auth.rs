@@ -1177,6 +1177,35 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
     Some(out)
 }
 
+/// Simulate mode only: creates the key file at `path` with a fresh key named
+/// `id` when it does not exist yet (parent directory included, mode 0700), so
+/// a simulated cluster starts without setup. An existing file is left alone
+/// and checked by [`load_key`] like any other. Production daemons never call
+/// this: a missing key there is an error the admin fixes with
+/// `keelctl key generate`.
+pub fn ensure_key(path: &Path, id: &str) -> Result<(), AuthError> {
+    if path.exists() {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| AuthError::KeyFileIo {
+                path: dir.to_path_buf(),
+                action: "create the directory of",
+                source,
+            })?;
+    }
+    match write_key_file(path, &generate_key(id)?) {
+        // Another daemon of the same simulated cluster created it first.
+        Err(AuthError::KeyFileExists { .. }) => Ok(()),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1265,34 +1294,5 @@ mod tests {
         assert_eq!(AuthError::Missing.status(), 401);
         assert_eq!(AuthError::ReplayCacheFull { capacity: 1 }.status(), 503);
         assert_eq!(AuthError::KeyFileExists { path: "/x".into() }.status(), 500);
-    }
-}
-
-/// Simulate mode only: creates the key file at `path` with a fresh key named
-/// `id` when it does not exist yet (parent directory included, mode 0700), so
-/// a simulated cluster starts without setup. An existing file is left alone
-/// and checked by [`load_key`] like any other. Production daemons never call
-/// this: a missing key there is an error the admin fixes with
-/// `keelctl key generate`.
-pub fn ensure_key(path: &Path, id: &str) -> Result<(), AuthError> {
-    if path.exists() {
-        return Ok(());
-    }
-    if let Some(dir) = path.parent() {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|source| AuthError::KeyFileIo {
-                path: dir.to_path_buf(),
-                action: "create the directory of",
-                source,
-            })?;
-    }
-    match write_key_file(path, &generate_key(id)?) {
-        // Another daemon of the same simulated cluster created it first.
-        Err(AuthError::KeyFileExists { .. }) => Ok(()),
-        other => other,
     }
 }
