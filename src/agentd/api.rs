@@ -14,7 +14,6 @@ use crate::common::http::{Handler, Request, Response};
 use crate::common::spec;
 use crate::common::wire::EPOCH_HEADER;
 
-
 /// The agent API.
 pub struct AgentApi {
     worker: WorkerHandle,
