@@ -2,6 +2,7 @@
 //! Each module is one area; `util` holds the shared helpers.
 
 mod config_cli;
+mod ctl;
 mod golden_capacity;
 mod golden_jail;
 mod golden_mount;

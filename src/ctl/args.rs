@@ -70,14 +70,14 @@ pub const FLAGS: &[Flag] = &[
         short: None,
         long: "socket",
         value: Some("PATH"),
-        help: "keel-agentd's socket (default: $KEEL_SOCKET, else agent.socket of keel.toml)",
+        help: "keel-agentd's socket (default $KEEL_SOCKET, else agent.socket of keel.toml)",
     },
     Flag {
         id: FlagId::Config,
         short: Some('c'),
         long: "config",
         value: Some("PATH"),
-        help: "keel.toml to read (default /usr/local/etc/keel.toml; if missing, all defaults)",
+        help: "keel.toml to read (default /usr/local/etc/keel.toml, if it exists)",
     },
     Flag {
         id: FlagId::Help,
@@ -101,14 +101,11 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "apply -f FILE|-",
         "validate every document of FILE, then apply them in order",
     ),
-    (
-        "get jails [NAME] [-o table|json|yaml]",
-        "list the jails, or show one",
-    ),
+    ("get jails [NAME]", "list the jails, or show one"),
     ("delete jail NAME...", "delete jails by name"),
     (
         "delete -f FILE|-",
-        "delete every jail of FILE, last document first",
+        "delete the jails of FILE, last one first",
     ),
     ("validate -f FILE|-", "check FILE without sending anything"),
 ];
@@ -234,12 +231,13 @@ fn usage(message: impl Into<String>) -> UsageError {
 /// `--help`: usage forms, commands, flags and exit statuses.
 pub fn help_text() -> String {
     let mut out = format!(
-        "keelctl {}: apply, inspect and delete Keel jails\n\nUsage:\n",
+        "keelctl {}: apply, inspect and delete Keel jails\n\n\
+         Usage: keelctl [OPTIONS] COMMAND\n\nCommands:\n",
         env!("CARGO_PKG_VERSION")
     );
     let width = COMMANDS.iter().map(|(u, _)| u.len()).max().unwrap_or(0);
     for (form, help) in COMMANDS {
-        out.push_str(&format!("  keelctl [OPTIONS] {form:width$}  {help}\n"));
+        out.push_str(&format!("  {form:width$}  {help}\n"));
     }
     let left = |flag: &Flag| {
         let short = flag.short.map_or("    ".to_string(), |c| format!("-{c}, "));

@@ -139,8 +139,7 @@ impl CtlError {
             )),
             CtlError::Invalid {
                 would_send: true, ..
-            }
-            | CtlError::Empty { .. } => Some("nothing was sent".into()),
+            } => Some("nothing was sent".into()),
             CtlError::UnsupportedKind { .. } => Some(
                 "Services and Ingresses are placed by keel-controlplane, which a later keelctl \
                  reaches with --controlplane; nothing was sent"
