@@ -1,6 +1,7 @@
 //! Integration tests, linked into one binary (`autotests = false`).
 //! Each module is one area; `util` holds the shared helpers.
 
+mod auth;
 mod config_cli;
 mod ctl;
 mod golden_capacity;

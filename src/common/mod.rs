@@ -1,8 +1,9 @@
 //! Shared by all three binaries: specs, configuration, HTTP, CIDR maths, the
-//! crash-safe store, backoff, logging and the command runner. Nothing here runs
+//! crash-safe store, backoff, logging, request signing and the command runner. Nothing here runs
 //! a host command except through [`cmd::CommandRunner`]; the only host state it
 //! touches directly is the daemon's own files (state directory, sockets).
 
+pub mod auth;
 pub mod backoff;
 pub mod cidr;
 pub mod cmd;
