@@ -4,6 +4,7 @@
 mod auth;
 mod config_cli;
 mod ctl;
+mod golden_agent;
 mod golden_capacity;
 mod golden_jail;
 mod golden_mount;
@@ -11,6 +12,8 @@ mod golden_net;
 mod golden_pf;
 mod golden_zfs;
 mod http;
+mod packaging;
+mod reconciler;
 mod sim;
 mod spec_examples;
 mod util;

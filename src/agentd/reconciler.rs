@@ -7,24 +7,42 @@
 //!
 //! - `apply` and `delete` change the desired state, persist it with
 //!   [`crate::common::store`] *before* anything is acknowledged, then converge
-//!   that one jail so the caller's response reflects the host.
+//!   that one jail so the caller's response reflects the host. An apply is an
+//!   explicit request and does not wait out the jail's backoff delay.
 //! - `reconcile` (the 5 s timer) observes the whole host with one call per
 //!   subsystem (jls + ps, zfs list, mount -p, ifconfig -l), then converges every
 //!   jail from that snapshot: provisions what is missing, restarts crashed
-//!   workloads through the per-jail [`Backoff`], finishes interrupted deletes and
-//!   removes Keel jails nobody wants any more. A failure is recorded against its
-//!   jail and the pass goes on: one broken jail never blocks the others.
+//!   workloads, finishes interrupted deletes and removes Keel jails nobody
+//!   wants any more (a jail whose root is `{jails_dir}/{name}`; others are
+//!   never touched). A failure is recorded against its jail and the pass goes
+//!   on: one broken jail never blocks the others. Every retry of a failed
+//!   jail, crashed or never provisioned, waits for its per-jail [`Backoff`]
+//!   (1 s doubling to 5 min, reset after 60 s up).
 //!
-//! A steady-state pass runs only the observation commands: an agent restarted
-//! while its jails run restarts nothing and recreates nothing.
+//! A steady-state pass runs only the observation commands and writes nothing:
+//! an agent restarted while its jails run restarts nothing and recreates
+//! nothing.
 //!
-//! Provision order: rootfs clone, volume datasets, volume mounts (before the jail
-//! starts, so the workload never sees an empty mount point), epair on the
-//! bridge, jail creation (jail.conf sets the address and default route, then runs
-//! exec.start), rctl limits. Delete order is the reverse: remove the jail (runs
-//! exec.stop), clear limits, destroy the epair, unmount everything under the
-//! jail root deepest first, destroy the rootfs. If an unmount fails the delete
-//! stops before the rootfs is touched. Volume datasets are never destroyed here.
+//! Provision order: bridge (only when missing), rootfs clone, volume datasets,
+//! volume mounts (before the jail starts, so the workload never sees an empty
+//! mount point), epair on the bridge, jail creation (jail.conf sets the address
+//! and default route, then runs exec.start), rctl limits. Delete order is the
+//! reverse: remove the jail (runs exec.stop), clear limits, destroy the epair,
+//! unmount everything under the jail root deepest first, destroy the rootfs.
+//! If an unmount fails the delete stops before the rootfs is touched and stays
+//! pending. Volume datasets are never destroyed here.
+//!
+//! Spec changes are driven by [`Deployed`], the persisted record of what the
+//! jail on the host was built from, not by the apply that made them: a pass
+//! can then finish a change an apply could not (a failed step, an agent crash
+//! right after the new spec was persisted). Changed limits are applied in
+//! place; any other change replaces the jail (remove, then the provision order,
+//! keeping the rootfs); a volume the new spec dropped is unmounted first; a new
+//! base unmounts every volume, destroys the rootfs and clones it again.
+//!
+//! Must never: destroy a volume dataset, destroy a rootfs with a volume still
+//! mounted in it, touch a jail outside Keel's jails directory, or acknowledge
+//! an apply or delete that is not on disk.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -36,7 +54,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::backoff::{Backoff, Clock, Policy, Snapshot};
 use crate::common::cidr::Ipv4Net;
-use crate::common::spec::Jail;
+use crate::common::spec::{Jail, JailSpec, Resources};
 use crate::common::store::{Store, StoreError};
 pub use crate::common::wire::{JailStatus, Phase};
 use crate::host::jail::{JailError, JailNetwork, JailParams, Limits, ObservedJail};
@@ -89,7 +107,8 @@ pub struct AgentState {
     /// Desired jails by name.
     pub jails: BTreeMap<String, JailRecord>,
     /// Jails whose delete was acknowledged but not finished (a crash, or a busy
-    /// mount); the last spec tells which volumes to unmount.
+    /// mount); the last spec tells which volumes to unmount, and carries the
+    /// jail's address in `network.address` so no other jail takes it meanwhile.
     pub deleting: BTreeMap<String, Jail>,
     /// Crash-loop backoff per jail, so a restarted agent does not hammer a
     /// workload that was crash-looping before it went down.
@@ -113,6 +132,29 @@ pub struct JailRecord {
     /// How many times the workload was restarted after a crash.
     #[serde(default)]
     pub restarts: u32,
+    /// What the agent last built on the host for this jail; `None` until the
+    /// first jail was created (or for state written before this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployed: Option<Deployed>,
+}
+
+/// What the jail on the host was built from. A pass observes only whether a
+/// jail exists and runs (jls, ps); rctl rules, the rootfs's base and the spec a
+/// running jail was started with are not visible in that batch, so the agent
+/// remembers them here. This is what lets a pass finish a spec change an
+/// apply could not (a failed `jail -r`, an agent crash between persisting the
+/// new spec and replacing the jail), instead of leaving the old jail running.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Deployed {
+    /// The spec the jail was created from; `spec.base` is the base its rootfs
+    /// was cloned from.
+    pub spec: JailSpec,
+    /// The address it was created with.
+    pub address: Ipv4Addr,
+    /// The rctl limits last applied; `None` until `set_limits` succeeded for
+    /// this jail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Resources>,
 }
 
 /// One jail that failed during a pass.
@@ -237,6 +279,13 @@ impl fmt::Display for ReconcileError {
             ReconcileError::Conflict { field, message } => write!(f, "{field}: {message}"),
             ReconcileError::NotFound(name) => write!(f, "no jail named {name} on this node"),
             ReconcileError::Store(e) => write!(f, "{e}"),
+            ReconcileError::Host {
+                jail,
+                error: HostError::Store(e),
+            } => write!(
+                f,
+                "jail {jail} converged, but its bookkeeping could not be saved (every pass retries): {e}"
+            ),
             ReconcileError::Host { jail, error } => write!(
                 f,
                 "jail {jail} is recorded but not converged yet (the agent keeps retrying): {error}"
@@ -266,12 +315,6 @@ struct Observation {
     interfaces: BTreeSet<String>,
 }
 
-impl Observation {
-    fn is_mounted(&self, target: &Path) -> bool {
-        self.mounts.iter().any(|m| m.target == target)
-    }
-}
-
 /// Per-jail memory of the last attempt (not persisted: rebuilt by the first pass).
 #[derive(Debug, Clone, Default)]
 struct Runtime {
@@ -290,6 +333,8 @@ pub struct Reconciler<J, Z, N, M> {
     node: NodeNetwork,
     store: Store<AgentState>,
     state: AgentState,
+    /// `state` holds bookkeeping (restarts, [`Deployed`]) not yet on disk.
+    dirty: bool,
     backoff: Backoff<String>,
     clock: Box<dyn Clock>,
     runtime: BTreeMap<String, Runtime>,
@@ -326,6 +371,7 @@ where
             node,
             store,
             state,
+            dirty: false,
             backoff,
             clock,
             runtime: BTreeMap::new(),
@@ -369,17 +415,14 @@ where
 
     /// Records `jail` as desired (with the control plane's `epoch`, if it placed
     /// it), persists that, then converges it. See the module docs.
+    ///
+    /// An apply is an explicit request: it tries at once even while the jail
+    /// waits out a backoff delay. Re-applying an unchanged spec to a running
+    /// jail changes nothing on the host.
     pub fn apply(&mut self, jail: Jail, epoch: Option<u64>) -> Result<JailStatus, ReconcileError> {
         let name = jail.metadata.name.clone();
         let address = self.choose_address(&name, &jail)?;
         let previous = self.state.jails.get(&name).cloned();
-        let replace = previous
-            .as_ref()
-            .is_some_and(|p| needs_replacement(&p.spec, &jail) || p.address != address);
-        let limits_changed = previous
-            .as_ref()
-            .is_some_and(|p| p.spec.spec.resources != jail.spec.resources);
-
         let record = JailRecord {
             spec: jail,
             address,
@@ -389,33 +432,40 @@ where
                 .map(|p| p.created_unix)
                 .unwrap_or_else(unix_now),
             restarts: previous.as_ref().map(|p| p.restarts).unwrap_or(0),
+            // What runs on the host is unchanged until converge rebuilds it.
+            deployed: previous.as_ref().and_then(|p| p.deployed.clone()),
         };
+        let changed = previous.as_ref().is_some_and(|p| {
+            identity(&name, &p.spec.spec, p.address) != identity(&name, &record.spec.spec, address)
+        });
         let mut next = self.state.clone();
         next.deleting.remove(&name);
         next.jails.insert(name.clone(), record);
-        self.commit(next)?;
-
-        let result = (|| -> Result<(), HostError> {
-            if replace {
-                // The old jail runs with the old spec: take its runtime down
-                // (volumes and rootfs stay) and let converge build it again.
-                self.jails.remove(&name)?;
-                self.backoff.forget(&name);
-                self.runtime.remove(&name);
-            } else if limits_changed {
-                let limits = limits_of(&self.state.jails[&name].spec);
-                self.jails.set_limits(&name, &limits)?;
-            }
-            let obs = self.observe()?;
-            self.converge(&name, &obs)
-        })();
-        match result {
-            Ok(()) => Ok(self.status_of(&name)),
-            Err(error) => {
-                self.note_failure(&name, &error);
-                Err(ReconcileError::Host { jail: name, error })
-            }
+        if next != self.state {
+            self.commit(next)?;
         }
+        if changed {
+            // A new spec is a new workload: it does not inherit the old
+            // one's crash-loop delay.
+            self.backoff.forget(&name);
+            self.runtime.remove(&name);
+        }
+
+        let result = self
+            .observe()
+            .and_then(|obs| self.ensure_bridge(&obs).map(|()| obs))
+            .and_then(|obs| self.converge(&name, &obs, true));
+        if let Err(error) = result {
+            self.note_failure(&name, &error);
+            return Err(ReconcileError::Host { jail: name, error });
+        }
+        if let Err(e) = self.save_bookkeeping() {
+            return Err(ReconcileError::Host {
+                jail: name,
+                error: HostError::Store(e.to_string()),
+            });
+        }
+        Ok(self.status_of(&name))
     }
 
     /// Deletes a jail: persists the intent, then runs the delete order. A
@@ -423,7 +473,13 @@ where
     /// every pass.
     pub fn delete(&mut self, name: &str) -> Result<(), ReconcileError> {
         let spec = match (self.state.jails.get(name), self.state.deleting.get(name)) {
-            (Some(rec), _) => rec.spec.clone(),
+            (Some(rec), _) => {
+                // The pending delete keeps the address reserved: until the
+                // teardown finished, the old jail may still hold it.
+                let mut spec = rec.spec.clone();
+                spec.spec.network.address = Some(rec.address);
+                spec
+            }
             (None, Some(spec)) => spec.clone(),
             (None, None) => return Err(ReconcileError::NotFound(name.to_string())),
         };
@@ -453,9 +509,7 @@ where
                 return report;
             }
         };
-        if !obs.interfaces.contains(&self.node.bridge)
-            && let Err(e) = self.ensure_bridge()
-        {
+        if let Err(e) = self.ensure_bridge(&obs) {
             report.failures.push(JailFailure {
                 jail: "(host)".into(),
                 error: e.to_string(),
@@ -476,7 +530,7 @@ where
         let names: Vec<String> = self.state.jails.keys().cloned().collect();
         for name in names {
             let restarts_before = self.state.jails.get(&name).map(|r| r.restarts);
-            if let Err(e) = self.converge(&name, &obs) {
+            if let Err(e) = self.converge(&name, &obs, false) {
                 self.note_failure(&name, &e);
                 report.failures.push(JailFailure {
                     jail: name.clone(),
@@ -510,10 +564,7 @@ where
             }
         }
 
-        let snapshot = self.backoff.snapshot();
-        if (!report.restarted.is_empty() || snapshot != self.state.backoff)
-            && let Err(e) = self.save_bookkeeping(snapshot)
-        {
+        if let Err(e) = self.save_bookkeeping() {
             report.failures.push(JailFailure {
                 jail: "(state)".into(),
                 error: e.to_string(),
@@ -529,7 +580,7 @@ where
             out.push(JailStatus {
                 name: name.clone(),
                 state: Phase::Deleting,
-                address: Ipv4Addr::UNSPECIFIED,
+                address: spec.spec.network.address.unwrap_or(Ipv4Addr::UNSPECIFIED),
                 restarts: 0,
                 created_unix: 0,
                 last_error: self.runtime.get(name).and_then(|r| r.last_error.clone()),
@@ -553,30 +604,46 @@ where
         self.state.jails.get(name)
     }
 
+    /// Persists `next` (with the current backoff) and makes it the state. If
+    /// the write fails the in-memory state stays as it was, so nothing
+    /// unacknowledged is ever half-applied.
     fn commit(&mut self, mut next: AgentState) -> Result<(), ReconcileError> {
-        // Persist first: if the write fails the in-memory state stays as it
-        // was, so nothing unacknowledged is ever half-applied.
         next.backoff = self.backoff.snapshot();
         self.store.save(&next)?;
         self.state = next;
+        self.dirty = false;
         Ok(())
     }
 
-    fn save_bookkeeping(&mut self, snapshot: Snapshot<String>) -> Result<(), StoreError> {
+    /// Writes bookkeeping (restart counts, [`Deployed`], backoff) when it
+    /// changed; a steady pass writes nothing. On failure it stays pending and
+    /// the next pass tries again.
+    fn save_bookkeeping(&mut self) -> Result<(), StoreError> {
+        let snapshot = self.backoff.snapshot();
+        if !self.dirty && snapshot == self.state.backoff {
+            return Ok(());
+        }
         let mut next = self.state.clone();
         next.backoff = snapshot;
         self.store.save(&next)?;
         self.state = next;
+        self.dirty = false;
         Ok(())
     }
 
     fn choose_address(&self, name: &str, jail: &Jail) -> Result<Ipv4Addr, ReconcileError> {
+        let deleting = self
+            .state
+            .deleting
+            .iter()
+            .filter_map(|(n, j)| j.spec.network.address.map(|a| (a, n.as_str())));
         let used: BTreeMap<Ipv4Addr, &str> = self
             .state
             .jails
             .iter()
-            .filter(|(n, _)| n.as_str() != name)
             .map(|(n, r)| (r.address, n.as_str()))
+            .chain(deleting)
+            .filter(|(_, n)| *n != name)
             .collect();
         if let Some(addr) = jail.spec.network.address {
             if !self.node.is_host_address(addr) {
@@ -635,7 +702,12 @@ where
         })
     }
 
-    fn ensure_bridge(&self) -> Result<(), HostError> {
+    /// Creates the bridge with the gateway address when `obs` did not see it
+    /// (first start, or a host reboot): every epair is attached to it.
+    fn ensure_bridge(&self, obs: &Observation) -> Result<(), HostError> {
+        if obs.interfaces.contains(&self.node.bridge) {
+            return Ok(());
+        }
         let gw = Ipv4Net::new(self.node.gateway(), self.node.subnet.prefix_len()).map_err(|e| {
             HostError::Net(NetError::Parse {
                 command: "bridge address".into(),
@@ -651,81 +723,201 @@ where
     }
 
     /// Brings one desired jail to Running from what `obs` saw; see module docs.
-    fn converge(&mut self, name: &str, obs: &Observation) -> Result<(), HostError> {
+    /// `force` (an apply) skips the wait of the jail's backoff.
+    fn converge(&mut self, name: &str, obs: &Observation, force: bool) -> Result<(), HostError> {
         let Some(rec) = self.state.jails.get(name).cloned() else {
             return Ok(());
         };
         let now = self.clock.now();
-        let layout = self.zfs.layout().clone();
-        let root = layout.rootfs_path(name);
-        let spec = &rec.spec.spec;
-
-        if !obs.datasets.contains(&layout.rootfs_dataset(name)) {
-            self.zfs.clone_rootfs(&spec.base, name)?;
-        }
-        for v in &spec.volumes {
-            if !obs.datasets.contains(&layout.volume_dataset(&v.name)) {
-                self.zfs.create_volume(&v.name, v.size)?;
-            }
-            let target = under_root(&root, &v.mount_path);
-            if !obs.is_mounted(&target) {
-                self.mounts
-                    .mount_nullfs(&layout.volume_path(&v.name), &target)?;
-            }
+        let key = name.to_string();
+        let phase = self.runtime.get(name).and_then(|r| r.phase);
+        if !force && phase == Some(Phase::Failed) && !self.backoff.ready(&key, now) {
+            // The last attempt failed; the next one waits for its delay.
+            return Ok(());
         }
 
         let (host_if, _) = iface_names(name);
-        let observed = obs.jails.get(name);
         let epair_present = obs.interfaces.contains(&host_if);
-        match observed {
-            Some(j) if j.running && epair_present => {
-                let key = name.to_string();
-                let rt = self.runtime.entry(key.clone()).or_default();
-                if rt.phase != Some(Phase::Running) {
-                    // First sight of it running (e.g. after an agent restart):
-                    // its stable-uptime clock starts now.
-                    self.backoff.record_started(&key, now);
-                }
-                self.backoff.record_stable_check(&key, now);
-                let rt = self.runtime.entry(key).or_default();
-                rt.phase = Some(Phase::Running);
-                rt.last_error = None;
-                rt.crash_counted = false;
-                return Ok(());
-            }
-            Some(_) => {
-                // Exists but its workload is gone (or its epair vanished):
-                // a crash. Count it once, then restart when backoff allows.
-                let key = name.to_string();
+        if let Some(j) = obs.jails.get(name) {
+            let current = rec.deployed.as_ref().is_none_or(|d| {
+                identity(name, &d.spec, d.address) == identity(name, &rec.spec.spec, rec.address)
+            });
+            if !current {
+                // Built from an older spec (exec, env, hostname, address,
+                // volumes or base changed): replace it. Its rootfs and volume
+                // datasets stay; provision decides what else must change.
+                self.jails.remove(name)?;
+            } else if j.running && epair_present {
+                return self.keep_running(name, &rec, now);
+            } else {
+                // The jail exists but its workload is gone (or its epair
+                // vanished): a crash. Count it once, then restart when the
+                // backoff allows.
                 let rt = self.runtime.entry(key.clone()).or_default();
                 if !rt.crash_counted {
                     rt.crash_counted = true;
                     rt.phase = Some(Phase::CrashLoop);
                     self.backoff.record_failure(&key, now);
                 }
-                if !self.backoff.ready(&key, now) {
+                if !force && !self.backoff.ready(&key, now) {
                     return Ok(());
                 }
                 self.jails.remove(name)?;
                 if let Some(r) = self.state.jails.get_mut(name) {
                     r.restarts += 1;
+                    self.dirty = true;
                 }
             }
-            None => {}
+        }
+        self.provision(name, &rec, obs, epair_present)
+    }
+
+    /// A jail that runs its current spec: apply limits that changed (or were
+    /// never confirmed), and keep the backoff's uptime clock.
+    fn keep_running(
+        &mut self,
+        name: &str,
+        rec: &JailRecord,
+        now: Instant,
+    ) -> Result<(), HostError> {
+        let resources = &rec.spec.spec.resources;
+        let limits_current = rec
+            .deployed
+            .as_ref()
+            .and_then(|d| d.limits.as_ref())
+            .is_some_and(|l| l == resources);
+        if !limits_current {
+            self.jails.set_limits(name, &limits_of(&rec.spec))?;
+            self.set_deployed(name, rec, Some(resources.clone()));
+        }
+        let key = name.to_string();
+        let rt = self.runtime.entry(key.clone()).or_default();
+        let first_sight = rt.phase != Some(Phase::Running);
+        rt.phase = Some(Phase::Running);
+        rt.last_error = None;
+        rt.crash_counted = false;
+        if first_sight {
+            // First sight of it running (e.g. after an agent restart): its
+            // stable-uptime clock starts now.
+            self.backoff.record_started(&key, now);
+        }
+        self.backoff.record_stable_check(&key, now);
+        Ok(())
+    }
+
+    /// The provision order for a jail that is not on the host (any more):
+    /// rootfs, volume datasets, volume mounts, epair, jail, limits. Steps whose
+    /// result `obs` already saw are skipped, so an interrupted provision
+    /// simply runs again.
+    fn provision(
+        &mut self,
+        name: &str,
+        rec: &JailRecord,
+        obs: &Observation,
+        epair_present: bool,
+    ) -> Result<(), HostError> {
+        let layout = self.zfs.layout().clone();
+        let root = layout.rootfs_path(name);
+        let spec = &rec.spec.spec;
+        let wanted: Vec<PathBuf> = spec
+            .volumes
+            .iter()
+            .map(|v| under_root(&root, &v.mount_path))
+            .collect();
+        let mut mounted: Vec<PathBuf> = obs
+            .mounts
+            .iter()
+            .filter(|m| m.target.starts_with(&root))
+            .map(|m| m.target.clone())
+            .collect();
+        let rootfs_present = obs.datasets.contains(&layout.rootfs_dataset(name));
+        let rebase = rootfs_present
+            && rec
+                .deployed
+                .as_ref()
+                .is_some_and(|d| d.spec.base != spec.base);
+
+        // Before the root changes: a new base means a fresh clone, and zfs
+        // destroy must not meet a mounted volume; a volume the new spec
+        // dropped or moved must not stay mounted in the rebuilt jail.
+        let old: Vec<PathBuf> = rec
+            .deployed
+            .as_ref()
+            .map(|d| {
+                d.spec
+                    .volumes
+                    .iter()
+                    .map(|v| under_root(&root, &v.mount_path))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let leaving: Vec<PathBuf> = if rebase {
+            mounted.clone()
+        } else {
+            mounted
+                .iter()
+                .filter(|t| old.contains(t) && !wanted.contains(t))
+                .cloned()
+                .collect()
+        };
+        self.unmount_in_order(&leaving, &old)?;
+        mounted.retain(|t| !leaving.contains(t));
+        if rebase {
+            self.zfs.destroy_rootfs(name)?;
+        }
+        if rebase || !rootfs_present {
+            self.zfs.clone_rootfs(&spec.base, name)?;
+            if let Some(d) = self
+                .state
+                .jails
+                .get_mut(name)
+                .and_then(|r| r.deployed.as_mut())
+            {
+                d.spec.base = spec.base.clone();
+                self.dirty = true;
+            }
+        }
+        for v in &spec.volumes {
+            if !obs.datasets.contains(&layout.volume_dataset(&v.name)) {
+                self.zfs.create_volume(&v.name, v.size)?;
+            }
+        }
+        for (v, target) in spec.volumes.iter().zip(&wanted) {
+            if !mounted.contains(target) {
+                self.mounts
+                    .mount_nullfs(&layout.volume_path(&v.name), target)?;
+                mounted.push(target.clone());
+            }
         }
 
         if !epair_present {
             self.net.attach(&self.node.bridge, name)?;
         }
-        let params = self.jail_params(name, &rec, &root);
+        let params = self.jail_params(name, rec, &root);
         self.jails.create(&params)?;
+        self.set_deployed(name, rec, None);
         self.jails.set_limits(name, &limits_of(&rec.spec))?;
-        self.backoff.record_started(&name.to_string(), now);
-        let rt = self.runtime.entry(name.to_string()).or_default();
+        self.set_deployed(name, rec, Some(spec.resources.clone()));
+
+        let key = name.to_string();
+        self.backoff.record_started(&key, self.clock.now());
+        let rt = self.runtime.entry(key).or_default();
         rt.phase = Some(Phase::Running);
         rt.last_error = None;
         rt.crash_counted = false;
         Ok(())
+    }
+
+    /// Records that the jail on the host now runs `rec` with `limits` applied.
+    fn set_deployed(&mut self, name: &str, rec: &JailRecord, limits: Option<Resources>) {
+        if let Some(r) = self.state.jails.get_mut(name) {
+            r.deployed = Some(Deployed {
+                spec: rec.spec.spec.clone(),
+                address: rec.address,
+                limits,
+            });
+            self.dirty = true;
+        }
     }
 
     fn jail_params(&self, name: &str, rec: &JailRecord, root: &Path) -> JailParams {
@@ -734,7 +926,7 @@ where
         JailParams {
             name: name.to_string(),
             path: root.to_path_buf(),
-            hostname: spec.hostname.clone().unwrap_or_else(|| name.to_string()),
+            hostname: rec.spec.hostname().to_string(),
             network: Some(JailNetwork {
                 interface: jail_if,
                 address: rec.address,
@@ -748,8 +940,10 @@ where
     }
 
     fn finish_delete(&mut self, name: &str) -> Result<(), HostError> {
-        let spec = self.state.deleting.get(name).cloned();
-        let volumes: Vec<PathBuf> = spec
+        let volumes: Vec<PathBuf> = self
+            .state
+            .deleting
+            .get(name)
             .map(|s| {
                 s.spec
                     .volumes
@@ -761,38 +955,53 @@ where
         self.teardown(name, &volumes)?;
         let mut next = self.state.clone();
         next.deleting.remove(name);
-        self.store
-            .save(&next)
-            .map_err(|e| HostError::Store(e.to_string()))?;
-        self.state = next;
         self.backoff.forget(&name.to_string());
+        self.commit(next)
+            .map_err(|e| HostError::Store(e.to_string()))?;
         self.runtime.remove(name);
         Ok(())
     }
 
-    /// The delete order. `volumes` are the declared mount paths; any other
-    /// mount found under the jail root is unmounted too, deepest first.
+    /// The delete order. `volumes` are the declared mount paths (they set the
+    /// order); every nullfs mount found under the jail root is unmounted.
     fn teardown(&mut self, name: &str, volumes: &[PathBuf]) -> Result<(), HostError> {
         let root = self.zfs.layout().rootfs_path(name);
         self.jails.remove(name)?;
         self.jails.clear_limits(name)?;
         self.net.detach(name)?;
-
-        let mut targets: Vec<PathBuf> = volumes.iter().map(|m| under_root(&root, m)).collect();
-        for m in self.mounts.list()? {
-            if m.target.starts_with(&root) && !targets.contains(&m.target) {
-                targets.push(m.target);
-            }
-        }
-        // Declared order reversed, then deeper paths before their parents.
-        targets.reverse();
-        targets.sort_by_key(|t| std::cmp::Reverse(t.components().count()));
-        for target in targets {
-            if let Err(reason) = self.mounts.unmount(&target) {
-                return Err(HostError::UnmountBlocked { target, reason });
-            }
-        }
+        let mounted: Vec<PathBuf> = self
+            .mounts
+            .list()?
+            .into_iter()
+            .filter(|m| m.target.starts_with(&root))
+            .map(|m| m.target)
+            .collect();
+        let declared: Vec<PathBuf> = volumes.iter().map(|m| under_root(&root, m)).collect();
+        self.unmount_in_order(&mounted, &declared)?;
         self.zfs.destroy_rootfs(name)?;
+        Ok(())
+    }
+
+    /// Unmounts `targets` (one call per mount, so stacked mounts all go)
+    /// deepest first, and among equally deep ones in reverse `declared`
+    /// order. Stops at the first that stays mounted.
+    fn unmount_in_order(&self, targets: &[PathBuf], declared: &[PathBuf]) -> Result<(), HostError> {
+        let mut ordered: Vec<&PathBuf> = targets.iter().collect();
+        let rank = |t: &PathBuf| declared.iter().position(|d| d == t);
+        ordered.sort_by_key(|t| {
+            (
+                std::cmp::Reverse(t.components().count()),
+                std::cmp::Reverse(rank(t)),
+            )
+        });
+        for target in ordered {
+            if let Err(reason) = self.mounts.unmount(target) {
+                return Err(HostError::UnmountBlocked {
+                    target: target.clone(),
+                    reason,
+                });
+            }
+        }
         Ok(())
     }
 
@@ -845,14 +1054,21 @@ fn limits_of(jail: &Jail) -> Limits {
     }
 }
 
-/// A spec change that a running jail cannot absorb in place: anything but
-/// resources (which rctl changes live).
-fn needs_replacement(old: &Jail, new: &Jail) -> bool {
-    let mut a = old.spec.clone();
-    let mut b = new.spec.clone();
-    a.resources = Default::default();
-    b.resources = Default::default();
-    a != b
+/// What a running jail cannot change in place: everything but the rctl
+/// limits and volume quotas, with the address and hostname as they take
+/// effect (an omitted `network.address` and the same address written out are
+/// one jail, and so are an omitted hostname and the jail's name).
+fn identity(name: &str, spec: &JailSpec, address: Ipv4Addr) -> (JailSpec, Ipv4Addr) {
+    let mut s = spec.clone();
+    if s.hostname.as_deref() == Some(name) {
+        s.hostname = None;
+    }
+    s.resources = Resources::default();
+    s.network = Default::default();
+    for v in &mut s.volumes {
+        v.size = None;
+    }
+    (s, address)
 }
 
 /// `root` joined with an absolute mount path (validated: normalised, no `..`).
