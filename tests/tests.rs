@@ -5,6 +5,7 @@ mod auth;
 mod cluster_agent;
 mod config_cli;
 mod controlplane;
+mod ctl;
 mod golden_agent;
 mod golden_capacity;
 mod golden_jail;

@@ -61,6 +61,18 @@ pub struct JailStatus {
     pub memory: Option<u64>,
 }
 
+/// The JSON body of every error response (`common::http::Response::error`
+/// writes it): what went wrong and, when the error is about one field of the
+/// request, that field's path (e.g. `spec.network.address`). keelctl decodes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong, phrased for the user.
+    pub error: String,
+    /// Path of the offending field, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
 /// Header carrying the control plane's placement epoch on a forwarded apply.
 pub const EPOCH_HEADER: &str = "X-Keel-Epoch";
 

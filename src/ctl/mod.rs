@@ -1,1 +1,446 @@
-//! Filled by a later issue.
+//! `keelctl`, the command-line client: apply, get, delete and validate jail
+//! specs against one node's `keel-agentd` over its Unix socket.
+//!
+//! - [`args`]: the flag and command tables, `--help`, parsing argv.
+//! - [`commands`]: running one parsed command (read the spec, validate all of
+//!   it, then talk to the agent).
+//! - [`api`]: the agent's jail routes as typed calls over
+//!   [`crate::common::http::Client`].
+//! - [`output`]: the table, ages and result lines, as pure functions.
+//!
+//! This module owns keelctl's behaviour towards the user: where requests go
+//! (`--socket`, else `$KEEL_SOCKET`, else `agent.socket` of `keel.toml`), what
+//! is printed, and the exit status: 0 success, 1 a request failed (agent
+//! unreachable or it refused), 2 usage or validation error. Errors are one line
+//! `keelctl: ...` plus, when there is more to say, an indented detail line. A
+//! closed stdout (`keelctl get jails | head -1`) is not an error.
+//!
+//! It must never import `host` or `agentd`: everything it exchanges with the
+//! daemons is in [`crate::common::wire`], and specs are validated with
+//! [`crate::common::spec`] before anything is sent.
+
+pub mod api;
+pub mod args;
+pub mod commands;
+pub mod output;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::common::config::{Config, ConfigError, DEFAULT_CONFIG_PATH};
+use crate::common::spec::SpecError;
+
+use self::api::ApiError;
+use self::args::{GlobalOptions, Parsed};
+
+/// Environment variable naming the agent's socket, below `--socket` and above
+/// `keel.toml`.
+pub const SOCKET_ENV: &str = "KEEL_SOCKET";
+
+/// What keelctl reads from its environment, gathered once so commands and
+/// tests do not reach for process globals.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Env {
+    /// `$KEEL_SOCKET`; empty counts as unset.
+    pub socket: Option<OsString>,
+}
+
+impl Env {
+    /// The process's environment.
+    pub fn from_process() -> Env {
+        Env {
+            socket: std::env::var_os(SOCKET_ENV),
+        }
+    }
+}
+
+/// Why a keelctl command failed. Display is the one-line summary;
+/// [`CtlError::detail`] is the optional second line.
+#[derive(Debug)]
+pub enum CtlError {
+    /// The command line is wrong.
+    Usage(String),
+    /// `keel.toml` could not be loaded to find the socket.
+    Config(ConfigError),
+    /// The spec file (or stdin) could not be read.
+    Read {
+        /// The file as the user named it, or `stdin`.
+        source: String,
+        /// The operating system's reason.
+        error: io::Error,
+    },
+    /// A document of the spec file is invalid.
+    Invalid {
+        /// The file as the user named it, or `stdin`.
+        source: String,
+        /// The first error, with document, field and line.
+        error: SpecError,
+        /// Whether the command would have sent something (apply, delete),
+        /// so the message can reassure that nothing was.
+        would_send: bool,
+    },
+    /// The spec file holds no document.
+    Empty {
+        /// The file as the user named it, or `stdin`.
+        source: String,
+    },
+    /// A document is of a kind a single agent does not take.
+    UnsupportedKind {
+        /// The file as the user named it, or `stdin`.
+        source: String,
+        /// 1-based index of the document.
+        document: usize,
+        /// Its kind.
+        kind: &'static str,
+        /// Its `metadata.name`.
+        name: String,
+    },
+    /// A request to the agent failed.
+    Request {
+        /// What was being done, e.g. `apply jail/web-1`.
+        action: String,
+        /// Why it failed.
+        error: ApiError,
+    },
+    /// An answer could not be encoded for printing.
+    Encode {
+        /// The format asked for.
+        format: String,
+        /// The encoder's reason.
+        reason: String,
+    },
+    /// Writing to stdout failed (other than a closed pipe).
+    Output(io::Error),
+}
+
+impl CtlError {
+    /// The exit status: 2 for usage, configuration and spec problems (nothing
+    /// was attempted), 1 when a request or the output failed.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CtlError::Usage(_)
+            | CtlError::Config(_)
+            | CtlError::Read { .. }
+            | CtlError::Invalid { .. }
+            | CtlError::Empty { .. }
+            | CtlError::UnsupportedKind { .. } => 2,
+            CtlError::Request { .. } | CtlError::Encode { .. } | CtlError::Output(_) => 1,
+        }
+    }
+
+    /// The indented second line, when there is more to say than the summary.
+    pub fn detail(&self) -> Option<String> {
+        match self {
+            CtlError::Usage(_) => Some("try 'keelctl --help'".into()),
+            CtlError::Config(_) => Some(format!(
+                "--socket PATH or ${SOCKET_ENV} avoids reading keel.toml"
+            )),
+            CtlError::Invalid {
+                would_send: true, ..
+            } => Some("nothing was sent".into()),
+            CtlError::UnsupportedKind { .. } => Some(
+                "Services and Ingresses are placed by keel-controlplane, which a later keelctl \
+                 reaches with --controlplane; nothing was sent"
+                    .into(),
+            ),
+            CtlError::Request { error, .. } => error.detail(),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for CtlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CtlError::Usage(message) => f.write_str(message),
+            CtlError::Config(e) => write!(f, "cannot load the configuration: {e}"),
+            CtlError::Read { source, error } => write!(f, "cannot read {source}: {error}"),
+            CtlError::Invalid { source, error, .. } => write!(f, "{source} is invalid: {error}"),
+            CtlError::Empty { source } => write!(f, "{source} holds no document"),
+            CtlError::UnsupportedKind {
+                source,
+                document,
+                kind,
+                name,
+            } => write!(
+                f,
+                "{source}: document {document} is kind: {kind} ({name}); keel-agentd on its own \
+                 accepts only kind: Jail"
+            ),
+            CtlError::Request { action, error } => write!(f, "{action} failed: {error}"),
+            CtlError::Encode { format, reason } => {
+                write!(f, "cannot print the answer as {format}: {reason}")
+            }
+            CtlError::Output(e) => write!(f, "cannot write to stdout: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for CtlError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CtlError::Config(e) => Some(e),
+            CtlError::Read { error, .. } | CtlError::Output(error) => Some(error),
+            CtlError::Invalid { error, .. } => Some(error),
+            CtlError::Request { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// The agent's socket: `--socket`, else a non-empty `$KEEL_SOCKET`, else
+/// `agent.socket` of `keel.toml` (`--config PATH`, which must exist, or
+/// [`DEFAULT_CONFIG_PATH`], where a missing file means the defaults). The file
+/// is read only when it is needed.
+pub fn agent_socket(global: &GlobalOptions, env: &Env) -> Result<PathBuf, CtlError> {
+    if let Some(socket) = &global.socket {
+        return Ok(socket.clone());
+    }
+    if let Some(socket) = env.socket.as_ref().filter(|s| !s.is_empty()) {
+        return Ok(PathBuf::from(socket));
+    }
+    let config = match &global.config {
+        Some(path) => Config::load(path),
+        None => Config::load_or_default(Path::new(DEFAULT_CONFIG_PATH)),
+    }
+    .map_err(CtlError::Config)?;
+    Ok(config.agent.socket)
+}
+
+/// keelctl with explicit arguments (without the program name), environment
+/// and streams; returns the exit status.
+pub fn run(
+    args: impl IntoIterator<Item = OsString>,
+    env: &Env,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> i32 {
+    let invocation = match args::parse_args(args) {
+        Ok(Parsed::Run(invocation)) => invocation,
+        Ok(Parsed::Help) => return print_only(stdout, stderr, &args::help_text()),
+        Ok(Parsed::Version) => return print_only(stdout, stderr, &args::version_text()),
+        Err(e) => return report(stderr, &CtlError::Usage(e.0)),
+    };
+    let mut out = commands::Out::new(stdout);
+    let result = commands::execute(&invocation, env, stdin, &mut out, stderr);
+    match result.and(out.finish().map_err(CtlError::Output)) {
+        Ok(()) => 0,
+        Err(e) => report(stderr, &e),
+    }
+}
+
+/// keelctl's `main`: the process's arguments, environment and streams.
+pub fn main() -> i32 {
+    run(
+        std::env::args_os().skip(1),
+        &Env::from_process(),
+        &mut io::stdin().lock(),
+        &mut io::stdout().lock(),
+        &mut io::stderr().lock(),
+    )
+}
+
+fn print_only(stdout: &mut dyn Write, stderr: &mut dyn Write, text: &str) -> i32 {
+    let mut out = commands::Out::new(stdout);
+    out.print(text);
+    match out.finish() {
+        Ok(()) => 0,
+        Err(e) => report(stderr, &CtlError::Output(e)),
+    }
+}
+
+/// Prints `e` as `keelctl: summary` and its detail; returns its exit status.
+fn report(stderr: &mut dyn Write, e: &CtlError) -> i32 {
+    // Nothing sensible is left to do if stderr itself is gone.
+    let _ = writeln!(stderr, "keelctl: {e}");
+    if let Some(detail) = e.detail() {
+        let _ = writeln!(stderr, "  {detail}");
+    }
+    e.exit_code()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn global(socket: Option<&str>, config: Option<&Path>) -> GlobalOptions {
+        GlobalOptions {
+            socket: socket.map(PathBuf::from),
+            config: config.map(Path::to_path_buf),
+        }
+    }
+
+    fn env(socket: Option<&str>) -> Env {
+        Env {
+            socket: socket.map(OsString::from),
+        }
+    }
+
+    #[test]
+    fn the_socket_flag_beats_the_environment_which_beats_keel_toml() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let toml = dir.path().join("keel.toml");
+        std::fs::write(&toml, "[agent]\nsocket = \"/from/toml.sock\"\n").expect("writes");
+        let pick =
+            |flag, var| agent_socket(&global(flag, Some(&toml)), &env(var)).expect("resolves");
+        assert_eq!(
+            pick(Some("/flag.sock"), Some("/env.sock")),
+            PathBuf::from("/flag.sock")
+        );
+        assert_eq!(pick(None, Some("/env.sock")), PathBuf::from("/env.sock"));
+        assert_eq!(pick(None, Some("")), PathBuf::from("/from/toml.sock"));
+        assert_eq!(pick(None, None), PathBuf::from("/from/toml.sock"));
+    }
+
+    #[test]
+    fn a_missing_explicit_config_is_an_error_but_not_when_the_socket_is_given() {
+        let missing = Path::new("/nonexistent/keel.toml");
+        let e = agent_socket(&global(None, Some(missing)), &env(None)).expect_err("missing");
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("/nonexistent/keel.toml"), "{e}");
+        assert!(agent_socket(&global(Some("/s"), Some(missing)), &env(None)).is_ok());
+    }
+
+    fn run_with(args: &[&str], stdin: &str) -> (i32, String, String) {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = run(
+            args.iter().map(OsString::from),
+            &env(Some("/nonexistent/keel-test.sock")),
+            &mut stdin.as_bytes(),
+            &mut out,
+            &mut err,
+        );
+        let text = |b: Vec<u8>| String::from_utf8(b).expect("utf-8");
+        (code, text(out), text(err))
+    }
+
+    const JAIL: &str = "kind: Jail\nmetadata: {name: web-1}\nspec:\n  base: 14.2-RELEASE\n  exec: {start: [/bin/sleep, '300']}\n";
+
+    #[test]
+    fn validate_counts_documents_and_exits_2_naming_the_field_and_line() {
+        let two = format!("{JAIL}---\n{}", JAIL.replace("web-1", "web-2"));
+        assert_eq!(
+            run_with(&["validate", "-f", "-"], &two),
+            (0, "2 documents valid\n".into(), String::new())
+        );
+        let bad = JAIL.replace("base: 14.2-RELEASE", "base: 14.2-RELEASE\n  colour: blue");
+        let (code, out, err) = run_with(&["validate", "-f", "-"], &bad);
+        assert_eq!((code, out.as_str()), (2, ""));
+        assert!(
+            err.starts_with("keelctl: stdin is invalid: document 1, spec"),
+            "{err}"
+        );
+        assert!(err.contains("line 5"), "{err}");
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "validate sends nothing, so says nothing of it: {err}"
+        );
+    }
+
+    #[test]
+    fn apply_refuses_a_bad_file_before_reaching_for_the_agent() {
+        // The socket does not exist: reaching for it would exit 1, not 2.
+        let (code, _, err) = run_with(&["apply", "-f", "-"], "kind: Jail\nmetadata: {name: x}\n");
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("nothing was sent"), "{err}");
+        let service = "kind: Service\nmetadata: {name: web}\nspec:\n  replicas: 1\n  port: 80\n  template:\n    base: 14.2-RELEASE\n    exec: {start: [/bin/true]}\n";
+        let (code, _, err) = run_with(&["apply", "-f", "-"], &format!("{JAIL}---\n{service}"));
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("document 2 is kind: Service (web)"), "{err}");
+        let (code, _, err) = run_with(&["delete", "-f", "-"], "# nothing\n");
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("stdin holds no document"), "{err}");
+    }
+
+    #[test]
+    fn an_unreachable_agent_exits_1_saying_so() {
+        let (code, out, err) = run_with(&["apply", "-f", "-"], JAIL);
+        assert_eq!((code, out.as_str()), (1, ""));
+        assert!(
+            err.starts_with(
+                "keelctl: apply jail/web-1 failed: cannot connect to /nonexistent/keel-test.sock"
+            ),
+            "{err}"
+        );
+        assert!(err.contains("is keel-agentd running?"), "{err}");
+    }
+
+    #[test]
+    fn usage_errors_exit_2_and_point_at_help() {
+        let (code, _, err) = run_with(&["frobnicate"], "");
+        assert_eq!(code, 2);
+        assert_eq!(
+            err,
+            "keelctl: unknown command \"frobnicate\"; use apply, get, delete or validate\n  try 'keelctl --help'\n"
+        );
+        let (code, _, err) = run_with(&["apply", "-f", "/nonexistent/web.yaml"], "");
+        assert_eq!(code, 2);
+        assert!(
+            err.starts_with("keelctl: cannot read /nonexistent/web.yaml: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn help_and_version_print_on_stdout() {
+        let (code, out, err) = run_with(&["--help"], "");
+        assert_eq!((code, err.as_str()), (0, ""));
+        assert!(out.contains("--socket PATH"), "{out}");
+        let (code, out, _) = run_with(&["--version"], "");
+        assert_eq!(
+            (code, out),
+            (0, format!("keelctl {}\n", env!("CARGO_PKG_VERSION")))
+        );
+    }
+
+    /// A stdout whose reader went away.
+    struct ClosedPipe;
+
+    impl Write for ClosedPipe {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Err(io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    /// A stdout on a full disk.
+    struct Full;
+
+    impl Write for Full {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::Error::from_raw_os_error(28))
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_closed_stdout_is_not_an_error_but_a_failing_one_is() {
+        let mut err = Vec::new();
+        let args = || ["validate", "-f", "-"].map(OsString::from);
+        let code = run(
+            args(),
+            &Env::default(),
+            &mut JAIL.as_bytes(),
+            &mut ClosedPipe,
+            &mut err,
+        );
+        assert_eq!((code, err.len()), (0, 0));
+        let code = run(
+            args(),
+            &Env::default(),
+            &mut JAIL.as_bytes(),
+            &mut Full,
+            &mut err,
+        );
+        assert_eq!(code, 1);
+        assert!(String::from_utf8_lossy(&err).starts_with("keelctl: cannot write to stdout"));
+    }
+}

@@ -1,0 +1,629 @@
+//! keelctl's command line: the flag and command tables, `--help` rendered from
+//! them, and parsing argv (lexopt) into an [`Invocation`].
+//!
+//! This file owns what a well-formed command line is. It never reads a file,
+//! the environment or `keel.toml` and never talks to a daemon: resolving where
+//! requests go is `mod.rs`'s job, running a command is `commands.rs`'s.
+//!
+//! Flags may come before or after the command words (`keelctl -o json get
+//! jails` and `keelctl get jails -o json` are the same), kubectl-style.
+//! Global flags (where requests go, which `keel.toml`) live in
+//! [`GlobalOptions`]; flags a command does not use are refused rather than
+//! silently ignored, so a typo cannot change what runs.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::common::spec;
+
+/// What a flag is, independent of its spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagId {
+    /// `-f, --filename FILE|-`.
+    Filename,
+    /// `-o, --output FORMAT`.
+    Output,
+    /// `--socket PATH`.
+    Socket,
+    /// `-c, --config PATH`.
+    Config,
+    /// `-h, --help`.
+    Help,
+    /// `-V, --version`.
+    Version,
+}
+
+/// One keelctl flag, as `--help` shows it and the parser recognises it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flag {
+    /// What it is.
+    pub id: FlagId,
+    /// Single-letter form, if any.
+    pub short: Option<char>,
+    /// Long form without the leading `--`.
+    pub long: &'static str,
+    /// Placeholder of its value in `--help`, if it takes one.
+    pub value: Option<&'static str>,
+    /// One line for `--help`.
+    pub help: &'static str,
+}
+
+/// Every flag keelctl accepts, in `--help` order.
+pub const FLAGS: &[Flag] = &[
+    Flag {
+        id: FlagId::Filename,
+        short: Some('f'),
+        long: "filename",
+        value: Some("FILE"),
+        help: "spec file, - for stdin (apply, delete, validate)",
+    },
+    Flag {
+        id: FlagId::Output,
+        short: Some('o'),
+        long: "output",
+        value: Some("FORMAT"),
+        help: "table (default), json or yaml (get)",
+    },
+    Flag {
+        id: FlagId::Socket,
+        short: None,
+        long: "socket",
+        value: Some("PATH"),
+        help: "keel-agentd's socket (default $KEEL_SOCKET, else agent.socket of keel.toml)",
+    },
+    Flag {
+        id: FlagId::Config,
+        short: Some('c'),
+        long: "config",
+        value: Some("PATH"),
+        help: "keel.toml to read (default /usr/local/etc/keel.toml, if it exists)",
+    },
+    Flag {
+        id: FlagId::Help,
+        short: Some('h'),
+        long: "help",
+        value: None,
+        help: "print this help and exit",
+    },
+    Flag {
+        id: FlagId::Version,
+        short: Some('V'),
+        long: "version",
+        value: None,
+        help: "print the version and exit",
+    },
+];
+
+/// Every command form, as `--help` shows it: usage, then what it does.
+pub const COMMANDS: &[(&str, &str)] = &[
+    (
+        "apply -f FILE|-",
+        "validate every document of FILE, then apply them in order",
+    ),
+    ("get jails [NAME]", "list the jails, or show one"),
+    ("delete jail NAME...", "delete jails by name"),
+    (
+        "delete -f FILE|-",
+        "delete the jails of FILE, last one first",
+    ),
+    ("validate -f FILE|-", "check FILE without sending anything"),
+];
+
+/// Where a spec comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// `-f -`.
+    Stdin,
+    /// `-f FILE`.
+    File(PathBuf),
+}
+
+/// What `get` lists. (`get nodes` joins with the control plane.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resource {
+    /// `get jails` (also `get jail`).
+    Jails,
+}
+
+/// How `get` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputFormat {
+    /// Aligned columns for people.
+    #[default]
+    Table,
+    /// The API's JSON, pretty-printed.
+    Json,
+    /// The same values as YAML.
+    Yaml,
+}
+
+impl fmt::Display for OutputFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OutputFormat::Table => "table",
+            OutputFormat::Json => "json",
+            OutputFormat::Yaml => "yaml",
+        })
+    }
+}
+
+/// Flags that say where requests go and how keelctl is configured, whatever
+/// the command.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GlobalOptions {
+    /// `--socket PATH`.
+    pub socket: Option<PathBuf>,
+    /// `--config PATH`.
+    pub config: Option<PathBuf>,
+}
+
+/// A command to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `apply -f FILE|-`.
+    Apply {
+        /// The spec file.
+        input: Input,
+    },
+    /// `get jails [NAME] [-o FORMAT]`.
+    Get {
+        /// What to list.
+        resource: Resource,
+        /// One object instead of all.
+        name: Option<String>,
+        /// How to print.
+        output: OutputFormat,
+    },
+    /// `delete jail NAME...`.
+    DeleteJails {
+        /// Jails to delete, in the order given.
+        names: Vec<String>,
+    },
+    /// `delete -f FILE|-`.
+    DeleteFile {
+        /// The spec file whose jails are deleted.
+        input: Input,
+    },
+    /// `validate -f FILE|-`.
+    Validate {
+        /// The spec file.
+        input: Input,
+    },
+}
+
+/// A parsed command line that runs something.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    /// Global flags.
+    pub global: GlobalOptions,
+    /// The command.
+    pub command: Command,
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parsed {
+    /// Run a command.
+    Run(Invocation),
+    /// `--help`: print [`help_text`].
+    Help,
+    /// `--version`: print [`version_text`].
+    Version,
+}
+
+/// A command line keelctl cannot make sense of; the message says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn usage(message: impl Into<String>) -> UsageError {
+    UsageError(message.into())
+}
+
+/// `--help`: usage forms, commands, flags and exit statuses.
+pub fn help_text() -> String {
+    let mut out = format!(
+        "keelctl {}: apply, inspect and delete Keel jails\n\n\
+         Usage: keelctl [OPTIONS] COMMAND\n\nCommands:\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    let width = COMMANDS.iter().map(|(u, _)| u.len()).max().unwrap_or(0);
+    for (form, help) in COMMANDS {
+        out.push_str(&format!("  {form:width$}  {help}\n"));
+    }
+    let left = |flag: &Flag| {
+        let short = flag.short.map_or("    ".to_string(), |c| format!("-{c}, "));
+        let value = flag.value.map_or(String::new(), |v| format!(" {v}"));
+        format!("{short}--{}{value}", flag.long)
+    };
+    let width = FLAGS.iter().map(|f| left(f).len()).max().unwrap_or(0);
+    out.push_str("\nOptions (before or after the command):\n");
+    for flag in FLAGS {
+        out.push_str(&format!("  {:width$}  {}\n", left(flag), flag.help));
+    }
+    out.push_str(
+        "\nExit status: 0 success, 1 request failed (agent unreachable or refused), \
+         2 usage or validation error.\n",
+    );
+    out
+}
+
+/// `--version`.
+pub fn version_text() -> String {
+    format!("keelctl {}\n", env!("CARGO_PKG_VERSION"))
+}
+
+/// Flags seen on the command line, before they are checked against the command.
+#[derive(Default)]
+struct Seen {
+    filename: Option<OsString>,
+    output: Option<String>,
+    global: GlobalOptions,
+}
+
+/// Parses keelctl's arguments (without the program name).
+pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, UsageError> {
+    use lexopt::prelude::*;
+    let lex = |e: lexopt::Error| usage(e.to_string());
+    let mut parser = lexopt::Parser::from_args(args);
+    let mut seen = Seen::default();
+    let mut words: Vec<String> = Vec::new();
+    while let Some(arg) = parser.next().map_err(lex)? {
+        let flag = match &arg {
+            Short(c) => FLAGS.iter().find(|f| f.short == Some(*c)),
+            Long(name) => FLAGS.iter().find(|f| f.long == *name),
+            Value(word) => {
+                let word = word
+                    .clone()
+                    .into_string()
+                    .map_err(|w| usage(format!("argument {w:?} is not valid UTF-8")))?;
+                words.push(word);
+                continue;
+            }
+        };
+        let Some(flag) = flag else {
+            return Err(usage(arg.unexpected().to_string()));
+        };
+        let twice = || usage(format!("--{} given twice", flag.long));
+        match flag.id {
+            FlagId::Help => return Ok(Parsed::Help),
+            FlagId::Version => return Ok(Parsed::Version),
+            FlagId::Filename => {
+                let v = parser.value().map_err(lex)?;
+                if seen.filename.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::Output => {
+                let v = parser.value().map_err(lex)?.string().map_err(|_| {
+                    usage("--output: the format is not valid UTF-8; use table, json or yaml")
+                })?;
+                if seen.output.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::Socket => {
+                let v = PathBuf::from(parser.value().map_err(lex)?);
+                if seen.global.socket.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::Config => {
+                let v = PathBuf::from(parser.value().map_err(lex)?);
+                if seen.global.config.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+        }
+    }
+    let command = command(&words, &mut seen)?;
+    Ok(Parsed::Run(Invocation {
+        global: seen.global,
+        command,
+    }))
+}
+
+/// Turns the command words and the flags seen into a [`Command`], refusing
+/// flags the command does not use.
+fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
+    let Some((verb, rest)) = words.split_first() else {
+        return Err(usage(
+            "no command given; use apply, get, delete or validate",
+        ));
+    };
+    let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
+    let filename = seen.filename.take();
+    let output = seen.output.take();
+    if output.is_some() && verb != "get" {
+        return Err(not_for("--output"));
+    }
+    let extra = |word: &String| usage(format!("unexpected argument {word:?} for `{verb}`"));
+    let file_only = |filename: Option<OsString>| -> Result<Input, UsageError> {
+        if let Some(word) = rest.first() {
+            return Err(extra(word));
+        }
+        match filename {
+            Some(f) => Ok(input(f)),
+            None => Err(usage(format!("`{verb}` needs -f FILE (or -f - for stdin)"))),
+        }
+    };
+    match verb.as_str() {
+        "apply" => Ok(Command::Apply {
+            input: file_only(filename)?,
+        }),
+        "validate" => Ok(Command::Validate {
+            input: file_only(filename)?,
+        }),
+        "get" => {
+            if filename.is_some() {
+                return Err(not_for("--filename"));
+            }
+            let Some((kind, names)) = rest.split_first() else {
+                return Err(usage("`get` needs what to list: get jails [NAME]"));
+            };
+            let resource = resource(kind)?;
+            if let Some(word) = names.get(1) {
+                return Err(extra(word));
+            }
+            let name = names.first().map(|n| jail_name(n)).transpose()?;
+            let output = match output.as_deref() {
+                None | Some("table") => OutputFormat::Table,
+                Some("json") => OutputFormat::Json,
+                Some("yaml") => OutputFormat::Yaml,
+                Some(other) => {
+                    return Err(usage(format!(
+                        "--output {other:?} is not a format; use table, json or yaml"
+                    )));
+                }
+            };
+            Ok(Command::Get {
+                resource,
+                name,
+                output,
+            })
+        }
+        "delete" => match filename {
+            Some(f) => match rest.first() {
+                Some(word) => Err(usage(format!(
+                    "unexpected argument {word:?}: `delete` takes either -f FILE or jail NAME..., not both"
+                ))),
+                None => Ok(Command::DeleteFile { input: input(f) }),
+            },
+            None => {
+                let Some((kind, names)) = rest.split_first() else {
+                    return Err(usage(
+                        "`delete` needs jail NAME... or -f FILE (or -f - for stdin)",
+                    ));
+                };
+                match resource(kind)? {
+                    Resource::Jails => {}
+                }
+                if names.is_empty() {
+                    return Err(usage("`delete jail` needs at least one NAME"));
+                }
+                let names = names
+                    .iter()
+                    .map(|n| jail_name(n))
+                    .collect::<Result<_, _>>()?;
+                Ok(Command::DeleteJails { names })
+            }
+        },
+        other => Err(usage(format!(
+            "unknown command {other:?}; use apply, get, delete or validate"
+        ))),
+    }
+}
+
+fn input(f: OsString) -> Input {
+    if f == "-" {
+        Input::Stdin
+    } else {
+        Input::File(PathBuf::from(f))
+    }
+}
+
+fn resource(word: &str) -> Result<Resource, UsageError> {
+    match word {
+        "jails" | "jail" => Ok(Resource::Jails),
+        other => Err(usage(format!(
+            "unknown resource {other:?}; keelctl knows jails"
+        ))),
+    }
+}
+
+/// A jail name is checked here because it becomes a request path: a name that
+/// is not a DNS label could never exist, and must not reach the URL.
+fn jail_name(name: &str) -> Result<String, UsageError> {
+    spec::validate_name(name)
+        .map(|()| name.to_string())
+        .map_err(|why| usage(format!("jail name {name:?}: {why}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Parsed, UsageError> {
+        parse_args(args.iter().map(OsString::from))
+    }
+
+    fn run(args: &[&str]) -> Invocation {
+        match parse(args) {
+            Ok(Parsed::Run(inv)) => inv,
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    fn cmd(args: &[&str]) -> Command {
+        run(args).command
+    }
+
+    fn err(args: &[&str]) -> String {
+        match parse(args) {
+            Err(e) => e.0,
+            Ok(other) => panic!("{args:?} parsed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn apply_and_validate_read_a_file_or_stdin() {
+        assert_eq!(
+            cmd(&["apply", "-f", "web.yaml"]),
+            Command::Apply {
+                input: Input::File("web.yaml".into())
+            }
+        );
+        assert_eq!(
+            cmd(&["apply", "--filename=-"]),
+            Command::Apply {
+                input: Input::Stdin
+            }
+        );
+        assert_eq!(
+            cmd(&["-f", "-", "validate"]),
+            Command::Validate {
+                input: Input::Stdin
+            }
+        );
+        assert!(err(&["apply"]).contains("needs -f FILE"));
+        assert!(err(&["apply", "-f", "a", "-f", "b"]).contains("--filename given twice"));
+        assert!(err(&["apply", "-f", "a", "extra"]).contains("\"extra\""));
+    }
+
+    #[test]
+    fn get_takes_a_resource_an_optional_name_and_a_format() {
+        assert_eq!(
+            cmd(&["get", "jails"]),
+            Command::Get {
+                resource: Resource::Jails,
+                name: None,
+                output: OutputFormat::Table
+            }
+        );
+        assert_eq!(
+            cmd(&["-o", "json", "get", "jail", "web-1"]),
+            Command::Get {
+                resource: Resource::Jails,
+                name: Some("web-1".into()),
+                output: OutputFormat::Json
+            }
+        );
+        assert_eq!(
+            cmd(&["get", "jails", "--output=yaml"]),
+            Command::Get {
+                resource: Resource::Jails,
+                name: None,
+                output: OutputFormat::Yaml
+            }
+        );
+        assert!(err(&["get"]).contains("get jails"));
+        assert!(err(&["get", "volumes"]).contains("unknown resource \"volumes\""));
+        assert!(err(&["get", "jails", "-o", "wide"]).contains("use table, json or yaml"));
+        assert!(err(&["get", "jails", "a", "b"]).contains("\"b\""));
+        assert!(err(&["get", "jails", "-f", "x"]).contains("--filename does not apply"));
+    }
+
+    #[test]
+    fn names_that_are_not_dns_labels_never_reach_a_request() {
+        assert!(err(&["get", "jails", "../healthz"]).contains("jail name \"../healthz\""));
+        assert!(err(&["delete", "jail", "Web_1"]).contains("jail name \"Web_1\""));
+    }
+
+    #[test]
+    fn delete_takes_names_or_a_file_but_not_both() {
+        assert_eq!(
+            cmd(&["delete", "jail", "a", "b"]),
+            Command::DeleteJails {
+                names: vec!["a".into(), "b".into()]
+            }
+        );
+        assert_eq!(
+            cmd(&["delete", "-f", "x.yaml"]),
+            Command::DeleteFile {
+                input: Input::File("x.yaml".into())
+            }
+        );
+        assert!(err(&["delete", "jail"]).contains("at least one NAME"));
+        assert!(err(&["delete"]).contains("jail NAME... or -f FILE"));
+        assert!(err(&["delete", "jail", "a", "-f", "x"]).contains("not both"));
+        assert!(err(&["delete", "jail", "a", "-o", "json"]).contains("--output does not apply"));
+    }
+
+    #[test]
+    fn global_flags_go_anywhere() {
+        let inv = run(&["get", "jails", "--socket", "/s.sock", "-c", "/k.toml"]);
+        assert_eq!(
+            inv.global,
+            GlobalOptions {
+                socket: Some("/s.sock".into()),
+                config: Some("/k.toml".into())
+            }
+        );
+        let inv = run(&["--socket=/t.sock", "get", "jails"]);
+        assert_eq!(inv.global.socket, Some("/t.sock".into()));
+        assert!(err(&["--socket", "a", "--socket", "b", "get", "jails"]).contains("twice"));
+    }
+
+    #[test]
+    fn help_and_version_win_wherever_they_are() {
+        assert_eq!(parse(&["get", "--help"]), Ok(Parsed::Help));
+        assert_eq!(parse(&["-h"]), Ok(Parsed::Help));
+        assert_eq!(parse(&["--version", "apply"]), Ok(Parsed::Version));
+        assert_eq!(parse(&["-V"]), Ok(Parsed::Version));
+    }
+
+    #[test]
+    fn unknown_commands_and_flags_are_usage_errors() {
+        assert!(err(&[]).contains("no command given"));
+        assert!(err(&["create"]).contains("unknown command \"create\""));
+        assert!(err(&["get", "jails", "--watch"]).contains("--watch"));
+        assert!(err(&["apply", "-f"]).contains("-f"));
+    }
+
+    #[test]
+    fn help_lists_every_flag_and_command() {
+        let help = help_text();
+        for flag in FLAGS {
+            assert!(help.contains(&format!("--{}", flag.long)), "{help}");
+            if let Some(c) = flag.short {
+                assert!(help.contains(&format!("-{c}, --{}", flag.long)), "{help}");
+            }
+        }
+        for (form, _) in COMMANDS {
+            assert!(help.contains(&format!("\n  {form} ")), "{help}");
+        }
+        assert!(help.contains("Exit status"));
+    }
+
+    #[test]
+    fn every_flag_in_the_table_parses() {
+        for flag in FLAGS {
+            let mut args = vec![format!("--{}", flag.long)];
+            if flag.value.is_some() {
+                args.push(
+                    if flag.id == FlagId::Output {
+                        "json"
+                    } else {
+                        "x"
+                    }
+                    .into(),
+                );
+            }
+            if flag.id == FlagId::Filename {
+                args.push("validate".into());
+            } else {
+                args.extend(["get".to_string(), "jails".to_string()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            assert!(parse(&args).is_ok(), "{args:?}: {:?}", parse(&args));
+        }
+    }
+}
