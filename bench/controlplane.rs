@@ -79,6 +79,8 @@ const NODE_CPU: f64 = 8.0;
 const NODE_MEMORY: u64 = 32 << 30;
 const JAIL_CPU: f64 = 0.25;
 const JAIL_MEMORY: u64 = 256 << 20;
+/// "No peer list held yet" (versions stay below 2^53).
+const NO_VERSION: u64 = u64::MAX;
 /// Targets from issue 4.
 const CPU_TARGET_PERCENT: f64 = 25.0;
 const APPLY_TARGET_PER_SEC: f64 = 2000.0;
@@ -397,7 +399,10 @@ impl Outcome {
     fn check(&self, what: &str) -> Result<(), String> {
         match &self.first_error {
             None => Ok(()),
-            Some(e) => Err(format!("{what}: {} requests failed; first: {e}", self.errors)),
+            Some(e) => Err(format!(
+                "{what}: {} requests failed; first: {e}",
+                self.errors
+            )),
         }
     }
 }
@@ -476,6 +481,9 @@ struct PacedLoad {
     signer: Signer,
     /// Jails the bench placed per node, reported as committed.
     placed: Arc<Vec<AtomicU64>>,
+    /// The peer list version each node last received ([`NO_VERSION`]: none),
+    /// sent back as an agent does.
+    versions: Vec<AtomicU64>,
     start: Instant,
     stop: AtomicBool,
 }
@@ -500,7 +508,7 @@ impl PacedLoad {
                 }
                 let result = self.request(i).and_then(|wire| conn.exchange(&wire));
                 let error = match result {
-                    Ok(r) if r.status == 200 => None,
+                    Ok(r) if r.status == 200 => self.absorb(i, &r.body).err(),
                     Ok(r) => Some(format!(
                         "{} answered {}: {}",
                         self.what(i),
@@ -517,6 +525,21 @@ impl PacedLoad {
             }
         }
         samples
+    }
+
+    /// Keeps the peer list version of a heartbeat answer.
+    fn absorb(&self, i: usize, body: &[u8]) -> Result<(), String> {
+        #[derive(serde::Deserialize)]
+        struct Versioned {
+            #[serde(default)]
+            peers_version: Option<u64>,
+        }
+        if self.kind == Paced::Heartbeat {
+            let v: Versioned = serde_json::from_slice(body)
+                .map_err(|e| format!("heartbeat answer of {}: {e}", node_id(i)))?;
+            self.versions[i].store(v.peers_version.unwrap_or(NO_VERSION), Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     fn what(&self, i: usize) -> String {
@@ -538,6 +561,10 @@ impl PacedLoad {
                     },
                     jails: u32::try_from(jails).unwrap_or(u32::MAX),
                     placed: Vec::new(),
+                    peers_version: match self.versions[i].load(Ordering::Relaxed) {
+                        NO_VERSION => None,
+                        v => Some(v),
+                    },
                 })
                 .map_err(|e| e.to_string())?;
                 let path = format!("/nodes/{}/heartbeat", node_id(i));
@@ -597,6 +624,17 @@ fn window(samples: &[Sample], from: Instant, to: Instant) -> Outcome {
     out
 }
 
+/// How many paced requests were answered (successfully) within `[from, to)`:
+/// the rate actually achieved, whatever the schedule asked for.
+fn answered(samples: &[Sample], from: Instant, to: Instant) -> usize {
+    samples
+        .iter()
+        .filter(|s| s.error.is_none())
+        .map(|s| s.due + s.latency)
+        .filter(|done| *done >= from && *done < to)
+        .count()
+}
+
 /// CPU share of the control plane (% of one core) and its RSS over `wait`.
 struct Usage {
     cpu_percent: f64,
@@ -651,17 +689,23 @@ fn run() -> Result<(), String> {
         nodes,
         signer: node_key.clone(),
         placed: Arc::clone(&placed),
+        versions: (0..nodes).map(|_| AtomicU64::new(NO_VERSION)).collect(),
         start: Instant::now(),
         stop: AtomicBool::new(false),
     };
 
     // 1. Baseline: the same paced pool, GET /healthz.
+    eprintln!(
+        "baseline: GET /healthz at {rate:.0}/s for {}s",
+        HEALTHZ_WINDOW.as_secs()
+    );
     let cpu0 = cpu_seconds(pid);
-    let since = Instant::now();
+    let hz0 = Instant::now();
     let healthz = Running::start(paced(Paced::Healthz));
     std::thread::sleep(HEALTHZ_WINDOW);
-    let healthz_usage = usage_between(pid, cpu0, since);
-    let healthz_out = window(&healthz.finish(), since, since + HEALTHZ_WINDOW);
+    let healthz_usage = usage_between(pid, cpu0, hz0);
+    let healthz_samples = healthz.finish();
+    let healthz_out = window(&healthz_samples, hz0, hz0 + HEALTHZ_WINDOW);
     healthz_out.check("GET /healthz")?;
 
     // 2. Registrations.
@@ -689,6 +733,7 @@ fn run() -> Result<(), String> {
         200..=299 => Ok(()),
         s => Err(format!("{s}: {}", String::from_utf8_lossy(&r.body))),
     };
+    eprintln!("registering {nodes} nodes");
     let cpu0 = cpu_seconds(pid);
     let since = Instant::now();
     let (register_out, register_wall) =
@@ -698,6 +743,11 @@ fn run() -> Result<(), String> {
 
     // 3. Heartbeats: one period of warm-up (every node's first heartbeat),
     // then the measured window.
+    eprintln!(
+        "heartbeats: {}s warm-up, {}s measured",
+        HEARTBEAT_PERIOD.as_secs(),
+        window_len.as_secs()
+    );
     let heartbeats = Running::start(paced(Paced::Heartbeat));
     let hb_start = heartbeats.load.start;
     let cpu0 = cpu_seconds(pid);
@@ -723,6 +773,7 @@ fn run() -> Result<(), String> {
             jail_yaml(&format!("direct-{i:05}")).as_bytes(),
         )
     };
+    eprintln!("baseline: {applies} PUTs straight to one simulated agent");
     let (direct_out, direct_wall) =
         closed_loop(agent0, APPLY_CLIENTS, applies, &make_direct, &ok_200);
     direct_out.check("direct PUT to a simulated agent")?;
@@ -753,6 +804,7 @@ fn run() -> Result<(), String> {
         placed[idx].fetch_add(1, Ordering::Relaxed);
         Ok(())
     };
+    eprintln!("{applies} scheduled applies through the control plane");
     let cpu0 = cpu_seconds(pid);
     let since = Instant::now();
     let (apply_out, apply_wall) = closed_loop(addr, APPLY_CLIENTS, applies, &make_apply, &record);
@@ -773,8 +825,9 @@ fn run() -> Result<(), String> {
     let (hba50, hba99) = hb_during_apply.percentiles();
     let (ap50, ap99) = apply_out.percentiles();
     let (di50, di99) = direct_out.percentiles();
-    let hb_rate = hb_out.latencies.len() as f64 / window_len.as_secs_f64();
-    let hz_rate = healthz_out.latencies.len() as f64 / HEALTHZ_WINDOW.as_secs_f64();
+    let hb_rate = answered(&samples, w0, w1) as f64 / window_len.as_secs_f64();
+    let hz_rate =
+        answered(&healthz_samples, hz0, hz0 + HEALTHZ_WINDOW) as f64 / HEALTHZ_WINDOW.as_secs_f64();
     let apply_rate = applies as f64 / apply_wall.as_secs_f64();
     let direct_rate = applies as f64 / direct_wall.as_secs_f64();
     let per_node: Vec<u64> = placed.iter().map(|c| c.load(Ordering::Relaxed)).collect();

@@ -268,6 +268,41 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         committed,
         jails: u32::try_from(tracked.len()).unwrap_or(u32::MAX),
         placed,
+        peers_version: None,
+    }
+}
+
+/// The last peer list the control plane sent in full, and its version, so a
+/// heartbeat can ask for the list only when it changed (see
+/// [`HeartbeatRequest::peers_version`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PeerCache {
+    held: Option<(u64, Vec<Peer>)>,
+}
+
+impl PeerCache {
+    /// The version to send with the next heartbeat.
+    pub fn version(&self) -> Option<u64> {
+        self.held.as_ref().map(|(v, _)| *v)
+    }
+
+    /// Takes in a heartbeat answer and returns the peer list to route by, or
+    /// `None` when the answer says "unchanged" about a list this cache does
+    /// not hold (a confused control plane): routes are then left as they are
+    /// and the next heartbeat asks for the full list.
+    pub fn absorb(&mut self, resp: &mut HeartbeatResponse) -> Option<Vec<Peer>> {
+        let peers = std::mem::take(&mut resp.peers);
+        if resp.peers_unchanged {
+            return match &self.held {
+                Some((v, held)) if Some(*v) == resp.peers_version => Some(held.clone()),
+                _ => {
+                    self.held = None;
+                    None
+                }
+            };
+        }
+        self.held = resp.peers_version.map(|v| (v, peers.clone()));
+        Some(peers)
     }
 }
 
@@ -711,14 +746,22 @@ fn run(
 
         // Heartbeat until the control plane forgets the node.
         let mut last_problem: Option<String> = None;
+        let mut peers = PeerCache::default();
         loop {
-            let request = heartbeat_request(&worker.list()?);
+            let mut request = heartbeat_request(&worker.list()?);
+            request.peers_version = peers.version();
             let problem = match cp.heartbeat(&request) {
-                Ok(resp) => {
-                    let fence = stale_placed(&resp.stale, &request.placed);
-                    let outcome = worker.cluster_update(pod_cidr, resp.peers, fence)?;
-                    (!outcome.errors.is_empty()).then(|| outcome.errors.join("; "))
-                }
+                Ok(mut resp) => match peers.absorb(&mut resp) {
+                    Some(list) => {
+                        let fence = stale_placed(&resp.stale, &request.placed);
+                        let outcome = worker.cluster_update(pod_cidr, list, fence)?;
+                        (!outcome.errors.is_empty()).then(|| outcome.errors.join("; "))
+                    }
+                    None => Some(format!(
+                        "{} answered that the peer list is unchanged but sent a version this node does not hold; keeping routes, asking for the full list next time",
+                        m.controlplane
+                    )),
+                },
                 Err(ClusterError::UnknownNode) => {
                     log::warn!("{}", ClusterError::UnknownNode);
                     break;
@@ -973,6 +1016,53 @@ mod tests {
         let fence = stale_placed(&["d".into(), "zz".into()], &req.placed);
         assert_eq!(fence.len(), 1);
         assert_eq!(fence[0].epoch, 7);
+    }
+
+    fn answer(peers: Vec<Peer>, version: Option<u64>, unchanged: bool) -> HeartbeatResponse {
+        HeartbeatResponse {
+            peers,
+            stale: Vec::new(),
+            services: Vec::new(),
+            peers_version: version,
+            peers_unchanged: unchanged,
+        }
+    }
+
+    #[test]
+    fn the_peer_cache_keeps_the_last_full_list_for_unchanged_answers() {
+        let list = vec![peer("n2", [10, 0, 0, 2], "10.20.7.0/24", true)];
+        let mut cache = PeerCache::default();
+        assert_eq!(
+            cache.version(),
+            None,
+            "the first heartbeat asks for the list"
+        );
+        let got = cache.absorb(&mut answer(list.clone(), Some(41), false));
+        assert_eq!(got.as_ref(), Some(&list));
+        assert_eq!(cache.version(), Some(41));
+        let got = cache.absorb(&mut answer(Vec::new(), Some(41), true));
+        assert_eq!(
+            got.as_ref(),
+            Some(&list),
+            "unchanged: route by the held list"
+        );
+        let newer = vec![peer("n2", [10, 0, 0, 2], "10.20.7.0/24", false)];
+        let got = cache.absorb(&mut answer(newer.clone(), Some(42), false));
+        assert_eq!(got.as_ref(), Some(&newer));
+        assert_eq!(cache.version(), Some(42));
+    }
+
+    #[test]
+    fn the_peer_cache_never_routes_by_a_list_it_does_not_hold() {
+        let list = vec![peer("n2", [10, 0, 0, 2], "10.20.7.0/24", true)];
+        let mut cache = PeerCache::default();
+        cache.absorb(&mut answer(list, Some(7), false));
+        assert_eq!(cache.absorb(&mut answer(Vec::new(), Some(8), true)), None);
+        assert_eq!(cache.version(), None, "the next heartbeat asks again");
+        // A control plane without versions: every answer is the full list.
+        let empty = cache.absorb(&mut answer(Vec::new(), None, false));
+        assert_eq!(empty, Some(Vec::new()));
+        assert_eq!(cache.version(), None);
     }
 
     type FakeReconciler = Reconciler<FakeJails, FakeZfs, FakeNet, FakeMounts>;

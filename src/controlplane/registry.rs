@@ -12,6 +12,16 @@
 //! of the same name resolves to the same node and epoch instead of racing to
 //! another one, and a heartbeat from that node does not fence the jail the
 //! node has just created but the control plane has not recorded yet.
+//!
+//! Peer list versions: a heartbeat answer carries every other node, which is
+//! what an agent routes by, and at 5,000 nodes heartbeating every 5 s
+//! rebuilding and encoding it on every heartbeat cost more than a core. The
+//! list changes only when a node's record changes or a node comes alive or
+//! dies, so it gets a version ([`Cluster::peers_version`]) and an agent that
+//! already holds the current one is answered "unchanged". Deaths are noticed
+//! on read like everything else: nodes believed Alive are kept ordered by
+//! last heartbeat, so each read pops the ones that have gone silent since
+//! without scanning the cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -85,7 +95,13 @@ pub struct Cluster {
     pending: BTreeMap<String, Pending>,
     cluster_cidr: Ipv4Net,
     dead_after: Duration,
+    /// Nodes Alive at the last read, oldest heartbeat first.
+    alive: BTreeSet<(Instant, String)>,
+    peers_version: u64,
 }
+
+/// Peer list versions stay below 2^53 so any JSON reader holds them exactly.
+const PEERS_VERSION_MASK: u64 = (1 << 53) - 1;
 
 impl Cluster {
     /// A cluster from persisted state: every node Dead until it heartbeats.
@@ -96,6 +112,43 @@ impl Cluster {
             pending: BTreeMap::new(),
             cluster_cidr,
             dead_after,
+            alive: BTreeSet::new(),
+            peers_version: first_peers_version(),
+        }
+    }
+
+    /// The version of the peer list as of the last read; see the module docs.
+    pub fn peers_version(&self) -> u64 {
+        self.peers_version
+    }
+
+    fn bump_peers_version(&mut self) {
+        self.peers_version = (self.peers_version + 1) & PEERS_VERSION_MASK;
+    }
+
+    /// Forgets, from the Alive order, nodes silent for `dead_after` at `now`:
+    /// each one changes the peer list.
+    fn notice_deaths(&mut self, now: Instant) {
+        while let Some((t, _)) = self.alive.first() {
+            if now.saturating_duration_since(*t) < self.dead_after {
+                break;
+            }
+            self.alive.pop_first();
+            self.bump_peers_version();
+        }
+    }
+
+    /// Records that `id` was heard from at `now`.
+    fn heard_from(&mut self, id: &str, now: Instant) {
+        self.notice_deaths(now);
+        let live = self.live.entry(id.to_string()).or_default();
+        let was_alive = match live.last_heartbeat.replace(now) {
+            Some(t) => self.alive.remove(&(t, id.to_string())),
+            None => false,
+        };
+        self.alive.insert((now, id.to_string()));
+        if !was_alive {
+            self.bump_peers_version();
         }
     }
 
@@ -109,6 +162,7 @@ impl Cluster {
     pub fn reset(&mut self, state: ClusterState) {
         self.state = state;
         self.pending.clear();
+        self.bump_peers_version();
     }
 
     fn apply(&mut self, ops: Vec<Op>) -> Vec<Op> {
@@ -170,16 +224,14 @@ impl Cluster {
         let ops = if self.state.nodes.get(&req.node_id) == Some(&record) {
             Vec::new()
         } else {
+            self.bump_peers_version();
             self.apply(vec![Op::PutNode {
                 id: req.node_id.clone(),
                 record,
             }])
         };
         // Registering is talking to us: the node is Alive from now.
-        self.live
-            .entry(req.node_id.clone())
-            .or_default()
-            .last_heartbeat = Some(now);
+        self.heard_from(&req.node_id, now);
         Ok((pod_cidr, ops))
     }
 
@@ -197,8 +249,8 @@ impl Cluster {
                 format!("node {id} is not registered; register first"),
             ));
         }
+        self.heard_from(id, now);
         let live = self.live.entry(id.to_string()).or_default();
-        live.last_heartbeat = Some(now);
         live.committed = req.committed;
         live.jails = req.jails;
         let stale = req
@@ -207,10 +259,17 @@ impl Cluster {
             .filter(|j| !self.holds(id, &j.name, j.epoch))
             .map(|j| j.name.clone())
             .collect();
+        let unchanged = req.peers_version == Some(self.peers_version);
         Ok(HeartbeatResponse {
-            peers: self.peers(id, now),
+            peers: if unchanged {
+                Vec::new()
+            } else {
+                self.peers(id, now)
+            },
             stale,
             services: Vec::new(),
+            peers_version: Some(self.peers_version),
+            peers_unchanged: unchanged,
         })
     }
 
@@ -415,6 +474,18 @@ impl Cluster {
     }
 }
 
+/// A random start for the peer list version, so an agent holding a version
+/// from before a restart of the control plane never finds it current by
+/// chance. Without randomness the clock serves: restarts are seconds apart.
+fn first_peers_version() -> u64 {
+    let seed = getrandom::u64().unwrap_or_else(|_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    seed & PEERS_VERSION_MASK
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,10 +537,113 @@ mod tests {
                         running: true,
                     })
                     .collect(),
+                peers_version: None,
             },
             now,
         )
         .expect("heartbeat")
+    }
+
+    /// A bare heartbeat from an agent holding peer list `version`.
+    fn beat_with(
+        c: &mut Cluster,
+        id: &str,
+        version: Option<u64>,
+        now: Instant,
+    ) -> HeartbeatResponse {
+        c.heartbeat(
+            id,
+            &HeartbeatRequest {
+                committed: Resources::default(),
+                jails: 0,
+                placed: Vec::new(),
+                peers_version: version,
+            },
+            now,
+        )
+        .expect("heartbeat")
+    }
+
+    #[test]
+    fn a_current_peer_list_is_not_resent() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let full = beat_with(&mut c, "a", None, t0);
+        assert_eq!(full.peers.len(), 1);
+        assert!(!full.peers_unchanged);
+        let version = full.peers_version;
+        assert!(version.is_some());
+        // Steady heartbeats change nothing, from either node.
+        let t1 = t0 + Duration::from_secs(5);
+        beat_with(&mut c, "b", version, t1);
+        let same = beat_with(&mut c, "a", version, t1);
+        assert!(same.peers_unchanged);
+        assert!(same.peers.is_empty());
+        assert_eq!(same.peers_version, version);
+        // An agent without a version always gets the list.
+        let old = beat_with(&mut c, "a", None, t1);
+        assert_eq!((old.peers.len(), old.peers_unchanged), (1, false));
+        // A stale version gets the list and the current version.
+        let stale = beat_with(&mut c, "a", version.map(|v| v ^ 1), t1);
+        assert_eq!((stale.peers.len(), stale.peers_unchanged), (1, false));
+        assert_eq!(stale.peers_version, version);
+    }
+
+    #[test]
+    fn the_peer_list_version_changes_when_a_node_joins_dies_or_returns() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let v0 = beat_with(&mut c, "a", None, t0).peers_version;
+
+        register(&mut c, "c", 3, t0);
+        let joined = beat_with(&mut c, "a", v0, t0);
+        assert!(!joined.peers_unchanged, "c joined");
+        assert_eq!(joined.peers.len(), 2);
+        let v1 = joined.peers_version;
+
+        // Re-registering with the same record is not a change.
+        register(&mut c, "c", 3, t0);
+        assert!(beat_with(&mut c, "a", v1, t0).peers_unchanged);
+
+        // b and c keep heartbeating until c falls silent; only a reports after.
+        let t1 = t0 + DEAD_AFTER / 2;
+        beat_with(&mut c, "b", v1, t1);
+        let t2 = t0 + DEAD_AFTER;
+        beat_with(&mut c, "b", v1, t2);
+        let died = beat_with(&mut c, "a", v1, t2);
+        assert!(!died.peers_unchanged, "c died");
+        let c_peer = died
+            .peers
+            .iter()
+            .find(|p| p.node_id == "c")
+            .expect("c listed");
+        assert!(!c_peer.alive);
+        let v2 = died.peers_version;
+        assert!(beat_with(&mut c, "a", v2, t2).peers_unchanged);
+
+        let back = beat_with(&mut c, "c", v2, t2);
+        assert!(!back.peers_unchanged, "c's own return changes the list too");
+        let seen = beat_with(&mut c, "a", v2, t2);
+        assert!(!seen.peers_unchanged);
+        assert!(seen.peers.iter().all(|p| p.alive));
+    }
+
+    #[test]
+    fn a_restarted_control_plane_does_not_take_an_old_version_for_current() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let old = beat_with(&mut c, "a", None, t0).peers_version;
+        let mut restarted = Cluster::new(c.state().clone(), c.cluster_cidr, DEAD_AFTER);
+        register(&mut restarted, "a", 1, t0);
+        let resp = beat_with(&mut restarted, "a", old, t0);
+        assert!(!resp.peers_unchanged);
+        assert_eq!(resp.peers.len(), 1);
     }
 
     #[test]
