@@ -30,7 +30,7 @@ use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
 use crate::common::http::{Client, Endpoint, Handler, Request, Response};
 use crate::common::names::validate_name;
 use crate::common::wire::{EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest};
-use crate::controlplane::registry::{Refusal, Target};
+use crate::controlplane::registry::{HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::worker::{WorkerGone, WorkerHandle};
 
 /// How long a forwarded request may take: an apply runs zfs clone and jail
@@ -88,7 +88,10 @@ impl ControlPlaneApi {
             },
             ("POST", ["nodes", id, "heartbeat"]) => match parse_json::<HeartbeatRequest>(req) {
                 Err(r) => r,
-                Ok(body) => reply(self.worker.heartbeat(id, body)?),
+                Ok(body) => match self.worker.heartbeat(id, body)? {
+                    Err(r) => refused(&r),
+                    Ok(answer) => heartbeat_response(&answer, id),
+                },
             },
             ("GET", ["nodes"]) => Response::json(200, &self.worker.nodes()?),
             ("GET", ["metrics"]) => self.metrics()?,
@@ -266,6 +269,22 @@ fn reply<T: Serialize>(result: Result<T, Refusal>) -> Response {
     match result {
         Ok(body) => Response::json(200, &body),
         Err(r) => refused(&r),
+    }
+}
+
+/// The peer list is spliced in here, on the handler thread, not on the worker.
+fn heartbeat_response(answer: &HeartbeatAnswer, node_id: &str) -> Response {
+    match answer.body(node_id) {
+        Ok(body) => Response::raw(
+            200,
+            vec![("Content-Type".into(), "application/json".into())],
+            body,
+        ),
+        Err(e) => Response::error(
+            500,
+            &format!("cannot encode the heartbeat answer: {e}"),
+            None,
+        ),
     }
 }
 

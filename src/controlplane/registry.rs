@@ -22,9 +22,19 @@
 //! on read like everything else: nodes believed Alive are kept ordered by
 //! last heartbeat, so each read pops the ones that have gone silent since
 //! without scanning the cluster.
+//!
+//! A full list is still due on an agent's first heartbeat and after every
+//! change, so it must be cheap: each node's peer entry is kept encoded
+//! (re-encoded only when that node changes), joined once per version into a
+//! [`PeerListJson`] the handler threads share, and spliced into each answer
+//! leaving out the asking node. Encoding 5,000 peers per answer on the
+//! worker thread took longer than `dead_after` for 5,000 first heartbeats,
+//! so nodes died, the version changed, and every node needed the list again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::cidr::{Ipv4Net, derive_pod_cidr};
@@ -98,6 +108,83 @@ pub struct Cluster {
     /// Nodes Alive at the last read, oldest heartbeat first.
     alive: BTreeSet<(Instant, String)>,
     peers_version: u64,
+    /// Each node's [`Peer`] entry, encoded.
+    entries: BTreeMap<String, Vec<u8>>,
+    /// The entries joined, for the current version, once asked for.
+    peer_list: Option<Arc<PeerListJson>>,
+}
+
+/// Every node's peer entry as JSON for one peer list version, shared with
+/// the handler threads; see the module docs.
+#[derive(Debug)]
+pub struct PeerListJson {
+    /// Entries joined by commas, without brackets.
+    bytes: Vec<u8>,
+    /// Node id and the byte range of its entry, in id order.
+    index: Vec<(String, Range<usize>)>,
+}
+
+impl PeerListJson {
+    /// The JSON array of every entry but `except`'s.
+    pub fn array_without(&self, except: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.bytes.len() + 2);
+        out.push(b'[');
+        match self
+            .index
+            .binary_search_by(|(id, _)| id.as_str().cmp(except))
+        {
+            Err(_) => out.extend_from_slice(&self.bytes),
+            Ok(i) => {
+                let range = &self.index[i].1;
+                let (before, after) = (&self.bytes[..range.start], &self.bytes[range.end..]);
+                // Drop the entry and the comma that joined it to a neighbour.
+                match before.strip_suffix(b",") {
+                    Some(before) => {
+                        out.extend_from_slice(before);
+                        out.extend_from_slice(after);
+                    }
+                    None => out.extend_from_slice(after.strip_prefix(b",").unwrap_or(after)),
+                }
+            }
+        }
+        out.push(b']');
+        out
+    }
+}
+
+/// A heartbeat answer as the worker gives it: the response with its `peers`
+/// left empty, and the list to splice in on the handler thread.
+#[derive(Debug)]
+pub struct HeartbeatAnswer {
+    /// `stale`, `services`, the peer list version; `peers` is empty.
+    pub response: HeartbeatResponse,
+    /// Every node's entry, unless the agent's list is current.
+    pub peers: Option<Arc<PeerListJson>>,
+}
+
+impl HeartbeatAnswer {
+    /// The JSON body for node `node_id`: [`HeartbeatAnswer::response`] with
+    /// every peer but the node itself.
+    pub fn body(&self, node_id: &str) -> Result<Vec<u8>, serde_json::Error> {
+        // `peers` is HeartbeatResponse's first field: empty, it encodes as
+        // this prefix, which is replaced by the list.
+        const EMPTY: &[u8] = br#"{"peers":[]"#;
+        let plain = serde_json::to_vec(&self.response)?;
+        let Some(list) = &self.peers else {
+            return Ok(plain);
+        };
+        let Some(rest) = plain.strip_prefix(EMPTY) else {
+            return Err(serde::ser::Error::custom(
+                "the heartbeat answer does not start with its peer list",
+            ));
+        };
+        let peers = list.array_without(node_id);
+        let mut out = Vec::with_capacity(peers.len() + plain.len());
+        out.extend_from_slice(br#"{"peers":"#);
+        out.extend_from_slice(&peers);
+        out.extend_from_slice(rest);
+        Ok(out)
+    }
 }
 
 /// Peer list versions stay below 2^53 so any JSON reader holds them exactly.
@@ -106,7 +193,7 @@ const PEERS_VERSION_MASK: u64 = (1 << 53) - 1;
 impl Cluster {
     /// A cluster from persisted state: every node Dead until it heartbeats.
     pub fn new(state: ClusterState, cluster_cidr: Ipv4Net, dead_after: Duration) -> Cluster {
-        Cluster {
+        let mut cluster = Cluster {
             state,
             live: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -114,7 +201,11 @@ impl Cluster {
             dead_after,
             alive: BTreeSet::new(),
             peers_version: first_peers_version(),
-        }
+            entries: BTreeMap::new(),
+            peer_list: None,
+        };
+        cluster.encode_every_peer(Instant::now());
+        cluster
     }
 
     /// The version of the peer list as of the last read; see the module docs.
@@ -124,6 +215,63 @@ impl Cluster {
 
     fn bump_peers_version(&mut self) {
         self.peers_version = (self.peers_version + 1) & PEERS_VERSION_MASK;
+        self.peer_list = None;
+    }
+
+    /// `id`'s record or liveness changed: re-encode its entry, new version.
+    fn peer_changed(&mut self, id: &str, now: Instant) {
+        match self.encode_peer(id, now) {
+            Some(entry) => self.entries.insert(id.to_string(), entry),
+            None => self.entries.remove(id),
+        };
+        self.bump_peers_version();
+    }
+
+    /// `id`'s entry; `None` for an unknown node or one without an IPv4
+    /// advertise address (nothing can be routed via it).
+    fn encode_peer(&self, id: &str, now: Instant) -> Option<Vec<u8>> {
+        let n = self.state.nodes.get(id)?;
+        let IpAddr::V4(address) = n.advertise.ip() else {
+            return None;
+        };
+        let peer = Peer {
+            node_id: id.to_string(),
+            address,
+            pod_cidr: n.pod_cidr.to_string(),
+            alive: self.liveness(id, now) == Some(Liveness::Alive),
+        };
+        // A struct of strings, an address and a bool always encodes.
+        serde_json::to_vec(&peer).ok()
+    }
+
+    fn encode_every_peer(&mut self, now: Instant) {
+        self.entries = self
+            .state
+            .nodes
+            .keys()
+            .filter_map(|id| Some((id.clone(), self.encode_peer(id, now)?)))
+            .collect();
+        self.bump_peers_version();
+    }
+
+    /// Every entry joined, for the current version.
+    fn peer_list(&mut self) -> Arc<PeerListJson> {
+        if let Some(list) = &self.peer_list {
+            return Arc::clone(list);
+        }
+        let size = self.entries.values().map(|e| e.len() + 1).sum();
+        let mut bytes = Vec::with_capacity(size);
+        let mut index = Vec::with_capacity(self.entries.len());
+        for (id, entry) in &self.entries {
+            if !bytes.is_empty() {
+                bytes.push(b',');
+            }
+            index.push((id.clone(), bytes.len()..bytes.len() + entry.len()));
+            bytes.extend_from_slice(entry);
+        }
+        let list = Arc::new(PeerListJson { bytes, index });
+        self.peer_list = Some(Arc::clone(&list));
+        list
     }
 
     /// Forgets, from the Alive order, nodes silent for `dead_after` at `now`:
@@ -133,8 +281,9 @@ impl Cluster {
             if now.saturating_duration_since(*t) < self.dead_after {
                 break;
             }
-            self.alive.pop_first();
-            self.bump_peers_version();
+            if let Some((_, id)) = self.alive.pop_first() {
+                self.peer_changed(&id, now);
+            }
         }
     }
 
@@ -148,7 +297,7 @@ impl Cluster {
         };
         self.alive.insert((now, id.to_string()));
         if !was_alive {
-            self.bump_peers_version();
+            self.peer_changed(id, now);
         }
     }
 
@@ -162,7 +311,7 @@ impl Cluster {
     pub fn reset(&mut self, state: ClusterState) {
         self.state = state;
         self.pending.clear();
-        self.bump_peers_version();
+        self.encode_every_peer(Instant::now());
     }
 
     fn apply(&mut self, ops: Vec<Op>) -> Vec<Op> {
@@ -221,17 +370,20 @@ impl Cluster {
             capacity: req.capacity,
             pod_cidr,
         };
-        let ops = if self.state.nodes.get(&req.node_id) == Some(&record) {
-            Vec::new()
-        } else {
-            self.bump_peers_version();
+        let changed = self.state.nodes.get(&req.node_id) != Some(&record);
+        let ops = if changed {
             self.apply(vec![Op::PutNode {
                 id: req.node_id.clone(),
                 record,
             }])
+        } else {
+            Vec::new()
         };
         // Registering is talking to us: the node is Alive from now.
         self.heard_from(&req.node_id, now);
+        if changed {
+            self.peer_changed(&req.node_id, now);
+        }
         Ok((pod_cidr, ops))
     }
 
@@ -242,7 +394,7 @@ impl Cluster {
         id: &str,
         req: &HeartbeatRequest,
         now: Instant,
-    ) -> Result<HeartbeatResponse, Refusal> {
+    ) -> Result<HeartbeatAnswer, Refusal> {
         if !self.state.nodes.contains_key(id) {
             return Err(Refusal::new(
                 404,
@@ -260,16 +412,15 @@ impl Cluster {
             .map(|j| j.name.clone())
             .collect();
         let unchanged = req.peers_version == Some(self.peers_version);
-        Ok(HeartbeatResponse {
-            peers: if unchanged {
-                Vec::new()
-            } else {
-                self.peers(id, now)
+        Ok(HeartbeatAnswer {
+            response: HeartbeatResponse {
+                peers: Vec::new(),
+                stale,
+                services: Vec::new(),
+                peers_version: Some(self.peers_version),
+                peers_unchanged: unchanged,
             },
-            stale,
-            services: Vec::new(),
-            peers_version: Some(self.peers_version),
-            peers_unchanged: unchanged,
+            peers: (!unchanged).then(|| self.peer_list()),
         })
     }
 
@@ -286,26 +437,6 @@ impl Cluster {
             .get(name)
             .is_some_and(|p| p.node == node && p.epoch == epoch);
         placed || pending
-    }
-
-    /// Every registered node but `except`, with liveness.
-    pub fn peers(&self, except: &str, now: Instant) -> Vec<Peer> {
-        self.state
-            .nodes
-            .iter()
-            .filter(|(id, _)| id.as_str() != except)
-            .filter_map(|(id, n)| {
-                let IpAddr::V4(address) = n.advertise.ip() else {
-                    return None;
-                };
-                Some(Peer {
-                    node_id: id.clone(),
-                    address,
-                    pod_cidr: n.pod_cidr.to_string(),
-                    alive: self.liveness(id, now) == Some(Liveness::Alive),
-                })
-            })
-            .collect()
     }
 
     /// `GET /nodes`.
@@ -541,7 +672,14 @@ mod tests {
             },
             now,
         )
+        .map(|a| decode(&a, id))
         .expect("heartbeat")
+    }
+
+    /// The answer as the agent receives it.
+    fn decode(answer: &HeartbeatAnswer, id: &str) -> HeartbeatResponse {
+        let body = answer.body(id).expect("encodes");
+        serde_json::from_slice(&body).expect("a heartbeat response")
     }
 
     /// A bare heartbeat from an agent holding peer list `version`.
@@ -561,6 +699,7 @@ mod tests {
             },
             now,
         )
+        .map(|a| decode(&a, id))
         .expect("heartbeat")
     }
 
@@ -630,6 +769,84 @@ mod tests {
         let seen = beat_with(&mut c, "a", v2, t2);
         assert!(!seen.peers_unchanged);
         assert!(seen.peers.iter().all(|p| p.alive));
+    }
+
+    #[test]
+    fn every_node_gets_every_peer_but_itself() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        let alone = c
+            .heartbeat(
+                "a",
+                &HeartbeatRequest {
+                    committed: Resources::default(),
+                    jails: 0,
+                    placed: vec![],
+                    peers_version: None,
+                },
+                t0,
+            )
+            .expect("heartbeat");
+        assert!(decode(&alone, "a").peers.is_empty());
+        register(&mut c, "b", 2, t0);
+        register(&mut c, "c", 3, t0);
+        let answer = c
+            .heartbeat(
+                "b",
+                &HeartbeatRequest {
+                    committed: Resources::default(),
+                    jails: 0,
+                    placed: vec![],
+                    peers_version: None,
+                },
+                t0,
+            )
+            .expect("heartbeat");
+        let ids = |who: &str| -> Vec<String> {
+            decode(&answer, who)
+                .peers
+                .into_iter()
+                .map(|p| p.node_id)
+                .collect()
+        };
+        // First, middle and last entry left out, and nothing for a stranger.
+        assert_eq!(ids("a"), ["b", "c"]);
+        assert_eq!(ids("b"), ["a", "c"]);
+        assert_eq!(ids("c"), ["a", "b"]);
+        assert_eq!(ids("zz"), ["a", "b", "c"]);
+        let full = decode(&answer, "a");
+        assert_eq!(
+            full.peers[1],
+            Peer {
+                node_id: "c".into(),
+                address: std::net::Ipv4Addr::LOCALHOST,
+                pod_cidr: c.state().nodes["c"].pod_cidr.to_string(),
+                alive: true,
+            }
+        );
+        assert_eq!(full.peers_version, Some(c.peers_version()));
+    }
+
+    #[test]
+    fn a_changed_advertise_address_is_in_the_next_list() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let v = beat_with(&mut c, "a", None, t0).peers_version;
+        c.register(
+            &RegisterRequest {
+                node_id: "b".into(),
+                advertise_addr: SocketAddr::from(([127, 0, 0, 9], 2)),
+                capacity: Resources::default(),
+            },
+            t0,
+        )
+        .expect("re-registers");
+        let resp = beat_with(&mut c, "a", v, t0);
+        assert!(!resp.peers_unchanged);
+        assert_eq!(resp.peers[0].address, std::net::Ipv4Addr::new(127, 0, 0, 9));
     }
 
     #[test]

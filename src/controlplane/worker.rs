@@ -19,10 +19,8 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::common::journal::{Journal, JournalError};
-use crate::common::wire::{
-    HeartbeatRequest, HeartbeatResponse, NodeStatus, RegisterRequest, RegisterResponse,
-};
-use crate::controlplane::registry::{Cluster, Refusal, Target};
+use crate::common::wire::{HeartbeatRequest, NodeStatus, RegisterRequest, RegisterResponse};
+use crate::controlplane::registry::{Cluster, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::state::{ClusterState, Op, STATE_NAME};
 
 /// Most commands handled (and journaled) together.
@@ -35,7 +33,7 @@ pub enum Command {
     /// `POST /nodes/register`.
     Register(RegisterRequest, Reply<RegisterResponse>),
     /// `POST /nodes/{id}/heartbeat`.
-    Heartbeat(String, HeartbeatRequest, Reply<HeartbeatResponse>),
+    Heartbeat(String, HeartbeatRequest, Reply<HeartbeatAnswer>),
     /// `GET /nodes`.
     Nodes(Sender<Vec<NodeStatus>>),
     /// Address of an Alive node (named routes).
@@ -116,7 +114,7 @@ impl WorkerHandle {
         &self,
         id: &str,
         req: HeartbeatRequest,
-    ) -> Result<Result<HeartbeatResponse, Refusal>, WorkerGone> {
+    ) -> Result<Result<HeartbeatAnswer, Refusal>, WorkerGone> {
         self.ask(|r| Command::Heartbeat(id.to_string(), req, r))
     }
 
