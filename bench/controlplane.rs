@@ -12,8 +12,9 @@
 //!    `keel-sim/keys/node.key`), their advertise addresses spread over the
 //!    eight simulated agents;
 //! 3. the same pool sends every node's heartbeat every 5 s, phases spread
-//!    uniformly (1,000 heartbeats/s), on keep-alive connections; after one
-//!    full heartbeat period of warm-up a measured window reports heartbeat
+//!    uniformly (1,000 heartbeats/s), on keep-alive connections; after two
+//!    heartbeat periods of warm-up (the first one sends every node the full
+//!    peer list, reported on its own) a measured window reports heartbeat
 //!    latency p50/p99, the control plane's CPU share (utime+stime from
 //!    `/proc/<pid>/stat`, as % of one core) and its RSS (`VmRSS`). The
 //!    heartbeats keep running until the end;
@@ -741,11 +742,11 @@ fn run() -> Result<(), String> {
     let register_usage = usage_between(pid, cpu0, since);
     register_out.check("POST /nodes/register")?;
 
-    // 3. Heartbeats: one period of warm-up (every node's first heartbeat),
-    // then the measured window.
+    // 3. Heartbeats: two periods of warm-up (the first brings every node's
+    // first heartbeat, hence a full peer list), then the measured window.
     eprintln!(
         "heartbeats: {}s warm-up, {}s measured",
-        HEARTBEAT_PERIOD.as_secs(),
+        2 * HEARTBEAT_PERIOD.as_secs(),
         window_len.as_secs()
     );
     let heartbeats = Running::start(paced(Paced::Heartbeat));
@@ -753,6 +754,8 @@ fn run() -> Result<(), String> {
     let cpu0 = cpu_seconds(pid);
     std::thread::sleep(HEARTBEAT_PERIOD);
     let warmup_usage = usage_between(pid, cpu0, hb_start);
+    // A second period lets a backlog from the first drain before measuring.
+    std::thread::sleep(HEARTBEAT_PERIOD);
     let w0 = Instant::now();
     let cpu0 = cpu_seconds(pid);
     std::thread::sleep(window_len);

@@ -325,16 +325,17 @@ impl Cluster {
     /// Liveness of `id` at `now`, `None` when unknown.
     pub fn liveness(&self, id: &str, now: Instant) -> Option<Liveness> {
         self.state.nodes.get(id)?;
-        let alive = self
-            .live
-            .get(id)
-            .and_then(|l| l.last_heartbeat)
-            .is_some_and(|t| now.saturating_duration_since(t) < self.dead_after);
+        let alive = self.live.get(id).is_some_and(|l| self.is_alive(l, now));
         Some(if alive {
             Liveness::Alive
         } else {
             Liveness::Dead
         })
+    }
+
+    fn is_alive(&self, live: &Live, now: Instant) -> bool {
+        live.last_heartbeat
+            .is_some_and(|t| now.saturating_duration_since(t) < self.dead_after)
     }
 
     /// Registers (or re-registers) a node; its pod_cidr never changes.
@@ -477,16 +478,22 @@ impl Cluster {
         }
     }
 
-    /// Alive nodes as scheduler candidates.
+    /// Alive nodes as scheduler candidates. One ordered walk over the
+    /// records and the live data together (same keys, same order): looking
+    /// each node up instead cost about 2 ms per apply at 5,000 nodes.
     fn candidates(&self, now: Instant) -> Vec<Candidate<'_>> {
+        let mut live = self.live.iter().peekable();
         self.state
             .nodes
             .iter()
-            .filter(|(id, _)| self.liveness(id, now) == Some(Liveness::Alive))
-            .map(|(id, n)| Candidate {
-                node_id: id,
-                capacity: n.capacity,
-                committed: self.live.get(id).map(|l| l.committed).unwrap_or_default(),
+            .filter_map(|(id, n)| {
+                while live.next_if(|(l, _)| *l < id).is_some() {}
+                let (_, l) = live.next_if(|(l, _)| *l == id)?;
+                self.is_alive(l, now).then_some(Candidate {
+                    node_id: id,
+                    capacity: n.capacity,
+                    committed: l.committed,
+                })
             })
             .collect()
     }
@@ -935,6 +942,37 @@ mod tests {
             c.resolve_node("zz", later).expect_err("unknown").status,
             404
         );
+    }
+
+    #[test]
+    fn the_scheduler_sees_only_alive_registered_nodes_with_what_they_reported() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        for (i, id) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            register(&mut c, id, i as u16 + 1, t0);
+        }
+        let on_disk = c.state().clone();
+        register(&mut c, "e", 5, t0);
+        // After a failed journal write "e" is gone from the records but the
+        // live data still knows it: it must not be picked.
+        c.reset(on_disk);
+        let t1 = t0 + DEAD_AFTER - Duration::from_secs(1);
+        beat(&mut c, "a", 3.0, &[], t1);
+        beat(&mut c, "c", 2.0, &[], t1);
+        beat(&mut c, "d", 3.5, &[], t1);
+        // b is silent and Dead at t2; c has the most headroom of the rest.
+        let t2 = t0 + DEAD_AFTER;
+        let picked = |c: &Cluster| {
+            c.candidates(t2)
+                .iter()
+                .map(|x| (x.node_id.to_string(), x.committed.cpu))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            picked(&c),
+            [("a".into(), 3.0), ("c".into(), 2.0), ("d".into(), 3.5)]
+        );
+        assert_eq!(c.begin_apply("web", None, t2).expect("placed").node, "c");
     }
 
     #[test]
