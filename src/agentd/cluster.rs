@@ -251,7 +251,8 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         .filter(|s| s.state != Phase::Deleting)
         .collect();
     let committed = Resources {
-        cpu: tracked.iter().filter_map(|s| s.cpu).sum(),
+        // `+ 0.0`: an empty f64 sum is -0.0, which would print as such.
+        cpu: tracked.iter().filter_map(|s| s.cpu).sum::<f64>() + 0.0,
         memory: tracked.iter().filter_map(|s| s.memory).sum(),
     };
     let placed = tracked
@@ -261,6 +262,7 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
                 name: s.name.clone(),
                 epoch: s.epoch?,
                 running: s.state == Phase::Running,
+                address: Some(s.address),
             })
         })
         .collect();
@@ -955,21 +957,13 @@ mod tests {
         assert_eq!(req.jails, 3);
         assert_eq!(req.committed.cpu, 3.0);
         assert_eq!(req.committed.memory, 768 << 20);
-        assert_eq!(
-            req.placed,
-            [
-                PlacedJail {
-                    name: "a".into(),
-                    epoch: 3,
-                    running: true
-                },
-                PlacedJail {
-                    name: "d".into(),
-                    epoch: 7,
-                    running: false
-                }
-            ]
-        );
+        let placed: Vec<(&str, u64, bool)> = req
+            .placed
+            .iter()
+            .map(|p| (p.name.as_str(), p.epoch, p.running))
+            .collect();
+        assert_eq!(placed, [("a", 3, true), ("d", 7, false)]);
+        assert!(req.placed.iter().all(|p| p.address.is_some()));
         let fence = stale_placed(&["d".into(), "zz".into()], &req.placed);
         assert_eq!(fence.len(), 1);
         assert_eq!(fence[0].epoch, 7);
@@ -1033,18 +1027,21 @@ mod tests {
                 name: "placed".into(),
                 epoch: 4,
                 running: true,
+                address: None,
             },
             // Reported with epoch 8, re-placed here with 9 since.
             PlacedJail {
                 name: "moved-back".into(),
                 epoch: 8,
                 running: true,
+                address: None,
             },
             // The control plane cannot fence a local jail, whatever it says.
             PlacedJail {
                 name: "local".into(),
                 epoch: 1,
                 running: true,
+                address: None,
             },
         ];
         let outcome = apply_heartbeat(&mut r, pod, &[], &fence);
