@@ -40,7 +40,7 @@ use crate::common::spec::Jail;
 use crate::common::store::{Store, StoreError};
 pub use crate::common::wire::{JailStatus, Phase};
 use crate::host::jail::{JailError, JailNetwork, JailParams, Limits, ObservedJail};
-use crate::host::mount::{MountEntry, MountError};
+use crate::host::mount::MountError;
 use crate::host::net::NetError;
 use crate::host::zfs::ZfsError;
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager, iface_names};
@@ -262,13 +262,16 @@ impl From<StoreError> for ReconcileError {
 struct Observation {
     jails: BTreeMap<String, ObservedJail>,
     datasets: BTreeSet<String>,
-    mounts: Vec<MountEntry>,
+    /// Mount points, as a set: every volume of every jail is looked up once
+    /// per pass, and a scan of the mount list per lookup made a pass
+    /// quadratic in the number of jails (bench/reconcile.rs).
+    mounted: BTreeSet<PathBuf>,
     interfaces: BTreeSet<String>,
 }
 
 impl Observation {
     fn is_mounted(&self, target: &Path) -> bool {
-        self.mounts.iter().any(|m| m.target == target)
+        self.mounted.contains(target)
     }
 }
 
@@ -625,12 +628,12 @@ where
             .map(|j| (j.name.clone(), j))
             .collect();
         let datasets = self.zfs.list()?.into_iter().map(|d| d.name).collect();
-        let mounts = self.mounts.list()?;
+        let mounted = self.mounts.list()?.into_iter().map(|m| m.target).collect();
         let interfaces = self.net.list_interfaces()?.into_iter().collect();
         Ok(Observation {
             jails,
             datasets,
-            mounts,
+            mounted,
             interfaces,
         })
     }
