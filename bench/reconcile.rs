@@ -36,7 +36,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keel::agentd::reconciler::{AgentState, JailRecord, NodeNetwork, Reconciler, STATE_FILE};
+use keel::agentd::reconciler::{
+    AgentState, JailRecord, NodeNetwork, PassReport, Reconciler, STATE_FILE,
+};
 use keel::common::backoff::SystemClock;
 use keel::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
 use keel::common::config::CommandPaths;
@@ -565,81 +567,148 @@ fn apply_check() -> Result<f64, String> {
     Ok(per_apply)
 }
 
-/// Results for one N.
-struct Run {
-    n: usize,
-    adopt_time: Duration,
-    adopt_procs: u64,
-    procs_per_pass: Vec<u64>,
-    counts: BTreeMap<String, u64>,
+/// CPU time consumed by the calling thread. Wall time on a shared 2-core
+/// machine includes time spent preempted by unrelated work; the CPU time of
+/// the pass is the figure that load does not inflate.
+#[allow(unsafe_code)]
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer to a
+    // local; CLOCK_THREAD_CPUTIME_ID exists on every Unix Keel runs on.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// Median, minimum and maximum of some durations.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
     median: Duration,
     min: Duration,
     max: Duration,
 }
 
-fn passes_for(n: usize) -> usize {
-    if n >= 5000 { 7 } else { 11 }
-}
-
-fn run(n: usize) -> Result<Run, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    // Pre-seed the state file, then open it as a restarted agent would.
-    {
-        let (mut store, _) =
-            Store::<AgentState>::open(dir.path(), STATE_FILE).map_err(|e| e.to_string())?;
-        store.save(&seeded_state(n)).map_err(|e| e.to_string())?;
-    }
-    let (store, state) = Store::open(dir.path(), STATE_FILE).map_err(|e| e.to_string())?;
-    let host = Arc::new(SyntheticHost::new(HostModel::seeded(n)));
-    let mut r = reconciler(&host, dir.path(), store, state);
-
-    let check = |what: &str, report: &keel::agentd::reconciler::PassReport| {
-        if !report.failures.is_empty() || !report.restarted.is_empty() {
-            return Err(format!(
-                "N={n}: {what} was not a no-op: failures {:?}, restarted {:?}, unexpected commands {:?}",
-                report.failures.iter().take(3).collect::<Vec<_>>(),
-                report.restarted.iter().take(3).collect::<Vec<_>>(),
-                host.take_unexpected()
-            ));
-        }
-        Ok(())
-    };
-
-    // First pass of a restarted agent: adopts the running jails (one state
-    // write for the backoff bookkeeping), must restart nothing.
-    let before = host.spawned();
-    let start = Instant::now();
-    let report = r.reconcile();
-    let adopt_time = start.elapsed();
-    let adopt_procs = host.spawned() - before;
-    check("the adoption pass", &report)?;
-    host.take_counts();
-
-    let mut times = Vec::new();
-    let mut procs_per_pass = Vec::new();
-    for _ in 0..passes_for(n) {
-        let before = host.spawned();
-        let start = Instant::now();
-        let report = r.reconcile();
-        times.push(start.elapsed());
-        procs_per_pass.push(host.spawned() - before);
-        check("a steady pass", &report)?;
-    }
-    let counts = host.take_counts();
-    if host.model() != HostModel::seeded(n) {
-        return Err(format!("N={n}: steady passes changed the host"));
-    }
+fn spread(mut times: Vec<Duration>) -> Spread {
     times.sort();
-    Ok(Run {
-        n,
-        adopt_time,
-        adopt_procs,
-        procs_per_pass,
-        counts,
+    Spread {
         median: times[times.len() / 2],
         min: times[0],
         max: times[times.len() - 1],
-    })
+    }
+}
+
+/// Timed steady passes per N. The sizes take turns, one pass each per round,
+/// so a burst of unrelated load on the machine hits every N alike instead of
+/// skewing the ratios.
+const ROUNDS: usize = 21;
+
+/// One N: its synthetic host, its reconciler and what its passes measured.
+struct Run {
+    n: usize,
+    host: Arc<SyntheticHost>,
+    reconciler: FreeBsdReconciler,
+    /// Holds the state file and the jail.conf files until the run is dropped.
+    _dir: tempfile::TempDir,
+    adopt_wall: Duration,
+    adopt_procs: u64,
+    procs_per_pass: Vec<u64>,
+    wall: Vec<Duration>,
+    cpu: Vec<Duration>,
+}
+
+impl Run {
+    /// Pre-seeds the state file and the host with `n` running jails, opens the
+    /// state as a restarted agent would and runs its first (adoption) pass.
+    fn start(n: usize) -> Result<Run, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        {
+            let (mut store, _) =
+                Store::<AgentState>::open(dir.path(), STATE_FILE).map_err(|e| e.to_string())?;
+            store.save(&seeded_state(n)).map_err(|e| e.to_string())?;
+        }
+        let (store, state) = Store::open(dir.path(), STATE_FILE).map_err(|e| e.to_string())?;
+        let host = Arc::new(SyntheticHost::new(HostModel::seeded(n)));
+        let reconciler = reconciler(&host, dir.path(), store, state);
+        let mut run = Run {
+            n,
+            host,
+            reconciler,
+            _dir: dir,
+            adopt_wall: Duration::ZERO,
+            adopt_procs: 0,
+            procs_per_pass: Vec::new(),
+            wall: Vec::new(),
+            cpu: Vec::new(),
+        };
+        // The first pass of a restarted agent adopts the running jails (one
+        // state write for the backoff bookkeeping) and must restart nothing.
+        let before = run.host.spawned();
+        let start = Instant::now();
+        let report = run.reconciler.reconcile();
+        run.adopt_wall = start.elapsed();
+        run.adopt_procs = run.host.spawned() - before;
+        run.check("the adoption pass", &report)?;
+        run.host.take_counts();
+        Ok(run)
+    }
+
+    /// One untimed steady pass then one timed one: the first brings this
+    /// N's data back into the caches after the other sizes' passes, so each
+    /// size is measured warm, as it would be if it ran alone.
+    fn pass(&mut self) -> Result<(), String> {
+        let before = self.host.spawned();
+        let report = self.reconciler.reconcile();
+        self.procs_per_pass.push(self.host.spawned() - before);
+        self.check("a warm-up pass", &report)?;
+        let before = self.host.spawned();
+        let (start, cpu_start) = (Instant::now(), thread_cpu());
+        let report = self.reconciler.reconcile();
+        self.wall.push(start.elapsed());
+        self.cpu.push(thread_cpu().saturating_sub(cpu_start));
+        self.procs_per_pass.push(self.host.spawned() - before);
+        self.check("a steady pass", &report)
+    }
+
+    fn check(&self, what: &str, report: &PassReport) -> Result<(), String> {
+        if report.failures.is_empty() && report.restarted.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "N={}: {what} was not a no-op: failures {:?}, restarted {:?}, commands not modelled {:?}",
+            self.n,
+            report.failures.iter().take(3).collect::<Vec<_>>(),
+            report.restarted.iter().take(3).collect::<Vec<_>>(),
+            self.host.take_unexpected()
+        ))
+    }
+
+    /// Checks the passes left the host as they found it.
+    fn finish(&self) -> Result<(), String> {
+        if self.host.model() != HostModel::seeded(self.n) {
+            return Err(format!("N={}: steady passes changed the host", self.n));
+        }
+        Ok(())
+    }
+}
+
+/// [`SIZES`], or the comma-separated list in `KEEL_BENCH_SIZES` (to profile
+/// one size, e.g. `KEEL_BENCH_SIZES=5000 perf record ...`).
+fn sizes() -> Vec<usize> {
+    match std::env::var("KEEL_BENCH_SIZES") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect(),
+        Err(_) => SIZES.to_vec(),
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -664,50 +733,78 @@ fn main() -> ExitCode {
     }
 
     let mut runs = Vec::new();
-    for n in SIZES {
-        match run(n) {
-            Ok(r) => {
-                println!(
-                    "N={:>5}  procs/pass {:?}  pass median {:>9.2} ms (min {:.2}, max {:.2}, {} passes)  adoption pass {:.2} ms, {} procs",
-                    r.n,
-                    r.procs_per_pass[0],
-                    ms(r.median),
-                    ms(r.min),
-                    ms(r.max),
-                    r.procs_per_pass.len(),
-                    ms(r.adopt_time),
-                    r.adopt_procs
-                );
-                runs.push(r);
-            }
+    for n in sizes() {
+        match Run::start(n) {
+            Ok(r) => runs.push(r),
             Err(e) => {
                 eprintln!("{e}");
                 return ExitCode::FAILURE;
             }
         }
     }
+    for _ in 0..ROUNDS {
+        for r in &mut runs {
+            if let Err(e) = r.pass() {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    for r in &runs {
+        if let Err(e) = r.finish() {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+        let (wall, cpu) = (spread(r.wall.clone()), spread(r.cpu.clone()));
+        println!(
+            "N={:>5}  procs/pass {}  wall median {:>7.2} ms (min {:.2}, max {:.2})  cpu median {:>7.2} ms (min {:.2}, max {:.2})  adoption pass {:.1} ms, {} procs",
+            r.n,
+            r.procs_per_pass[0],
+            ms(wall.median),
+            ms(wall.min),
+            ms(wall.max),
+            ms(cpu.median),
+            ms(cpu.min),
+            ms(cpu.max),
+            ms(r.adopt_wall),
+            r.adopt_procs
+        );
+    }
     if let Some(r) = runs.last() {
         let passes = r.procs_per_pass.len() as u64;
         let per: Vec<String> = r
-            .counts
+            .host
+            .take_counts()
             .iter()
             .map(|(cmd, c)| format!("{cmd} x{}", c / passes.max(1)))
             .collect();
-        println!("commands per steady pass: {}", per.join(", "));
+        println!(
+            "commands per steady pass (N={}, {passes} passes): {}",
+            r.n,
+            per.join(", ")
+        );
     }
 
-    let median = |n: usize| runs.iter().find(|r| r.n == n).map(|r| r.median);
-    let ratio = |a: usize, b: usize| match (median(a), median(b)) {
-        (Some(x), Some(y)) => x.as_secs_f64() / y.as_secs_f64(),
-        _ => f64::NAN,
+    let ratio = |cpu: bool, a: usize, b: usize| {
+        let find = |n: usize| {
+            runs.iter()
+                .find(|r| r.n == n)
+                .map(|r| spread(if cpu { r.cpu.clone() } else { r.wall.clone() }).median)
+        };
+        match (find(a), find(b)) {
+            (Some(x), Some(y)) => format!("{:.2}", x.as_secs_f64() / y.as_secs_f64()),
+            _ => "n/a".to_string(),
+        }
     };
     println!(
-        "ratio time(5000)/time(500) = {:.2} (linear: 10, target at most 12)",
-        ratio(5000, 500)
+        "ratio time(5000)/time(500): wall {}, cpu {} (linear: 10, target at most 12)",
+        ratio(false, 5000, 500),
+        ratio(true, 5000, 500)
     );
     println!(
-        "ratio time(1000)/time(100) = {:.2} (linear: 10)",
-        ratio(1000, 100)
+        "ratio time(1000)/time(100): wall {}, cpu {} (linear: 10)",
+        ratio(false, 1000, 100),
+        ratio(true, 1000, 100)
     );
 
     let all: BTreeSet<u64> = runs
