@@ -836,11 +836,12 @@ where
             .iter()
             .map(|v| under_root(&root, &v.mount_path))
             .collect();
+        // Paths order component-wise, so everything under `root` follows it.
         let mut mounted: Vec<PathBuf> = obs
-            .mounts
-            .iter()
-            .filter(|m| m.target.starts_with(&root))
-            .map(|m| m.target.clone())
+            .mounted
+            .range(root.clone()..)
+            .take_while(|t| t.starts_with(&root))
+            .cloned()
             .collect();
         let rootfs_present = obs.datasets.contains(&layout.rootfs_dataset(name));
         let rebase = rootfs_present
