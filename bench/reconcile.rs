@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keel::agentd::reconciler::{
-    AgentState, JailRecord, NodeNetwork, PassReport, Reconciler, STATE_FILE,
+    AgentState, Deployed, JailRecord, NodeNetwork, PassReport, Reconciler, STATE_FILE,
 };
 use keel::common::backoff::SystemClock;
 use keel::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
@@ -517,6 +517,13 @@ fn seeded_state(n: usize) -> AgentState {
                 epoch: None,
                 created_unix: 1_700_000_000,
                 restarts: 0,
+                // What an apply records once the jail is up (see
+                // `Deployed`): the steady state the bench measures.
+                deployed: Some(Deployed {
+                    spec: jail_spec(i).spec,
+                    address: address(&net, i),
+                    limits: Some(jail_spec(i).spec.resources),
+                }),
             },
         );
     }
