@@ -3,7 +3,6 @@
 
 mod auth;
 mod cluster_agent;
-mod cluster_e2e;
 mod config_cli;
 mod controlplane;
 mod ctl;
