@@ -3,6 +3,7 @@
 
 mod auth;
 mod cluster_agent;
+mod cluster_e2e;
 mod config_cli;
 mod controlplane;
 mod ctl;

@@ -218,9 +218,9 @@ impl Drop for Agent {
     }
 }
 
-/// SIGTERM to one process (the agent, our own child).
+/// SIGTERM to one process (a daemon the tests spawned, our own child).
 #[allow(unsafe_code)]
-fn terminate(pid: u32) -> std::io::Result<()> {
+pub fn terminate(pid: u32) -> std::io::Result<()> {
     let pid = libc::pid_t::try_from(pid)
         .ok()
         .filter(|&p| p > 1)
