@@ -18,6 +18,7 @@ mod golden_zfs;
 mod http;
 mod packaging;
 mod reconciler;
+mod services_e2e;
 mod sim;
 mod spec_examples;
 mod util;

@@ -98,7 +98,10 @@ fn jail_for(name: &str, text: &str) -> Result<spec::Jail, Response> {
     if docs.len() != 1 {
         return Err(Response::error(
             400,
-            &format!("the body must hold exactly one document, it holds {}", docs.len()),
+            &format!(
+                "the body must hold exactly one document, it holds {}",
+                docs.len()
+            ),
             None,
         ));
     }
@@ -134,7 +137,10 @@ fn jail_for(name: &str, text: &str) -> Result<spec::Jail, Response> {
         }
         other => Err(Response::error(
             400,
-            &format!("PUT /jails takes a Jail (or a Service replica), not a {}", other.kind()),
+            &format!(
+                "PUT /jails takes a Jail (or a Service replica), not a {}",
+                other.kind()
+            ),
             Some("kind"),
         )),
     }

@@ -111,10 +111,14 @@ pub fn run(options: Options) -> Result<(), RunError> {
 
     let (store, state): (Store<AgentState>, Option<AgentState>) =
         Store::open(&cfg.agent.state_dir, STATE_FILE).map_err(RunError::Store)?;
-    let layout = ZfsLayout {
-        pool: cfg.zfs.pool.clone(),
-        jails_dir: cfg.zfs.jails_dir.clone(),
-        volumes_dir: cfg.zfs.volumes_dir.clone(),
+    let layout = if options.simulate {
+        simulated_layout(&cfg, &options.source.cwd)
+    } else {
+        ZfsLayout {
+            pool: cfg.zfs.pool.clone(),
+            jails_dir: cfg.zfs.jails_dir.clone(),
+            volumes_dir: cfg.zfs.volumes_dir.clone(),
+        }
     };
     let cluster = membership(&cfg, options.simulate)?;
     let persisted = state.as_ref().and_then(|s| s.node_subnet);
@@ -169,6 +173,29 @@ pub fn run(options: Options) -> Result<(), RunError> {
         Some(cfg.agent.socket_group.as_str()),
         cluster,
     )
+}
+
+/// Simulate mode's datasets. Several simulated nodes of one cluster usually
+/// run in one directory, each with its own `--state-dir`; a replica that moves
+/// from one to another must not find (or, when fenced, delete) the other's
+/// rootfs, so a node with its own state directory keeps its simulated
+/// datasets there unless the config names dataset directories itself.
+fn simulated_layout(cfg: &Config, cwd: &std::path::Path) -> ZfsLayout {
+    let mut defaults = Config::default();
+    defaults.apply_simulate_defaults(cwd);
+    let own_state_dir = cfg.agent.state_dir != defaults.agent.state_dir;
+    let pick = |configured: &std::path::PathBuf, default: &std::path::PathBuf, leaf: &str| {
+        if own_state_dir && configured == default {
+            cfg.agent.state_dir.join(leaf)
+        } else {
+            configured.clone()
+        }
+    };
+    ZfsLayout {
+        pool: cfg.zfs.pool.clone(),
+        jails_dir: pick(&cfg.zfs.jails_dir, &defaults.zfs.jails_dir, "jails"),
+        volumes_dir: pick(&cfg.zfs.volumes_dir, &defaults.zfs.volumes_dir, "volumes"),
+    }
 }
 
 /// What the cluster thread needs, when `agent.controlplane` is set: the node

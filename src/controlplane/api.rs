@@ -30,7 +30,9 @@ use serde::Serialize;
 use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
 use crate::common::http::{Client, Endpoint, Handler, Request, Response};
 use crate::common::names::validate_name;
-use crate::common::wire::{EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest, ServiceApply};
+use crate::common::wire::{
+    EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest, ServiceApply,
+};
 use crate::controlplane::registry::{HealAction, Refusal, Target};
 use crate::controlplane::worker::{WorkerGone, WorkerHandle};
 
@@ -144,7 +146,9 @@ impl ControlPlaneApi {
             ("PUT", ["nodes", id, "jails", name]) => self.apply(name, Some(id), req)?,
             ("GET", ["nodes", id, "jails", name]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
-                Ok(addr) => self.forwarder.forward(id, addr, req, &format!("/jails/{name}"), None),
+                Ok(addr) => self
+                    .forwarder
+                    .forward(id, addr, req, &format!("/jails/{name}"), None),
             },
             ("DELETE", ["nodes", id, "jails", name]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
@@ -255,7 +259,9 @@ impl ControlPlaneApi {
         addr: SocketAddr,
         req: &Request,
     ) -> Result<Response, WorkerGone> {
-        let response = self.forwarder.forward(node, addr, req, &format!("/jails/{name}"), None);
+        let response = self
+            .forwarder
+            .forward(node, addr, req, &format!("/jails/{name}"), None);
         // 404 from the node: the jail is gone there, so is the placement.
         if (200..300).contains(&response.status) || response.status == 404 {
             if let Err(r) = self.worker.remove_placement(name, node)? {
@@ -306,9 +312,10 @@ fn heal(worker: &WorkerHandle, forwarder: &Forwarder, actions: Vec<HealAction>) 
                             doc.as_bytes(),
                             Some(target.epoch),
                         );
-                        (200..300).contains(&r.status).then_some(()).ok_or_else(|| {
-                            String::from_utf8_lossy(&r.body).into_owned()
-                        })
+                        (200..300)
+                            .contains(&r.status)
+                            .then_some(())
+                            .ok_or_else(|| String::from_utf8_lossy(&r.body).into_owned())
                     }
                     Ok(None) => Err("the service was deleted meanwhile".into()),
                     Err(e) => Err(e.to_string()),
@@ -319,12 +326,23 @@ fn heal(worker: &WorkerHandle, forwarder: &Forwarder, actions: Vec<HealAction>) 
                 let _ = worker.finish_apply(&replica, target, outcome.is_ok());
             }
             HealAction::Remove {
+                service,
                 replica,
                 node,
                 addr,
             } => {
+                if !services.contains(&service) {
+                    services.push(service.clone());
+                }
                 if let Some(addr) = addr {
-                    let r = forwarder.send(&node, addr, "DELETE", &format!("/jails/{replica}"), b"", None);
+                    let r = forwarder.send(
+                        &node,
+                        addr,
+                        "DELETE",
+                        &format!("/jails/{replica}"),
+                        b"",
+                        None,
+                    );
                     if !(200..300).contains(&r.status) && r.status != 404 {
                         failures.push(format!(
                             "{replica} on {node}: {}",
@@ -405,7 +423,6 @@ impl Forwarder {
             ),
         }
     }
-
 }
 
 impl Handler for ControlPlaneApi {

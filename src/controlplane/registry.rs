@@ -88,6 +88,8 @@ pub enum HealAction {
     },
     /// Delete a replica beyond the desired count (or of a deleted service).
     Remove {
+        /// Service name.
+        service: String,
         /// `{service}-{index}`.
         replica: String,
         /// Node holding it.
@@ -636,6 +638,7 @@ impl Cluster {
                 if *index >= rec.replicas {
                     let addr = self.resolve_node(&p.node, now).ok();
                     service_actions.push(HealAction::Remove {
+                        service: name.clone(),
                         replica: replica.clone(),
                         node: p.node.clone(),
                         addr,
@@ -661,7 +664,8 @@ impl Cluster {
                     continue;
                 }
                 let avoid: BTreeSet<&str> = occupied.iter().map(String::as_str).collect();
-                let Some(node) = pick_node_spread(&self.candidates(now), &avoid).map(str::to_string)
+                let Some(node) =
+                    pick_node_spread(&self.candidates(now), &avoid).map(str::to_string)
                 else {
                     break; // no Alive node: the next heartbeat tries again
                 };
@@ -701,7 +705,11 @@ impl Cluster {
 
     /// Deletes a service: its record and VIP go now; its replicas are
     /// returned as removals for the caller to carry out.
-    pub fn remove_service(&mut self, name: &str, now: Instant) -> Result<(Vec<Op>, Vec<HealAction>), Refusal> {
+    pub fn remove_service(
+        &mut self,
+        name: &str,
+        now: Instant,
+    ) -> Result<(Vec<Op>, Vec<HealAction>), Refusal> {
         if !self.state.services.contains_key(name) {
             return Err(Refusal::new(404, format!("no service named {name}")));
         }
@@ -709,6 +717,7 @@ impl Cluster {
             .placed_replicas(name)
             .into_iter()
             .map(|(_, replica, p)| HealAction::Remove {
+                service: name.to_string(),
                 addr: self.resolve_node(&p.node, now).ok(),
                 replica,
                 node: p.node,
@@ -803,7 +812,12 @@ mod tests {
         let b = register(&mut c, "b", 2, t0);
         assert_ne!(a, b);
         assert_eq!(register(&mut c, "a", 9, t0), a);
-        let mut restarted = Cluster::new(c.state().clone(), c.cluster_cidr, c.service_cidr, DEAD_AFTER);
+        let mut restarted = Cluster::new(
+            c.state().clone(),
+            c.cluster_cidr,
+            c.service_cidr,
+            DEAD_AFTER,
+        );
         assert_eq!(restarted.liveness("a", t0), Some(Liveness::Dead));
         assert_eq!(register(&mut restarted, "a", 1, t0), a);
     }
@@ -945,11 +959,21 @@ mod tests {
         let mut services = Vec::new();
         for a in actions {
             match a {
-                HealAction::Place { service, replica, target } => {
+                HealAction::Place {
+                    service,
+                    replica,
+                    target,
+                } => {
                     services.push(service);
                     c.finish_apply(&replica, &target, true);
                 }
-                HealAction::Remove { replica, node, .. } => {
+                HealAction::Remove {
+                    service,
+                    replica,
+                    node,
+                    ..
+                } => {
+                    services.push(service);
                     c.remove_placement(&replica, &node);
                 }
             }
@@ -972,13 +996,20 @@ mod tests {
                     address: Some(Ipv4Addr::new(10, 20, 0, 2)),
                 })
                 .collect();
-            let req = HeartbeatRequest { committed: Resources::default(), jails: 0, placed };
+            let req = HeartbeatRequest {
+                committed: Resources::default(),
+                jails: 0,
+                placed,
+            };
             c.heartbeat(&node, &req, now).expect("heartbeat");
         }
     }
 
     fn nodes_of(c: &Cluster, svc: &str) -> Vec<String> {
-        c.placed_replicas(svc).into_iter().map(|(_, _, p)| p.node).collect()
+        c.placed_replicas(svc)
+            .into_iter()
+            .map(|(_, _, p)| p.node)
+            .collect()
     }
 
     #[test]
@@ -988,7 +1019,8 @@ mod tests {
         for (i, id) in ["a", "b", "c"].iter().enumerate() {
             register(&mut c, id, i as u16 + 1, t0);
         }
-        c.put_service("web", &service(3, 80, "t1", false)).expect("put");
+        c.put_service("web", &service(3, 80, "t1", false))
+            .expect("put");
         let plan = c.plan_heal(Some("web"), t0);
         assert_eq!(plan.len(), 3);
         carry_out(&mut c, plan, t0);
@@ -1001,15 +1033,26 @@ mod tests {
         assert_eq!(endpoints[0].replicas.len(), 3);
         assert_eq!(endpoints[0].vip, status.vip);
 
-        c.put_service("web", &service(5, 80, "t1", false)).expect("scale up");
+        c.put_service("web", &service(5, 80, "t1", false))
+            .expect("scale up");
         let plan = c.plan_heal(Some("web"), t0);
         assert_eq!(plan.len(), 2);
         carry_out(&mut c, plan, t0);
-        c.put_service("web", &service(2, 80, "t1", false)).expect("scale down");
+        c.put_service("web", &service(2, 80, "t1", false))
+            .expect("scale down");
         let plan = c.plan_heal(Some("web"), t0);
-        assert_eq!(plan.iter().filter(|a| matches!(a, HealAction::Remove { .. })).count(), 3);
+        assert_eq!(
+            plan.iter()
+                .filter(|a| matches!(a, HealAction::Remove { .. }))
+                .count(),
+            3
+        );
         carry_out(&mut c, plan, t0);
-        let names: Vec<String> = c.placed_replicas("web").into_iter().map(|(_, n, _)| n).collect();
+        let names: Vec<String> = c
+            .placed_replicas("web")
+            .into_iter()
+            .map(|(_, n, _)| n)
+            .collect();
         assert_eq!(names, ["web-0", "web-1"]);
         assert!(c.plan_heal(Some("web"), t0).is_empty(), "converged");
     }
@@ -1019,16 +1062,28 @@ mod tests {
         let t0 = Instant::now();
         let mut c = cluster();
         register(&mut c, "a", 1, t0);
-        c.put_service("web", &service(1, 80, "t1", false)).expect("put");
+        c.put_service("web", &service(1, 80, "t1", false))
+            .expect("put");
         let vip = c.service_status("web", t0).expect("status").vip;
-        assert!("10.96.0.0/16".parse::<Ipv4Net>().expect("cidr").contains(vip));
-        let e = c.put_service("web", &service(1, 81, "t1", false)).expect_err("port");
+        assert!(
+            "10.96.0.0/16"
+                .parse::<Ipv4Net>()
+                .expect("cidr")
+                .contains(vip)
+        );
+        let e = c
+            .put_service("web", &service(1, 81, "t1", false))
+            .expect_err("port");
         assert_eq!((e.status, e.field.as_deref()), (409, Some("spec.port")));
-        let e = c.put_service("web", &service(1, 80, "t2", false)).expect_err("template");
+        let e = c
+            .put_service("web", &service(1, 80, "t2", false))
+            .expect_err("template");
         assert_eq!((e.status, e.field.as_deref()), (409, Some("spec.template")));
-        c.put_service("web", &service(4, 80, "t1", false)).expect("scale");
+        c.put_service("web", &service(4, 80, "t1", false))
+            .expect("scale");
         assert_eq!(c.service_status("web", t0).expect("status").vip, vip);
-        c.put_service("db", &service(1, 5432, "t3", false)).expect("db");
+        c.put_service("db", &service(1, 5432, "t3", false))
+            .expect("db");
         assert_ne!(c.service_status("db", t0).expect("status").vip, vip);
     }
 
@@ -1040,9 +1095,16 @@ mod tests {
             "10.96.0.0/30".parse().expect("cidr"),
             DEAD_AFTER,
         );
-        c.put_service("a", &service(1, 80, "t", false)).expect("first");
-        c.put_service("b", &service(1, 80, "t", false)).expect("second");
-        assert_eq!(c.put_service("c", &service(1, 80, "t", false)).expect_err("full").status, 409);
+        c.put_service("a", &service(1, 80, "t", false))
+            .expect("first");
+        c.put_service("b", &service(1, 80, "t", false))
+            .expect("second");
+        assert_eq!(
+            c.put_service("c", &service(1, 80, "t", false))
+                .expect_err("full")
+                .status,
+            409
+        );
     }
 
     #[test]
@@ -1051,8 +1113,10 @@ mod tests {
         let mut c = cluster();
         register(&mut c, "a", 1, t0);
         register(&mut c, "b", 2, t0);
-        c.put_service("web", &service(2, 80, "t1", false)).expect("web");
-        c.put_service("db", &service(2, 5432, "t2", true)).expect("db");
+        c.put_service("web", &service(2, 80, "t1", false))
+            .expect("web");
+        c.put_service("db", &service(2, 5432, "t2", true))
+            .expect("db");
         let plan = c.plan_heal(None, t0);
         carry_out(&mut c, plan, t0);
         let web_before = c.state().placements["web-0"].clone();
@@ -1068,15 +1132,23 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert!(moved.iter().all(|r| r.starts_with("web-")), "stateful replicas stay: {moved:?}");
+        assert!(
+            moved.iter().all(|r| r.starts_with("web-")),
+            "stateful replicas stay: {moved:?}"
+        );
         assert_eq!(moved.len(), 1, "exactly the replica on the dead node moves");
         carry_out(&mut c, plan, later);
         assert!(nodes_of(&c, "web").iter().all(|n| n == "b"));
-        assert!(nodes_of(&c, "db").contains(&"a".to_string()), "pinned to its dead node");
+        assert!(
+            nodes_of(&c, "db").contains(&"a".to_string()),
+            "pinned to its dead node"
+        );
         let db = c.service_status("db", later).expect("db");
         assert_eq!(db.ready, 1, "the pinned replica drops out of the VIP list");
         assert!(db.replicas.iter().any(|r| r.state == "NodeDead"));
-        let moved_epoch = c.state().placements[&format!("web-{}", if dead == web_before.node { 0 } else { 1 })].epoch;
+        let moved_epoch = c.state().placements
+            [&format!("web-{}", if dead == web_before.node { 0 } else { 1 })]
+            .epoch;
         assert!(moved_epoch > web_before.epoch || web_before.node != dead);
     }
 
@@ -1085,7 +1157,8 @@ mod tests {
         let t0 = Instant::now();
         let mut c = cluster();
         register(&mut c, "a", 1, t0);
-        c.put_service("web", &service(2, 80, "t1", false)).expect("web");
+        c.put_service("web", &service(2, 80, "t1", false))
+            .expect("web");
         let plan = c.plan_heal(None, t0);
         carry_out(&mut c, plan, t0);
         let (_, removals) = c.remove_service("web", t0).expect("remove");

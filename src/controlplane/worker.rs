@@ -219,7 +219,10 @@ impl WorkerHandle {
     }
 
     /// See [`Command::RemoveService`].
-    pub fn remove_service(&self, name: &str) -> Result<Result<Vec<HealAction>, Refusal>, WorkerGone> {
+    pub fn remove_service(
+        &self,
+        name: &str,
+    ) -> Result<Result<Vec<HealAction>, Refusal>, WorkerGone> {
         self.ask(|r| Command::RemoveService(name.to_string(), r))
     }
 

@@ -318,6 +318,20 @@ impl Cluster {
         self.nodes.get_mut(id).expect("a node").daemon.kill9();
     }
 
+    /// Starts node `id`'s agent again with the same arguments (after
+    /// [`Cluster::kill9_agent`]); its jails were left running.
+    pub fn restart_agent(&mut self, id: &str) {
+        let dir = self.dir().to_path_buf();
+        let node = self.nodes.get_mut(id).expect("a node");
+        node.daemon.spawn(&dir);
+        let client = Client::new(Endpoint::Unix(node.socket.clone())).with_timeout(STOP);
+        node.daemon.wait(&format!("keel-agentd {id}"), || {
+            client
+                .request("GET", "/healthz", &[], b"")
+                .is_ok_and(|r| r.status == 200)
+        });
+    }
+
     /// `kill -9` of the control plane.
     pub fn kill9_controlplane(&mut self) {
         self.controlplane
