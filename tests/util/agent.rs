@@ -53,6 +53,11 @@ impl Agent {
         agent
     }
 
+    /// The agent's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The agent's working directory (the README's "checkout").
     pub fn dir(&self) -> &Path {
         self.dir.path()
