@@ -7,6 +7,7 @@ mod cluster_e2e;
 mod config_cli;
 mod controlplane;
 mod ctl;
+mod ctl_services;
 mod golden_agent;
 mod golden_capacity;
 mod golden_jail;

@@ -6,7 +6,10 @@
 //! over the exact target sent ([`crate::common::auth::sign_headers`]); jail
 //! routes are the scheduled `/jails/{name}`, or `/nodes/{id}/jails/{name}`
 //! when a node is named. The agent's own routes are the same without a
-//! prefix, so one [`Route`] decides every path.
+//! prefix, so one [`Route`] decides every path. Services exist only on the
+//! control plane (`/services/{name}`): keelctl describes each one in a
+//! [`ServiceApply`] ([`service_apply`]) because the control plane never
+//! parses specs.
 //!
 //! This file owns request paths, signing and the decoding of answers. It never
 //! prints, never reads specs or keys from disk and never decides an exit
@@ -17,11 +20,12 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
 
 use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
-use crate::common::spec::Jail;
-use crate::common::wire::{ErrorBody, JailStatus, NodeStatus};
+use crate::common::spec::{Jail, Service};
+use crate::common::wire::{ErrorBody, JailStatus, NodeStatus, ServiceApply, ServiceStatus};
 
 /// Header the control plane adds to an apply's answer: the node the jail
 /// landed on.
@@ -204,6 +208,34 @@ impl Api {
             .map(drop)
     }
 
+    /// `PUT /services/{name}` on the control plane with [`service_apply`];
+    /// it answers once the replicas are placed, with the service's status.
+    pub fn apply_service(&self, service: &Service) -> Result<ServiceStatus, ApiError> {
+        let path = format!("/services/{}", service.metadata.name);
+        // Strings, integers and a bool: serde_json cannot fail on them (were it
+        // to, the empty body would be refused as invalid JSON, not misread).
+        let body = serde_json::to_vec(&service_apply(service)).unwrap_or_default();
+        let headers = [("Content-Type".to_string(), "application/json".to_string())];
+        decode(self.call("PUT", &path, &headers, &body)?, &self.client)
+    }
+
+    /// `GET /services` on the control plane.
+    pub fn list_services(&self) -> Result<Vec<ServiceStatus>, ApiError> {
+        decode(self.call("GET", "/services", &[], b"")?, &self.client)
+    }
+
+    /// `GET /services/{name}`; an unknown name is a 404.
+    pub fn get_service(&self, name: &str) -> Result<ServiceStatus, ApiError> {
+        let path = format!("/services/{name}");
+        decode(self.call("GET", &path, &[], b"")?, &self.client)
+    }
+
+    /// `DELETE /services/{name}`: the service, its replicas and its VIP.
+    pub fn delete_service(&self, name: &str) -> Result<(), ApiError> {
+        self.call("DELETE", &format!("/services/{name}"), &[], b"")
+            .map(drop)
+    }
+
     /// Names reaching here are DNS labels (checked when parsed), so they need
     /// no escaping in a path.
     fn jail_path(&self, name: &str) -> String {
@@ -273,6 +305,32 @@ fn error_body(body: &[u8]) -> ErrorBody {
     })
 }
 
+/// What the control plane needs to know of a validated Service: the document
+/// itself (for the agents), replicas and port, whether its template has
+/// volumes, and [`template_digest`] so it can refuse a template change
+/// without parsing the template.
+pub fn service_apply(service: &Service) -> ServiceApply {
+    ServiceApply {
+        document: service.to_yaml(),
+        replicas: service.spec.replicas,
+        port: service.spec.port,
+        stateful: service.spec.template.has_volumes(),
+        template_digest: template_digest(service),
+    }
+}
+
+/// Lowercase hex SHA-256 of the template as serde_json writes the typed
+/// value: canonical because it is the parsed template (field order fixed by
+/// the type, maps sorted, sizes as byte counts), not the user's text, so
+/// reformatting the file or reordering its keys does not change it.
+pub fn template_digest(service: &Service) -> String {
+    // The template has string keys only and no values serde_json refuses
+    // (the same reason `spec::to_yaml` cannot fail); an empty input digest
+    // would still differ from every real template's.
+    let json = serde_json::to_vec(&service.spec.template).unwrap_or_default();
+    format!("{:x}", Sha256::digest(&json))
+}
+
 fn decode<T: DeserializeOwned>(response: ClientResponse, client: &Client) -> Result<T, ApiError> {
     serde_json::from_slice(&response.body).map_err(|e| ApiError::BadResponse {
         endpoint: client.endpoint.to_string(),
@@ -300,6 +358,58 @@ mod tests {
             refused.detail().as_deref(),
             Some("field spec.network.address; /s.sock answered HTTP 409")
         );
+    }
+
+    fn service(start: &str) -> Service {
+        let text = format!(
+            "kind: Service\nmetadata: {{name: web}}\nspec:\n  replicas: 3\n  port: 8080\n  \
+             template:\n    base: 14.2-RELEASE\n    env: {{B: '2', A: '1'}}\n    \
+             exec: {{start: [{start}]}}\n"
+        );
+        crate::common::spec::parse_service(&text).expect("valid service")
+    }
+
+    #[test]
+    fn equal_templates_have_equal_digests_and_a_changed_start_another() {
+        let a = service("/bin/sleep, '300'");
+        let same = service("/bin/sleep, '300'");
+        let mut scaled = same.clone();
+        scaled.spec.replicas = 5;
+        let other = service("/bin/sleep, '301'");
+        let digest = template_digest(&a);
+        assert_eq!(digest.len(), 64, "{digest}");
+        assert!(
+            digest.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')),
+            "{digest}"
+        );
+        assert_eq!(template_digest(&same), digest);
+        assert_eq!(
+            template_digest(&scaled),
+            digest,
+            "replicas are not the template"
+        );
+        assert_ne!(template_digest(&other), digest);
+    }
+
+    #[test]
+    fn a_service_apply_states_what_the_control_plane_needs() {
+        let mut web = service("/bin/true");
+        let body = service_apply(&web);
+        assert_eq!((body.replicas, body.port, body.stateful), (3, 8080, false));
+        assert_eq!(body.template_digest, template_digest(&web));
+        let back = crate::common::spec::parse_service(&body.document).expect("document parses");
+        assert_eq!(back, web);
+        web.spec
+            .template
+            .volumes
+            .push(crate::common::spec::VolumeSpec {
+                name: "data".into(),
+                mount_path: "/var/db".into(),
+                size: None,
+            });
+        let stateful = service_apply(&web);
+        assert!(stateful.stateful);
+        assert_ne!(stateful.template_digest, body.template_digest);
     }
 
     #[test]

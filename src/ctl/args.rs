@@ -135,17 +135,25 @@ pub const FLAGS: &[Flag] = &[
 pub const COMMANDS: &[(&str, &str)] = &[
     (
         "apply -f FILE|-",
-        "validate every document of FILE, then apply them in order",
+        "validate every document of FILE (jails, services), then apply them in order",
     ),
     ("get jails [NAME]", "list the jails, or show one"),
+    (
+        "get services [NAME]",
+        "list the services, or one's replicas (with --controlplane)",
+    ),
     (
         "get nodes",
         "list the cluster's nodes (with --controlplane)",
     ),
     ("delete jail NAME...", "delete jails by name"),
     (
+        "delete service NAME...",
+        "delete services and their replicas (with --controlplane)",
+    ),
+    (
         "delete -f FILE|-",
-        "delete the jails of FILE, last one first",
+        "delete the jails and services of FILE, last one first",
     ),
     ("validate -f FILE|-", "check FILE without sending anything"),
     (
@@ -170,6 +178,9 @@ pub enum Resource {
     Jails,
     /// `get nodes` (also `get node`): the control plane's members.
     Nodes,
+    /// `get services` (also `get service`, `get svc`): the control plane's
+    /// replicated services.
+    Services,
 }
 
 /// How `get` prints.
@@ -218,7 +229,7 @@ pub enum Command {
         /// The spec file.
         input: Input,
     },
-    /// `get jails [NAME] [-o FORMAT]`.
+    /// `get jails|services [NAME] [-o FORMAT]`, `get nodes [-o FORMAT]`.
     Get {
         /// What to list.
         resource: Resource,
@@ -232,9 +243,14 @@ pub enum Command {
         /// Jails to delete, in the order given.
         names: Vec<String>,
     },
+    /// `delete service NAME...`.
+    DeleteServices {
+        /// Services to delete, in the order given.
+        names: Vec<String>,
+    },
     /// `delete -f FILE|-`.
     DeleteFile {
-        /// The spec file whose jails are deleted.
+        /// The spec file whose jails and services are deleted.
         input: Input,
     },
     /// `validate -f FILE|-`.
@@ -290,7 +306,7 @@ fn usage(message: impl Into<String>) -> UsageError {
 /// `--help`: usage forms, commands, flags and exit statuses.
 pub fn help_text() -> String {
     let mut out = format!(
-        "keelctl {}: apply, inspect and delete Keel jails\n\n\
+        "keelctl {}: apply, inspect and delete Keel jails and services\n\n\
          Usage: keelctl [OPTIONS] COMMAND\n\nCommands:\n",
         env!("CARGO_PKG_VERSION")
     );
@@ -468,7 +484,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
             let Some((kind, names)) = rest.split_first() else {
                 return Err(usage(
-                    "`get` needs what to list: get jails [NAME] or get nodes",
+                    "`get` needs what to list: get jails [NAME], get services [NAME] or get nodes",
                 ));
             };
             let resource = resource(kind)?;
@@ -477,6 +493,14 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
             let name = match resource {
                 Resource::Jails => names.first().map(|n| jail_name(n)).transpose()?,
+                Resource::Services => {
+                    if seen.global.node.is_some() {
+                        return Err(usage(
+                            "--node does not apply to services: the control plane places their replicas",
+                        ));
+                    }
+                    names.first().map(|n| service_name(n)).transpose()?
+                }
                 Resource::Nodes => {
                     if let Some(word) = names.first() {
                         return Err(usage(format!(
@@ -515,25 +539,37 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             None => {
                 let Some((kind, names)) = rest.split_first() else {
                     return Err(usage(
-                        "`delete` needs jail NAME... or -f FILE (or -f - for stdin)",
+                        "`delete` needs jail NAME..., service NAME... or -f FILE (or -f - for stdin)",
                     ));
                 };
-                match resource(kind)? {
-                    Resource::Jails => {}
-                    Resource::Nodes => {
-                        return Err(usage(
-                            "nodes are not deleted with keelctl: stop the node's keel-agentd",
-                        ));
-                    }
-                }
+                let resource = resource(kind)?;
                 if names.is_empty() {
-                    return Err(usage("`delete jail` needs at least one NAME"));
+                    return Err(usage(format!("`delete {kind}` needs at least one NAME")));
                 }
-                let names = names
-                    .iter()
-                    .map(|n| jail_name(n))
-                    .collect::<Result<_, _>>()?;
-                Ok(Command::DeleteJails { names })
+                match resource {
+                    Resource::Jails => Ok(Command::DeleteJails {
+                        names: names
+                            .iter()
+                            .map(|n| jail_name(n))
+                            .collect::<Result<_, _>>()?,
+                    }),
+                    Resource::Services => {
+                        if seen.global.node.is_some() {
+                            return Err(usage(
+                                "--node does not apply to services: the control plane removes every replica",
+                            ));
+                        }
+                        Ok(Command::DeleteServices {
+                            names: names
+                                .iter()
+                                .map(|n| service_name(n))
+                                .collect::<Result<_, _>>()?,
+                        })
+                    }
+                    Resource::Nodes => Err(usage(
+                        "nodes are not deleted with keelctl: stop the node's keel-agentd",
+                    )),
+                }
             }
         },
         "key" => {
@@ -580,8 +616,9 @@ fn resource(word: &str) -> Result<Resource, UsageError> {
     match word {
         "jails" | "jail" => Ok(Resource::Jails),
         "nodes" | "node" => Ok(Resource::Nodes),
+        "services" | "service" | "svc" => Ok(Resource::Services),
         other => Err(usage(format!(
-            "unknown resource {other:?}; keelctl knows jails and nodes"
+            "unknown resource {other:?}; keelctl knows jails, services and nodes"
         ))),
     }
 }
@@ -592,6 +629,13 @@ fn jail_name(name: &str) -> Result<String, UsageError> {
     spec::validate_name(name)
         .map(|()| name.to_string())
         .map_err(|why| usage(format!("jail name {name:?}: {why}")))
+}
+
+/// As [`jail_name`]: a service name is a DNS label too, and becomes a path.
+fn service_name(name: &str) -> Result<String, UsageError> {
+    spec::validate_name(name)
+        .map(|()| name.to_string())
+        .map_err(|why| usage(format!("service name {name:?}: {why}")))
 }
 
 #[cfg(test)]
@@ -699,7 +743,7 @@ mod tests {
             }
         );
         assert!(err(&["delete", "jail"]).contains("at least one NAME"));
-        assert!(err(&["delete"]).contains("jail NAME... or -f FILE"));
+        assert!(err(&["delete"]).contains("jail NAME..., service NAME... or -f FILE"));
         assert!(err(&["delete", "jail", "a", "-f", "x"]).contains("not both"));
         assert!(err(&["delete", "jail", "a", "-o", "json"]).contains("--output does not apply"));
     }
@@ -766,6 +810,39 @@ mod tests {
         assert!(err(&["get", "nodes", "n1"]).contains("lists every node"));
         assert!(err(&["get", "nodes", "--node", "n1"]).contains("--node does not apply"));
         assert!(err(&["delete", "node", "n1"]).contains("stop the node's keel-agentd"));
+    }
+
+    #[test]
+    fn services_are_listed_shown_and_deleted_by_label_names() {
+        assert_eq!(
+            cmd(&["get", "services", "-o", "json"]),
+            Command::Get {
+                resource: Resource::Services,
+                name: None,
+                output: OutputFormat::Json
+            }
+        );
+        for word in ["service", "svc"] {
+            assert_eq!(
+                cmd(&["get", word, "web"]),
+                Command::Get {
+                    resource: Resource::Services,
+                    name: Some("web".into()),
+                    output: OutputFormat::Table
+                }
+            );
+        }
+        assert_eq!(
+            cmd(&["delete", "service", "web", "db"]),
+            Command::DeleteServices {
+                names: vec!["web".into(), "db".into()]
+            }
+        );
+        assert!(err(&["get", "service", "We_b"]).contains("service name \"We_b\""));
+        assert!(err(&["delete", "svc", "../x"]).contains("service name \"../x\""));
+        assert!(err(&["delete", "service"]).contains("`delete service` needs at least one NAME"));
+        assert!(err(&["get", "services", "--node", "n1"]).contains("--node does not apply"));
+        assert!(err(&["delete", "service", "a", "--node", "n1"]).contains("--node does not"));
     }
 
     #[test]

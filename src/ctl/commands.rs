@@ -6,6 +6,11 @@
 //! nothing; requests then go one at a time and the first failure stops the
 //! rest (what was already applied stays applied, and was printed).
 //!
+//! Services live only on the control plane: a file holding one, or a `get`
+//! or `delete` of services, with requests going to an agent stops before
+//! anything is sent. Jails and services of one file are applied in the
+//! file's order, each to its own route.
+//!
 //! Through the control plane, `get jails` is assembled here: the node list,
 //! then each Alive node's jails, merged by name with the node alongside; Dead
 //! nodes cannot answer and are named on stderr rather than silently missing.
@@ -20,7 +25,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::common::auth::{self, KeyFilePolicy, Signer};
 use crate::common::http::Endpoint;
-use crate::common::spec::{self, Document, Jail};
+use crate::common::spec::{self, Document, Jail, Service};
 use crate::common::wire::Liveness;
 
 use super::api::{Api, Route};
@@ -91,7 +96,7 @@ pub fn execute(
     out: &mut Out<'_>,
     stderr: &mut dyn Write,
 ) -> Result<(), CtlError> {
-    let connect = || connect(&target(&invocation.global, env)?);
+    let resolve = || connect(&target(&invocation.global, env)?);
     match &invocation.command {
         Command::Validate { input } => {
             let (source, text) = read_input(input, stdin)?;
@@ -112,17 +117,65 @@ pub fn execute(
             out.line(&output::key_written_line(&id, path));
         }
         Command::Apply { input } => {
-            let jails = read_jails(input, stdin)?;
-            let api = connect()?;
-            for jail in &jails {
-                let placed = api.apply_jail(jail).map_err(|error| CtlError::Request {
-                    action: format!("apply jail/{}", jail.metadata.name),
+            let (source, objects) = read_objects(input, stdin)?;
+            let target = target(&invocation.global, env)?;
+            services_need_controlplane(&source, &objects, &target)?;
+            let api = connect(&target)?;
+            for object in &objects {
+                let failed = |error| CtlError::Request {
+                    action: format!("apply {}", object.label()),
                     error,
-                })?;
-                out.line(&output::applied_line(
-                    &placed.status,
-                    placed.node.as_deref(),
-                ));
+                };
+                match object {
+                    Object::Jail(jail) => {
+                        let placed = api.apply_jail(jail).map_err(failed)?;
+                        out.line(&output::applied_line(
+                            &placed.status,
+                            placed.node.as_deref(),
+                        ));
+                    }
+                    Object::Service(service) => {
+                        let status = api.apply_service(service).map_err(failed)?;
+                        out.line(&output::service_applied_line(&status));
+                    }
+                }
+            }
+        }
+        Command::Get {
+            resource: Resource::Services,
+            name,
+            output: format,
+        } => {
+            let api = controlplane_only(invocation, env, "`get services`")?;
+            match name {
+                None => {
+                    let services = api.list_services().map_err(|error| CtlError::Request {
+                        action: "get services".into(),
+                        error,
+                    })?;
+                    if *format == OutputFormat::Table && services.is_empty() {
+                        let _ = writeln!(stderr, "No services found.");
+                    } else {
+                        show(out, *format, &services, || output::service_table(&services))?;
+                    }
+                }
+                Some(name) => {
+                    let service = api.get_service(name).map_err(|error| CtlError::Request {
+                        action: format!("get service/{name}"),
+                        error,
+                    })?;
+                    if *format == OutputFormat::Table && service.replicas.is_empty() {
+                        let _ = writeln!(
+                            stderr,
+                            "Service {} has no replicas placed ({}/{} ready).",
+                            output::one_line(&service.name),
+                            service.ready,
+                            service.desired
+                        );
+                    } else {
+                        show(out, *format, &service, || output::replica_table(&service))?;
+                    }
+                }
             }
         }
         Command::Get {
@@ -130,7 +183,7 @@ pub fn execute(
             output: format,
             ..
         } => {
-            let api = connect()?;
+            let api = resolve()?;
             if *api.route() == Route::Agent {
                 return Err(CtlError::Usage(format!(
                     "`get nodes` lists a cluster's nodes: give --controlplane HOST:PORT (or set \
@@ -152,7 +205,7 @@ pub fn execute(
             name: None,
             output: format,
         } => {
-            let api = connect()?;
+            let api = resolve()?;
             let failed = |error| CtlError::Request {
                 action: "get jails".into(),
                 error,
@@ -183,7 +236,7 @@ pub fn execute(
             name: Some(name),
             output: format,
         } => {
-            let api = connect()?;
+            let api = resolve()?;
             let found = api.get_jail(name).map_err(|error| CtlError::Request {
                 action: format!("get jail/{name}"),
                 error,
@@ -203,18 +256,29 @@ pub fn execute(
             }
         }
         Command::DeleteJails { names } => {
-            let api = connect()?;
+            let api = resolve()?;
             for name in names {
                 delete(&api, name, out)?;
             }
         }
+        Command::DeleteServices { names } => {
+            let api = controlplane_only(invocation, env, "`delete service`")?;
+            for name in names {
+                delete_service(&api, name, out)?;
+            }
+        }
         Command::DeleteFile { input } => {
-            let jails = read_jails(input, stdin)?;
-            let api = connect()?;
+            let (source, objects) = read_objects(input, stdin)?;
+            let target = target(&invocation.global, env)?;
+            services_need_controlplane(&source, &objects, &target)?;
+            let api = connect(&target)?;
             // Reverse order: what was applied last (and may lean on what came
             // before it) goes first.
-            for jail in jails.iter().rev() {
-                delete(&api, &jail.metadata.name, out)?;
+            for object in objects.iter().rev() {
+                match object {
+                    Object::Jail(jail) => delete(&api, &jail.metadata.name, out)?,
+                    Object::Service(service) => delete_service(&api, &service.metadata.name, out)?,
+                }
             }
         }
     }
@@ -236,6 +300,50 @@ fn connect(target: &Target) -> Result<Api, CtlError> {
                 remote.node.clone(),
             ))
         }
+    }
+}
+
+/// The client of the control plane, for a command that means nothing to an
+/// agent (`what` names it in the message).
+fn controlplane_only(invocation: &Invocation, env: &Env, what: &str) -> Result<Api, CtlError> {
+    match target(&invocation.global, env)? {
+        Target::Agent(socket) => Err(CtlError::NeedsControlPlane {
+            what: what.to_string(),
+            socket,
+        }),
+        remote => connect(&remote),
+    }
+}
+
+/// Refuses, before anything is sent, a file with a Service when requests go
+/// to an agent (which has no services), or with `--node` (the control plane
+/// places replicas itself; a jail-only flag must not be silently ignored).
+fn services_need_controlplane(
+    source: &str,
+    objects: &[Object],
+    target: &Target,
+) -> Result<(), CtlError> {
+    let Some((i, service)) = objects.iter().enumerate().find_map(|(i, o)| match o {
+        Object::Service(s) => Some((i, s)),
+        Object::Jail(_) => None,
+    }) else {
+        return Ok(());
+    };
+    let what = format!(
+        "{source}: document {} is kind: Service ({})",
+        i + 1,
+        service.metadata.name
+    );
+    match target {
+        Target::Agent(socket) => Err(CtlError::NeedsControlPlane {
+            what,
+            socket: socket.clone(),
+        }),
+        Target::ControlPlane(remote) if remote.node.is_some() => Err(CtlError::Usage(format!(
+            "{what}, whose replicas the control plane places: --node applies to jails only; \
+             apply services without it"
+        ))),
+        Target::ControlPlane(_) => Ok(()),
     }
 }
 
@@ -313,6 +421,16 @@ fn delete(api: &Api, name: &str, out: &mut Out<'_>) -> Result<(), CtlError> {
     Ok(())
 }
 
+fn delete_service(api: &Api, name: &str, out: &mut Out<'_>) -> Result<(), CtlError> {
+    api.delete_service(name)
+        .map_err(|error| CtlError::Request {
+            action: format!("delete service/{name}"),
+            error,
+        })?;
+    out.line(&output::service_deleted_line(name));
+    Ok(())
+}
+
 /// Prints `value` as a table (built lazily) or encoded.
 fn show<T: serde::Serialize>(
     out: &mut Out<'_>,
@@ -371,14 +489,32 @@ fn parse(source: &str, text: &str, would_send: bool) -> Result<Vec<Document>, Ct
     Ok(docs)
 }
 
-/// The jails of `input`, once every document is valid and a Jail.
-fn read_jails(input: &Input, stdin: &mut dyn Read) -> Result<Vec<Jail>, CtlError> {
+/// A document keelctl sends.
+enum Object {
+    Jail(Jail),
+    Service(Service),
+}
+
+impl Object {
+    /// `jail/NAME` or `service/NAME`, as messages name it.
+    fn label(&self) -> String {
+        match self {
+            Object::Jail(j) => format!("jail/{}", j.metadata.name),
+            Object::Service(s) => format!("service/{}", s.metadata.name),
+        }
+    }
+}
+
+/// The jails and services of `input` in file order, once every document is
+/// valid and of a kind keelctl sends; and the input's name for messages.
+fn read_objects(input: &Input, stdin: &mut dyn Read) -> Result<(String, Vec<Object>), CtlError> {
     let (source, text) = read_input(input, stdin)?;
-    parse(&source, &text, true)?
+    let objects = parse(&source, &text, true)?
         .into_iter()
         .enumerate()
         .map(|(i, doc)| match doc {
-            Document::Jail(jail) => Ok(jail),
+            Document::Jail(jail) => Ok(Object::Jail(jail)),
+            Document::Service(service) => Ok(Object::Service(service)),
             other => Err(CtlError::UnsupportedKind {
                 source: source.clone(),
                 document: i + 1,
@@ -386,5 +522,6 @@ fn read_jails(input: &Input, stdin: &mut dyn Read) -> Result<Vec<Jail>, CtlError
                 name: other.name().to_string(),
             }),
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((source, objects))
 }

@@ -1,12 +1,13 @@
 //! `keelctl`, the command-line client: apply, get, delete and validate jail
 //! specs against one node's `keel-agentd` over its Unix socket, or against a
 //! cluster through `keel-controlplane` over TCP with every request signed by
-//! the operator key; list the cluster's nodes; generate signing keys.
+//! the operator key; apply, list and delete the cluster's services (control
+//! plane only); list the cluster's nodes; generate signing keys.
 //!
 //! - [`args`]: the flag and command tables, `--help`, parsing argv.
 //! - [`commands`]: running one parsed command (read the spec, validate all of
 //!   it, then talk to the agent).
-//! - [`api`]: the agent's jail routes as typed calls over
+//! - [`api`]: the jail, node and service routes as typed calls over
 //!   [`crate::common::http::Client`].
 //! - [`output`]: the table, ages and result lines, as pure functions.
 //!
@@ -127,7 +128,15 @@ pub enum CtlError {
         /// The file as the user named it, or `stdin`.
         source: String,
     },
-    /// A document is of a kind a single agent does not take.
+    /// Services exist only on a control plane, but requests go to an agent;
+    /// nothing was sent.
+    NeedsControlPlane {
+        /// What needed one: a command (`` `get services` ``) or a document.
+        what: String,
+        /// The agent's socket requests would have gone to.
+        socket: PathBuf,
+    },
+    /// A document is of a kind keelctl does not send.
     UnsupportedKind {
         /// The file as the user named it, or `stdin`.
         source: String,
@@ -167,6 +176,7 @@ impl CtlError {
             | CtlError::Invalid { .. }
             | CtlError::Empty { .. }
             | CtlError::UnsupportedKind { .. }
+            | CtlError::NeedsControlPlane { .. }
             | CtlError::Key(_) => 2,
             CtlError::KeyGenerate {
                 error: AuthError::InvalidKeyId { .. },
@@ -195,11 +205,13 @@ impl CtlError {
             CtlError::Invalid {
                 would_send: true, ..
             } => Some("nothing was sent".into()),
-            CtlError::UnsupportedKind { .. } => Some(
-                "Services and Ingresses are placed by keel-controlplane, and keelctl does not \
-                 send them yet; nothing was sent"
-                    .into(),
-            ),
+            CtlError::UnsupportedKind { .. } => {
+                Some("keelctl does not send Ingresses yet; nothing was sent".into())
+            }
+            CtlError::NeedsControlPlane { .. } => Some(format!(
+                "give --controlplane HOST:PORT (or set ${CONTROLPLANE_ENV} or ctl.controlplane); \
+                 nothing was sent"
+            )),
             CtlError::Request { error, .. } => error.detail(),
             _ => None,
         }
@@ -225,8 +237,14 @@ impl fmt::Display for CtlError {
                 name,
             } => write!(
                 f,
-                "{source}: document {document} is kind: {kind} ({name}); keelctl applies only \
-                 kind: Jail"
+                "{source}: document {document} is kind: {kind} ({name}); keelctl sends only \
+                 kind: Jail and kind: Service"
+            ),
+            CtlError::NeedsControlPlane { what, socket } => write!(
+                f,
+                "{what}: services live on keel-controlplane, but requests go to the agent's \
+                 socket {}",
+                socket.display()
             ),
             CtlError::Request { action, error } => write!(f, "{action} failed: {error}"),
             CtlError::Encode { format, reason } => {
@@ -586,10 +604,11 @@ mod tests {
         let (code, _, err) = run_with(&["apply", "-f", "-"], "kind: Jail\nmetadata: {name: x}\n");
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("nothing was sent"), "{err}");
-        let service = "kind: Service\nmetadata: {name: web}\nspec:\n  replicas: 1\n  port: 80\n  template:\n    base: 14.2-RELEASE\n    exec: {start: [/bin/true]}\n";
-        let (code, _, err) = run_with(&["apply", "-f", "-"], &format!("{JAIL}---\n{service}"));
+        let ingress = "kind: Ingress\nmetadata: {name: www}\nspec:\n  host: www.example.com\n  service: web\n";
+        let (code, _, err) = run_with(&["apply", "-f", "-"], &format!("{JAIL}---\n{ingress}"));
         assert_eq!(code, 2, "{err}");
-        assert!(err.contains("document 2 is kind: Service (web)"), "{err}");
+        assert!(err.contains("document 2 is kind: Ingress (www)"), "{err}");
+        assert!(err.contains("nothing was sent"), "{err}");
         let (code, _, err) = run_with(&["delete", "-f", "-"], "# nothing\n");
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("stdin holds no document"), "{err}");
@@ -632,6 +651,57 @@ mod tests {
         let (code, _, err) = run_with(&["get", "jails", "--node", "n1"], "");
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("--node picks a node"), "{err}");
+    }
+
+    const SERVICE: &str = "kind: Service\nmetadata: {name: web}\nspec:\n  replicas: 1\n  port: 80\n  template:\n    base: 14.2-RELEASE\n    exec: {start: [/bin/true]}\n";
+
+    #[test]
+    fn services_without_a_control_plane_stop_before_anything_is_sent() {
+        // The socket does not exist: reaching for it would exit 1, not 2.
+        for verb in ["apply", "delete"] {
+            let (code, out, err) = run_with(&[verb, "-f", "-"], &format!("{JAIL}---\n{SERVICE}"));
+            assert_eq!((code, out.as_str()), (2, ""), "{verb}: {err}");
+            assert!(
+                err.starts_with(
+                    "keelctl: stdin: document 2 is kind: Service (web): services live on \
+                     keel-controlplane, but requests go to the agent's socket \
+                     /nonexistent/keel-test.sock\n"
+                ),
+                "{err}"
+            );
+            assert!(err.contains("give --controlplane HOST:PORT"), "{err}");
+            assert!(err.contains("nothing was sent"), "{err}");
+        }
+        for args in [
+            &["get", "services"][..],
+            &["get", "service", "web"],
+            &["delete", "service", "web"],
+        ] {
+            let (code, _, err) = run_with(args, "");
+            assert_eq!(code, 2, "{args:?}: {err}");
+            assert!(err.contains("services live on keel-controlplane"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_service_document_with_node_is_refused_before_anything_is_sent() {
+        // No key file exists: reaching for it would fail differently.
+        let (code, _, err) = run_with(
+            &[
+                "--controlplane",
+                "127.0.0.1:9",
+                "--key-file",
+                "/nonexistent/ops.key",
+                "--node",
+                "n1",
+                "apply",
+                "-f",
+                "-",
+            ],
+            SERVICE,
+        );
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("--node applies to jails only"), "{err}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! What keelctl prints: the jail and node tables, ages, the one-line results of
+//! What keelctl prints: the jail, node, service and replica tables, ages, the one-line results of
 //! apply, delete and key generate, and JSON/YAML encodings, all as pure
 //! functions of their inputs (the current time is a parameter) so they are
 //! tested without a daemon.
@@ -16,7 +16,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::common::wire::{JailStatus, NodeStatus};
+use std::collections::BTreeSet;
+
+use crate::common::wire::{JailStatus, NodeStatus, ServiceStatus};
 
 use super::args::OutputFormat;
 
@@ -48,6 +50,12 @@ pub const NODE_COLUMNS: [&str; 8] = [
     "JAILS",
     "LAST SEEN",
 ];
+
+/// Column headers of `get services`.
+pub const SERVICE_COLUMNS: [&str; 4] = ["NAME", "VIP:PORT", "READY/DESIRED", "NODES"];
+
+/// Column headers of `get service NAME`: its replicas.
+pub const REPLICA_COLUMNS: [&str; 4] = ["NAME", "NODE", "ADDRESS", "STATE"];
 
 /// A jail as `get jails` shows it through the control plane: the agent's
 /// status with the node it runs on. JSON and YAML put `node` first, then the
@@ -182,6 +190,62 @@ pub fn node_table(nodes: &[NodeStatus]) -> String {
     table(&rows)
 }
 
+/// The `get services` table, or `""` when there is no service. NODES is the
+/// distinct nodes its replicas are placed on, sorted, `-` when none is.
+pub fn service_table(services: &[ServiceStatus]) -> String {
+    if services.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![SERVICE_COLUMNS.iter().map(|h| h.to_string()).collect()];
+    rows.extend(services.iter().map(|s| {
+        let nodes: BTreeSet<String> = s.replicas.iter().map(|r| one_line(&r.node)).collect();
+        let nodes = nodes.into_iter().collect::<Vec<_>>().join(",");
+        vec![
+            one_line(&s.name),
+            format!("{}:{}", s.vip, s.port),
+            format!("{}/{}", s.ready, s.desired),
+            if nodes.is_empty() { "-".into() } else { nodes },
+        ]
+    }));
+    table(&rows)
+}
+
+/// The `get service NAME` table: one row per placed replica, ADDRESS `-`
+/// until its node reported it; `""` when none is placed.
+pub fn replica_table(service: &ServiceStatus) -> String {
+    if service.replicas.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![REPLICA_COLUMNS.iter().map(|h| h.to_string()).collect()];
+    rows.extend(service.replicas.iter().map(|r| {
+        vec![
+            one_line(&r.name),
+            one_line(&r.node),
+            r.address.map_or_else(|| "-".to_string(), |a| a.to_string()),
+            one_line(&r.state),
+        ]
+    }));
+    table(&rows)
+}
+
+/// The line `apply` prints for one applied service:
+/// `service/web applied (VIP 127.128.0.1:8080, 3/3 ready)`.
+pub fn service_applied_line(status: &ServiceStatus) -> String {
+    format!(
+        "service/{} applied (VIP {}:{}, {}/{} ready)",
+        one_line(&status.name),
+        status.vip,
+        status.port,
+        status.ready,
+        status.desired
+    )
+}
+
+/// The line `delete` prints for one deleted service.
+pub fn service_deleted_line(name: &str) -> String {
+    format!("service/{} deleted", one_line(name))
+}
+
 /// CPU cores with at most two decimals and no trailing zeros: `2`, `0.5`,
 /// `1.25`.
 pub fn cores(cpu: f64) -> String {
@@ -267,7 +331,7 @@ pub fn encode(format: OutputFormat, value: &impl Serialize) -> Result<String, St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::common::wire::{Liveness, Phase, Resources};
+    use crate::common::wire::{Liveness, Phase, ReplicaStatus, Resources};
 
     fn status(name: &str, state: Phase, addr: [u8; 4], restarts: u32, created: u64) -> JailStatus {
         JailStatus {
@@ -411,6 +475,66 @@ n3         Dead     127.0.0.1:7441   127.64.3.0/24   0/2      1.5G/16G   2      
 ";
         assert_eq!(node_table(&nodes), want);
         assert_eq!(node_table(&[]), "");
+    }
+
+    fn replica(name: &str, node: &str, address: Option<[u8; 4]>, state: &str) -> ReplicaStatus {
+        ReplicaStatus {
+            name: name.into(),
+            node: node.into(),
+            address: address.map(Into::into),
+            state: state.into(),
+            ready: state == "Running",
+        }
+    }
+
+    fn web() -> ServiceStatus {
+        ServiceStatus {
+            name: "web".into(),
+            vip: [127, 128, 0, 7].into(),
+            port: 8080,
+            desired: 3,
+            ready: 2,
+            stateful: false,
+            replicas: vec![
+                replica("web-0", "n2", Some([127, 64, 2, 2]), "Running"),
+                replica("web-1", "n1", Some([127, 64, 1, 2]), "Running"),
+                replica("web-2", "n2", None, "Pending"),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_service_table_shows_vip_readiness_and_the_distinct_nodes() {
+        let mut empty = web();
+        empty.name = "db".into();
+        empty.port = 5432;
+        empty.desired = 0;
+        empty.ready = 0;
+        empty.replicas.clear();
+        let want = "\
+NAME   VIP:PORT           READY/DESIRED   NODES
+web    127.128.0.7:8080   2/3             n1,n2
+db     127.128.0.7:5432   0/0             -
+";
+        assert_eq!(service_table(&[web(), empty.clone()]), want);
+        assert_eq!(service_table(&[]), "");
+        assert_eq!(replica_table(&empty), "");
+    }
+
+    #[test]
+    fn the_replica_table_shows_each_replica_where_it_is() {
+        let want = "\
+NAME    NODE   ADDRESS      STATE
+web-0   n2     127.64.2.2   Running
+web-1   n1     127.64.1.2   Running
+web-2   n2     -            Pending
+";
+        assert_eq!(replica_table(&web()), want);
+        assert_eq!(
+            service_applied_line(&web()),
+            "service/web applied (VIP 127.128.0.7:8080, 2/3 ready)"
+        );
+        assert_eq!(service_deleted_line("web"), "service/web deleted");
     }
 
     #[test]
