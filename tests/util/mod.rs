@@ -4,4 +4,5 @@
 
 pub mod agent;
 pub mod cluster;
+pub mod controlplane;
 pub mod golden;
