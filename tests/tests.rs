@@ -16,6 +16,7 @@ mod golden_routes;
 mod golden_zfs;
 mod http;
 mod packaging;
+mod proxy;
 mod reconciler;
 mod sim;
 mod spec_examples;
