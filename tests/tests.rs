@@ -20,6 +20,7 @@ mod golden_zfs;
 mod hostile;
 mod http;
 mod packaging;
+mod proxy;
 mod reconciler;
 mod services_e2e;
 mod sim;
