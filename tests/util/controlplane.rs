@@ -308,6 +308,7 @@ impl FakeAgent {
                     name,
                     epoch: epoch?,
                     running: true,
+                    address: None,
                 })
             })
             .collect();

@@ -326,7 +326,13 @@ mod tests {
     fn run_in_uses_the_directory_and_environment() {
         let dir = tempfile::tempdir().expect("tempdir");
         let env = BTreeMap::from([("KEEL_T".to_string(), "v".to_string())]);
-        let argv = crate::common::cmd::argv(&["/bin/sh", "-c", "pwd; echo $KEEL_T; exit 4"]);
+        // The simulated workload is a script of the test's own; Keel execs it
+        // directly, as it does every exec.start.
+        let script = dir.path().join("workload");
+        std::fs::write(&script, "#!/bin/sh\npwd\necho $KEEL_T\nexit 4\n").expect("script");
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let argv = vec![script.display().to_string()];
         let out = run_in(
             &argv,
             dir.path(),
