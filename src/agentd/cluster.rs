@@ -39,6 +39,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -251,7 +252,8 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         .filter(|s| s.state != Phase::Deleting)
         .collect();
     let committed = Resources {
-        cpu: tracked.iter().filter_map(|s| s.cpu).sum(),
+        // `+ 0.0`: an empty f64 sum is -0.0, which would print as such.
+        cpu: tracked.iter().filter_map(|s| s.cpu).sum::<f64>() + 0.0,
         memory: tracked.iter().filter_map(|s| s.memory).sum(),
     };
     let placed = tracked
@@ -261,6 +263,7 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
                 name: s.name.clone(),
                 epoch: s.epoch?,
                 running: s.state == Phase::Running,
+                address: Some(s.address),
             })
         })
         .collect();
@@ -537,13 +540,17 @@ where
 /// listener accepts (`auth.node_keys`), refusing files that are not mode
 /// 0600 and owned by root (by the current user when not running as root).
 pub fn load_keys(cfg: &Config) -> Result<(Signer, Verifier), ClusterError> {
+    let (signer, keyring) = load_key_material(cfg)?;
+    Ok((signer, Verifier::new(keyring, cfg.auth.max_clock_skew.0)))
+}
+
+/// The signing key and the accepted node keys named by `cfg` (startup and
+/// SIGHUP both read them through here).
+pub fn load_key_material(cfg: &Config) -> Result<(Signer, Keyring), ClusterError> {
     let policy = KeyFilePolicy::for_current_process();
     let key = auth::load_key(&cfg.agent.key_file, policy).map_err(ClusterError::Keys)?;
     let keyring = Keyring::load(&cfg.auth.node_keys, &[], policy).map_err(ClusterError::Keys)?;
-    Ok((
-        Signer::new(key),
-        Verifier::new(keyring, cfg.auth.max_clock_skew.0),
-    ))
+    Ok((Signer::new(key), keyring))
 }
 
 /// The agent API behind the TCP listener's guard: a request that did not
@@ -554,12 +561,13 @@ pub fn load_keys(cfg: &Config) -> Result<(Signer, Verifier), ClusterError> {
 /// server sets to `"unix"` only for the Unix socket.
 pub struct SignedApi {
     api: AgentApi,
-    verifier: Verifier,
+    verifier: Arc<Verifier>,
 }
 
 impl SignedApi {
-    /// `api`, guarded by `verifier` on TCP.
-    pub fn new(api: AgentApi, verifier: Verifier) -> SignedApi {
+    /// `api`, guarded by `verifier` on TCP (shared with the daemon, which
+    /// replaces its keyring on SIGHUP).
+    pub fn new(api: AgentApi, verifier: Arc<Verifier>) -> SignedApi {
         SignedApi { api, verifier }
     }
 }
@@ -588,21 +596,22 @@ pub struct Membership {
     pub capacity: Resources,
     /// Heartbeat period.
     pub heartbeat_interval: Duration,
-    /// Signs every request to the control plane with the node key.
-    pub signer: Signer,
+    /// Signs every request to the control plane with the node key; replaced
+    /// on SIGHUP during a key rotation.
+    pub signer: Arc<RwLock<Signer>>,
 }
 
 /// The control plane, as the agent talks to it.
 pub struct ControlPlane {
     client: Client,
     node_id: String,
-    signer: Signer,
+    signer: Arc<RwLock<Signer>>,
 }
 
 impl ControlPlane {
     /// A client for `controlplane` (`HOST:PORT`) speaking for `node_id`,
     /// signing with `signer`.
-    pub fn new(controlplane: &str, node_id: &str, signer: Signer) -> ControlPlane {
+    pub fn new(controlplane: &str, node_id: &str, signer: Arc<RwLock<Signer>>) -> ControlPlane {
         ControlPlane {
             client: Client::new(Endpoint::Tcp(controlplane.to_string()))
                 .with_timeout(CONTROLPLANE_TIMEOUT),
@@ -633,8 +642,11 @@ impl ControlPlane {
             path: path.to_string(),
             reason: e.to_string(),
         })?;
-        let mut headers = sign_headers(&self.signer, "POST", path, &body, unix_now())
-            .map_err(ClusterError::Keys)?;
+        let signed = {
+            let signer = self.signer.read().unwrap_or_else(|p| p.into_inner());
+            sign_headers(&signer, "POST", path, &body, unix_now())
+        };
+        let mut headers = signed.map_err(ClusterError::Keys)?;
         headers.push(("Content-Type".to_string(), "application/json".to_string()));
         let resp = self
             .client
@@ -998,21 +1010,13 @@ mod tests {
         assert_eq!(req.jails, 3);
         assert_eq!(req.committed.cpu, 3.0);
         assert_eq!(req.committed.memory, 768 << 20);
-        assert_eq!(
-            req.placed,
-            [
-                PlacedJail {
-                    name: "a".into(),
-                    epoch: 3,
-                    running: true
-                },
-                PlacedJail {
-                    name: "d".into(),
-                    epoch: 7,
-                    running: false
-                }
-            ]
-        );
+        let placed: Vec<(&str, u64, bool)> = req
+            .placed
+            .iter()
+            .map(|p| (p.name.as_str(), p.epoch, p.running))
+            .collect();
+        assert_eq!(placed, [("a", 3, true), ("d", 7, false)]);
+        assert!(req.placed.iter().all(|p| p.address.is_some()));
         let fence = stale_placed(&["d".into(), "zz".into()], &req.placed);
         assert_eq!(fence.len(), 1);
         assert_eq!(fence[0].epoch, 7);
@@ -1123,18 +1127,21 @@ mod tests {
                 name: "placed".into(),
                 epoch: 4,
                 running: true,
+                address: None,
             },
             // Reported with epoch 8, re-placed here with 9 since.
             PlacedJail {
                 name: "moved-back".into(),
                 epoch: 8,
                 running: true,
+                address: None,
             },
             // The control plane cannot fence a local jail, whatever it says.
             PlacedJail {
                 name: "local".into(),
                 epoch: 1,
                 running: true,
+                address: None,
             },
         ];
         let outcome = apply_heartbeat(&mut r, pod, &[], &fence);

@@ -7,6 +7,7 @@
 //! | [`api`] | the route table served on the Unix socket (and TCP when clustered) |
 //! | [`cluster`] | registration, heartbeats, peer routes and fencing when clustered |
 //! | [`metrics`] | Prometheus text for `GET /metrics` |
+//! | [`proxy`] | the per-node L4 proxy: service VIP listeners relaying to replicas |
 //! | [`daemon`] | startup, host selection (FreeBSD or simulated), shutdown |
 //! | [`cli`] | flags and `--check-config` |
 //!
@@ -18,6 +19,7 @@ pub mod cli;
 pub mod cluster;
 pub mod daemon;
 pub mod metrics;
+pub mod proxy;
 pub mod reconciler;
 pub mod worker;
 

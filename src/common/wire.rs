@@ -114,6 +114,9 @@ pub struct PlacedJail {
     pub epoch: u64,
     /// Whether its workload was running at the agent's last pass.
     pub running: bool,
+    /// The jail's address (the proxy routes a service's traffic to it).
+    #[serde(default)]
+    pub address: Option<std::net::Ipv4Addr>,
 }
 
 /// `POST /nodes/{id}/heartbeat`.
@@ -224,4 +227,59 @@ pub struct NodeStatus {
     /// Seconds since its last heartbeat; `None` when not heard from since the
     /// control plane started.
     pub last_seen_secs: Option<u64>,
+}
+
+/// `PUT /services/{name}` as keelctl sends it. The control plane never parses
+/// specs, so keelctl, which validated the document, states what the control
+/// plane needs to know about it; the document itself travels untouched to the
+/// agents, which expand the template into each replica's jail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceApply {
+    /// The Service document (YAML, `kind: Service`).
+    pub document: String,
+    /// `spec.replicas`.
+    pub replicas: u32,
+    /// `spec.port`.
+    pub port: u16,
+    /// The template declares volumes: replicas are pinned to their nodes.
+    pub stateful: bool,
+    /// Hex SHA-256 of the template in canonical JSON: the template is
+    /// immutable once the service exists, and this is how the control plane
+    /// tells a change without reading it.
+    pub template_digest: String,
+}
+
+/// One replica of a service, as `GET /services/{name}` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    /// `{service}-{index}`.
+    pub name: String,
+    /// Node it is placed on.
+    pub node: String,
+    /// Its address, once its node reported it.
+    pub address: Option<std::net::Ipv4Addr>,
+    /// `Running`, `NotRunning` (its node reports the workload down),
+    /// `Pending` (not reported yet) or `NodeDead`.
+    pub state: String,
+    /// Counts towards the VIP's replica list (Alive node, running).
+    pub ready: bool,
+}
+
+/// A service, as `GET /services` and `GET /services/{name}` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    /// Service name.
+    pub name: String,
+    /// Virtual IP, fixed for the service's life.
+    pub vip: std::net::Ipv4Addr,
+    /// Port, fixed for the service's life.
+    pub port: u16,
+    /// Desired replicas.
+    pub desired: u32,
+    /// Replicas on Alive nodes whose workload runs.
+    pub ready: u32,
+    /// Template has volumes: replicas are pinned to their nodes.
+    pub stateful: bool,
+    /// Every placed replica.
+    pub replicas: Vec<ReplicaStatus>,
 }

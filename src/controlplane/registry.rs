@@ -32,17 +32,18 @@
 //! so nodes died, the version changed, and every node needed the list again.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::cidr::{Ipv4Net, derive_pod_cidr};
+use crate::common::cidr::{Ipv4Net, derive_pod_cidr, derive_service_vip};
 use crate::common::wire::{
-    HeartbeatRequest, HeartbeatResponse, Liveness, NodeStatus, Peer, RegisterRequest, Resources,
+    HeartbeatRequest, HeartbeatResponse, Liveness, NodeStatus, Peer, RegisterRequest,
+    ReplicaStatus, Resources, ServiceApply, ServiceEndpoints, ServiceStatus,
 };
-use crate::controlplane::scheduler::{Candidate, pick_node};
-use crate::controlplane::state::{ClusterState, NodeRecord, Op, Placement};
+use crate::controlplane::scheduler::{Candidate, pick_node, pick_node_spread};
+use crate::controlplane::state::{ClusterState, NodeRecord, Op, Placement, ServiceRecord};
 
 /// A request the cluster refuses, with its HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +88,36 @@ struct Live {
     last_heartbeat: Option<Instant>,
     committed: Resources,
     jails: u32,
+    /// Placed jails as the node last reported them: running, address.
+    reported: BTreeMap<String, (bool, Option<Ipv4Addr>)>,
+}
+
+/// One step of bringing a service to its desired replicas, carried out by a
+/// handler thread (forwarding never runs on the worker).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealAction {
+    /// Apply replica `replica` of `service` on `target` (an apply in flight:
+    /// end it with [`Cluster::finish_apply`]).
+    Place {
+        /// Service name.
+        service: String,
+        /// `{service}-{index}`.
+        replica: String,
+        /// Where, with its new epoch.
+        target: Target,
+    },
+    /// Delete a replica beyond the desired count (or of a deleted service).
+    Remove {
+        /// Service name.
+        service: String,
+        /// `{service}-{index}`.
+        replica: String,
+        /// Node holding it.
+        node: String,
+        /// Its agent, when the node is Alive; a Dead node's copy is fenced
+        /// when it comes back, since its placement is gone.
+        addr: Option<SocketAddr>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -103,7 +134,10 @@ pub struct Cluster {
     state: ClusterState,
     live: BTreeMap<String, Live>,
     pending: BTreeMap<String, Pending>,
+    /// Services whose heal is being carried out by a handler thread.
+    healing: BTreeSet<String>,
     cluster_cidr: Ipv4Net,
+    service_cidr: Ipv4Net,
     dead_after: Duration,
     /// Nodes Alive at the last read, oldest heartbeat first.
     alive: BTreeSet<(Instant, String)>,
@@ -192,12 +226,19 @@ const PEERS_VERSION_MASK: u64 = (1 << 53) - 1;
 
 impl Cluster {
     /// A cluster from persisted state: every node Dead until it heartbeats.
-    pub fn new(state: ClusterState, cluster_cidr: Ipv4Net, dead_after: Duration) -> Cluster {
+    pub fn new(
+        state: ClusterState,
+        cluster_cidr: Ipv4Net,
+        service_cidr: Ipv4Net,
+        dead_after: Duration,
+    ) -> Cluster {
         let mut cluster = Cluster {
             state,
             live: BTreeMap::new(),
             pending: BTreeMap::new(),
+            healing: BTreeSet::new(),
             cluster_cidr,
+            service_cidr,
             dead_after,
             alive: BTreeSet::new(),
             peers_version: first_peers_version(),
@@ -312,6 +353,7 @@ impl Cluster {
         self.state = state;
         self.pending.clear();
         self.encode_every_peer(Instant::now());
+        self.healing.clear();
     }
 
     fn apply(&mut self, ops: Vec<Op>) -> Vec<Op> {
@@ -406,6 +448,11 @@ impl Cluster {
         let live = self.live.entry(id.to_string()).or_default();
         live.committed = req.committed;
         live.jails = req.jails;
+        live.reported = req
+            .placed
+            .iter()
+            .map(|j| (j.name.clone(), (j.running, j.address)))
+            .collect();
         let stale = req
             .placed
             .iter()
@@ -417,7 +464,7 @@ impl Cluster {
             response: HeartbeatResponse {
                 peers: Vec::new(),
                 stale,
-                services: Vec::new(),
+                services: self.endpoints(now),
                 peers_version: Some(self.peers_version),
                 peers_unchanged: unchanged,
             },
@@ -624,6 +671,274 @@ fn first_peers_version() -> u64 {
     seed & PEERS_VERSION_MASK
 }
 
+/// Services: replica sets behind VIPs, healed on heartbeats.
+impl Cluster {
+    /// Creates or scales a service. Port and template are immutable (409
+    /// naming the field); the VIP is allocated once and kept.
+    pub fn put_service(&mut self, name: &str, apply: &ServiceApply) -> Result<Vec<Op>, Refusal> {
+        let conflict = |field: &str, what: String| Refusal {
+            status: 409,
+            message: what,
+            field: Some(field.to_string()),
+        };
+        let vip = match self.state.services.get(name) {
+            Some(existing) => {
+                if existing.port != apply.port {
+                    return Err(conflict(
+                        "spec.port",
+                        format!(
+                            "service {name} has port {}; the port cannot change (delete and re-create the service)",
+                            existing.port
+                        ),
+                    ));
+                }
+                if existing.template_digest != apply.template_digest {
+                    return Err(conflict(
+                        "spec.template",
+                        format!(
+                            "service {name} exists with another template; the template cannot change (delete and re-create the service)"
+                        ),
+                    ));
+                }
+                existing.vip
+            }
+            None => {
+                let taken: BTreeSet<Ipv4Addr> =
+                    self.state.services.values().map(|s| s.vip).collect();
+                derive_service_vip(name, self.service_cidr, &taken)
+                    .map_err(|e| conflict("spec", e.to_string()))?
+            }
+        };
+        let record = ServiceRecord {
+            document: apply.document.clone(),
+            replicas: apply.replicas,
+            port: apply.port,
+            stateful: apply.stateful,
+            template_digest: apply.template_digest.clone(),
+            vip,
+        };
+        if self.state.services.get(name) == Some(&record) {
+            return Ok(Vec::new());
+        }
+        Ok(self.apply(vec![Op::PutService {
+            name: name.to_string(),
+            record,
+        }]))
+    }
+
+    /// The document of a service, for forwarding replica applies.
+    pub fn service_document(&self, name: &str) -> Option<String> {
+        self.state.services.get(name).map(|s| s.document.clone())
+    }
+
+    /// Every placed replica of `name` (`{name}-{index}`), with its index.
+    fn placed_replicas(&self, name: &str) -> Vec<(u32, String, Placement)> {
+        let prefix = format!("{name}-");
+        self.state
+            .placements
+            .range(prefix.clone()..)
+            .take_while(|(n, _)| n.starts_with(&prefix))
+            .filter_map(|(n, p)| {
+                let index = n[prefix.len()..].parse::<u32>().ok()?;
+                // `web-01` is not replica 1 of `web`; only canonical indices.
+                (index.to_string() == n[prefix.len()..]).then(|| (index, n.clone(), p.clone()))
+            })
+            .collect()
+    }
+
+    /// The replica view both `GET /services/{name}` and the heartbeat's
+    /// endpoint lists are built from, so the two can never disagree: a replica
+    /// is ready when its node is Alive and reports its workload running.
+    fn replica_view(&self, name: &str, now: Instant) -> Vec<ReplicaStatus> {
+        self.placed_replicas(name)
+            .into_iter()
+            .map(|(_, replica, p)| {
+                let alive = self.liveness(&p.node, now) == Some(Liveness::Alive);
+                let reported = self
+                    .live
+                    .get(&p.node)
+                    .and_then(|l| l.reported.get(&replica))
+                    .copied();
+                let (state, ready) = match (alive, reported) {
+                    (false, _) => ("NodeDead", false),
+                    (true, None) => ("Pending", false),
+                    (true, Some((true, _))) => ("Running", true),
+                    (true, Some((false, _))) => ("NotRunning", false),
+                };
+                ReplicaStatus {
+                    name: replica,
+                    node: p.node,
+                    address: reported.and_then(|(_, a)| a),
+                    state: state.into(),
+                    ready: ready && reported.and_then(|(_, a)| a).is_some(),
+                }
+            })
+            .collect()
+    }
+
+    /// `GET /services/{name}`.
+    pub fn service_status(&self, name: &str, now: Instant) -> Option<ServiceStatus> {
+        let rec = self.state.services.get(name)?;
+        let replicas = self.replica_view(name, now);
+        Some(ServiceStatus {
+            name: name.to_string(),
+            vip: rec.vip,
+            port: rec.port,
+            desired: rec.replicas,
+            ready: replicas.iter().filter(|r| r.ready).count() as u32,
+            stateful: rec.stateful,
+            replicas,
+        })
+    }
+
+    /// `GET /services`.
+    pub fn service_statuses(&self, now: Instant) -> Vec<ServiceStatus> {
+        self.state
+            .services
+            .keys()
+            .filter_map(|n| self.service_status(n, now))
+            .collect()
+    }
+
+    /// Every service with its ready replicas' `address:port`, for the proxies.
+    pub fn endpoints(&self, now: Instant) -> Vec<ServiceEndpoints> {
+        self.state
+            .services
+            .iter()
+            .map(|(name, rec)| ServiceEndpoints {
+                name: name.clone(),
+                vip: rec.vip,
+                port: rec.port,
+                replicas: self
+                    .replica_view(name, now)
+                    .into_iter()
+                    .filter(|r| r.ready)
+                    .filter_map(|r| r.address.map(|a| SocketAddrV4::new(a, rec.port)))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// What it takes to bring service `name` to its desired replicas, for
+    /// every service not already being healed (all services when `only` is
+    /// `None`). Marks them as healing until [`Cluster::heal_done`].
+    ///
+    /// A replica index counts as present when it is placed on an Alive node,
+    /// or, for a stateful service, placed at all: a stateful replica on a Dead
+    /// node is neither replaced nor torn down; it waits for its node and its
+    /// data. Missing indices are placed with the spreading scheduler; indices
+    /// at or beyond the desired count are removed.
+    pub fn plan_heal(&mut self, only: Option<&str>, now: Instant) -> Vec<HealAction> {
+        let names: Vec<String> = match only {
+            Some(n) => vec![n.to_string()],
+            None => self.state.services.keys().cloned().collect(),
+        };
+        let mut actions = Vec::new();
+        for name in names {
+            if self.healing.contains(&name) {
+                continue;
+            }
+            let Some(rec) = self.state.services.get(&name).cloned() else {
+                continue;
+            };
+            let placed = self.placed_replicas(&name);
+            let mut service_actions = Vec::new();
+            for (index, replica, p) in &placed {
+                if *index >= rec.replicas {
+                    let addr = self.resolve_node(&p.node, now).ok();
+                    service_actions.push(HealAction::Remove {
+                        service: name.clone(),
+                        replica: replica.clone(),
+                        node: p.node.clone(),
+                        addr,
+                    });
+                }
+            }
+            let present = |c: &Cluster, p: &Placement| {
+                rec.stateful || c.liveness(&p.node, now) == Some(Liveness::Alive)
+            };
+            let mut occupied: BTreeSet<String> = placed
+                .iter()
+                .filter(|(i, _, p)| *i < rec.replicas && present(self, p))
+                .map(|(_, _, p)| p.node.clone())
+                .collect();
+            for index in 0..rec.replicas {
+                let replica = format!("{name}-{index}");
+                let ok = self
+                    .state
+                    .placements
+                    .get(&replica)
+                    .is_some_and(|p| present(self, p));
+                if ok || self.pending.contains_key(&replica) {
+                    continue;
+                }
+                let avoid: BTreeSet<&str> = occupied.iter().map(String::as_str).collect();
+                let Some(node) =
+                    pick_node_spread(&self.candidates(now), &avoid).map(str::to_string)
+                else {
+                    break; // no Alive node: the next heartbeat tries again
+                };
+                let Ok(addr) = self.resolve_node(&node, now) else {
+                    continue;
+                };
+                let epoch = self.next_epoch();
+                self.pending.insert(
+                    replica.clone(),
+                    Pending {
+                        node: node.clone(),
+                        epoch,
+                        count: 1,
+                    },
+                );
+                occupied.insert(node.clone());
+                service_actions.push(HealAction::Place {
+                    service: name.clone(),
+                    replica,
+                    target: Target { node, addr, epoch },
+                });
+            }
+            if !service_actions.is_empty() {
+                self.healing.insert(name);
+                actions.extend(service_actions);
+            }
+        }
+        actions
+    }
+
+    /// The heal of these services is over (whatever its outcome).
+    pub fn heal_done(&mut self, services: &[String]) {
+        for s in services {
+            self.healing.remove(s);
+        }
+    }
+
+    /// Deletes a service: its record and VIP go now; its replicas are
+    /// returned as removals for the caller to carry out.
+    pub fn remove_service(
+        &mut self,
+        name: &str,
+        now: Instant,
+    ) -> Result<(Vec<Op>, Vec<HealAction>), Refusal> {
+        if !self.state.services.contains_key(name) {
+            return Err(Refusal::new(404, format!("no service named {name}")));
+        }
+        let removals = self
+            .placed_replicas(name)
+            .into_iter()
+            .map(|(_, replica, p)| HealAction::Remove {
+                service: name.to_string(),
+                addr: self.resolve_node(&p.node, now).ok(),
+                replica,
+                node: p.node,
+            })
+            .collect();
+        let ops = self.apply(vec![Op::RemoveService {
+            name: name.to_string(),
+        }]);
+        Ok((ops, removals))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -635,6 +950,7 @@ mod tests {
         Cluster::new(
             ClusterState::default(),
             "10.20.0.0/16".parse().expect("cidr"),
+            "10.96.0.0/16".parse().expect("cidr"),
             DEAD_AFTER,
         )
     }
@@ -673,6 +989,7 @@ mod tests {
                         name: n.to_string(),
                         epoch: *e,
                         running: true,
+                        address: None,
                     })
                     .collect(),
                 peers_version: None,
@@ -863,7 +1180,12 @@ mod tests {
         register(&mut c, "a", 1, t0);
         register(&mut c, "b", 2, t0);
         let old = beat_with(&mut c, "a", None, t0).peers_version;
-        let mut restarted = Cluster::new(c.state().clone(), c.cluster_cidr, DEAD_AFTER);
+        let mut restarted = Cluster::new(
+            c.state().clone(),
+            c.cluster_cidr,
+            c.service_cidr,
+            DEAD_AFTER,
+        );
         register(&mut restarted, "a", 1, t0);
         let resp = beat_with(&mut restarted, "a", old, t0);
         assert!(!resp.peers_unchanged);
@@ -893,7 +1215,12 @@ mod tests {
         let b = register(&mut c, "b", 2, t0);
         assert_ne!(a, b);
         assert_eq!(register(&mut c, "a", 9, t0), a);
-        let mut restarted = Cluster::new(c.state().clone(), c.cluster_cidr, DEAD_AFTER);
+        let mut restarted = Cluster::new(
+            c.state().clone(),
+            c.cluster_cidr,
+            c.service_cidr,
+            DEAD_AFTER,
+        );
         assert_eq!(restarted.liveness("a", t0), Some(Liveness::Dead));
         assert_eq!(register(&mut restarted, "a", 1, t0), a);
     }
@@ -1048,5 +1375,232 @@ mod tests {
         assert!(c.remove_placement("web", "b").is_empty());
         assert_eq!(c.remove_placement("web", "a").len(), 1);
         assert!(c.state().placements.is_empty());
+    }
+
+    fn service(replicas: u32, port: u16, digest: &str, stateful: bool) -> ServiceApply {
+        ServiceApply {
+            document: "kind: Service".into(),
+            replicas,
+            port,
+            stateful,
+            template_digest: digest.into(),
+        }
+    }
+
+    /// Places every planned replica as if its node answered success, and has
+    /// each node report its replicas running with an address.
+    fn carry_out(c: &mut Cluster, actions: Vec<HealAction>, now: Instant) {
+        let mut services = Vec::new();
+        for a in actions {
+            match a {
+                HealAction::Place {
+                    service,
+                    replica,
+                    target,
+                } => {
+                    services.push(service);
+                    c.finish_apply(&replica, &target, true);
+                }
+                HealAction::Remove {
+                    service,
+                    replica,
+                    node,
+                    ..
+                } => {
+                    services.push(service);
+                    c.remove_placement(&replica, &node);
+                }
+            }
+        }
+        c.heal_done(&services);
+        let nodes: Vec<String> = c.state().nodes.keys().cloned().collect();
+        for node in nodes {
+            if c.liveness(&node, now) != Some(Liveness::Alive) {
+                continue;
+            }
+            let placed: Vec<PlacedJail> = c
+                .state()
+                .placements
+                .iter()
+                .filter(|(_, p)| p.node == node)
+                .map(|(n, p)| PlacedJail {
+                    name: n.clone(),
+                    epoch: p.epoch,
+                    running: true,
+                    address: Some(Ipv4Addr::new(10, 20, 0, 2)),
+                })
+                .collect();
+            let req = HeartbeatRequest {
+                committed: Resources::default(),
+                jails: 0,
+                placed,
+                peers_version: None,
+            };
+            c.heartbeat(&node, &req, now).expect("heartbeat");
+        }
+    }
+
+    fn nodes_of(c: &Cluster, svc: &str) -> Vec<String> {
+        c.placed_replicas(svc)
+            .into_iter()
+            .map(|(_, _, p)| p.node)
+            .collect()
+    }
+
+    #[test]
+    fn services_spread_scale_up_and_down() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        for (i, id) in ["a", "b", "c"].iter().enumerate() {
+            register(&mut c, id, i as u16 + 1, t0);
+        }
+        c.put_service("web", &service(3, 80, "t1", false))
+            .expect("put");
+        let plan = c.plan_heal(Some("web"), t0);
+        assert_eq!(plan.len(), 3);
+        carry_out(&mut c, plan, t0);
+        let mut nodes = nodes_of(&c, "web");
+        nodes.sort();
+        assert_eq!(nodes, ["a", "b", "c"], "one replica per node");
+        let status = c.service_status("web", t0).expect("status");
+        assert_eq!((status.desired, status.ready), (3, 3));
+        let endpoints = c.endpoints(t0);
+        assert_eq!(endpoints[0].replicas.len(), 3);
+        assert_eq!(endpoints[0].vip, status.vip);
+
+        c.put_service("web", &service(5, 80, "t1", false))
+            .expect("scale up");
+        let plan = c.plan_heal(Some("web"), t0);
+        assert_eq!(plan.len(), 2);
+        carry_out(&mut c, plan, t0);
+        c.put_service("web", &service(2, 80, "t1", false))
+            .expect("scale down");
+        let plan = c.plan_heal(Some("web"), t0);
+        assert_eq!(
+            plan.iter()
+                .filter(|a| matches!(a, HealAction::Remove { .. }))
+                .count(),
+            3
+        );
+        carry_out(&mut c, plan, t0);
+        let names: Vec<String> = c
+            .placed_replicas("web")
+            .into_iter()
+            .map(|(_, n, _)| n)
+            .collect();
+        assert_eq!(names, ["web-0", "web-1"]);
+        assert!(c.plan_heal(Some("web"), t0).is_empty(), "converged");
+    }
+
+    #[test]
+    fn port_and_template_are_immutable_and_the_vip_never_changes() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        c.put_service("web", &service(1, 80, "t1", false))
+            .expect("put");
+        let vip = c.service_status("web", t0).expect("status").vip;
+        assert!(
+            "10.96.0.0/16"
+                .parse::<Ipv4Net>()
+                .expect("cidr")
+                .contains(vip)
+        );
+        let e = c
+            .put_service("web", &service(1, 81, "t1", false))
+            .expect_err("port");
+        assert_eq!((e.status, e.field.as_deref()), (409, Some("spec.port")));
+        let e = c
+            .put_service("web", &service(1, 80, "t2", false))
+            .expect_err("template");
+        assert_eq!((e.status, e.field.as_deref()), (409, Some("spec.template")));
+        c.put_service("web", &service(4, 80, "t1", false))
+            .expect("scale");
+        assert_eq!(c.service_status("web", t0).expect("status").vip, vip);
+        c.put_service("db", &service(1, 5432, "t3", false))
+            .expect("db");
+        assert_ne!(c.service_status("db", t0).expect("status").vip, vip);
+    }
+
+    #[test]
+    fn vip_exhaustion_is_a_hard_error() {
+        let mut c = Cluster::new(
+            ClusterState::default(),
+            "10.20.0.0/16".parse().expect("cidr"),
+            "10.96.0.0/30".parse().expect("cidr"),
+            DEAD_AFTER,
+        );
+        c.put_service("a", &service(1, 80, "t", false))
+            .expect("first");
+        c.put_service("b", &service(1, 80, "t", false))
+            .expect("second");
+        assert_eq!(
+            c.put_service("c", &service(1, 80, "t", false))
+                .expect_err("full")
+                .status,
+            409
+        );
+    }
+
+    #[test]
+    fn a_dead_node_s_stateless_replica_moves_and_a_stateful_one_waits() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        c.put_service("web", &service(2, 80, "t1", false))
+            .expect("web");
+        c.put_service("db", &service(2, 5432, "t2", true))
+            .expect("db");
+        let plan = c.plan_heal(None, t0);
+        carry_out(&mut c, plan, t0);
+        let web_before = c.state().placements["web-0"].clone();
+        // Only `b` keeps heartbeating.
+        let later = t0 + DEAD_AFTER;
+        beat(&mut c, "b", 0.0, &[], later);
+        let dead = if web_before.node == "a" { "a" } else { "b" };
+        let plan = c.plan_heal(None, later);
+        let moved: Vec<&str> = plan
+            .iter()
+            .filter_map(|a| match a {
+                HealAction::Place { replica, .. } => Some(replica.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            moved.iter().all(|r| r.starts_with("web-")),
+            "stateful replicas stay: {moved:?}"
+        );
+        assert_eq!(moved.len(), 1, "exactly the replica on the dead node moves");
+        carry_out(&mut c, plan, later);
+        assert!(nodes_of(&c, "web").iter().all(|n| n == "b"));
+        assert!(
+            nodes_of(&c, "db").contains(&"a".to_string()),
+            "pinned to its dead node"
+        );
+        let db = c.service_status("db", later).expect("db");
+        assert_eq!(db.ready, 1, "the pinned replica drops out of the VIP list");
+        assert!(db.replicas.iter().any(|r| r.state == "NodeDead"));
+        let moved_epoch = c.state().placements
+            [&format!("web-{}", if dead == web_before.node { 0 } else { 1 })]
+            .epoch;
+        assert!(moved_epoch > web_before.epoch || web_before.node != dead);
+    }
+
+    #[test]
+    fn deleting_a_service_releases_its_vip_and_removes_its_replicas() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        c.put_service("web", &service(2, 80, "t1", false))
+            .expect("web");
+        let plan = c.plan_heal(None, t0);
+        carry_out(&mut c, plan, t0);
+        let (_, removals) = c.remove_service("web", t0).expect("remove");
+        assert_eq!(removals.len(), 2);
+        carry_out(&mut c, removals, t0);
+        assert!(c.state().placements.is_empty());
+        assert!(c.service_status("web", t0).is_none());
+        assert_eq!(c.remove_service("web", t0).expect_err("gone").status, 404);
     }
 }
