@@ -42,7 +42,7 @@ use crate::common::wire::{
     HeartbeatRequest, HeartbeatResponse, Liveness, NodeStatus, Peer, RegisterRequest,
     ReplicaStatus, Resources, ServiceApply, ServiceEndpoints, ServiceStatus,
 };
-use crate::controlplane::scheduler::{Candidate, pick_node, pick_node_spread};
+use crate::controlplane::scheduler::{Candidate, pick_node_spread};
 use crate::controlplane::state::{ClusterState, NodeRecord, Op, Placement, ServiceRecord};
 
 /// A request the cluster refuses, with its HTTP status.
@@ -90,6 +90,34 @@ struct Live {
     jails: u32,
     /// Placed jails as the node last reported them: running, address.
     reported: BTreeMap<String, (bool, Option<Ipv4Addr>)>,
+    /// The headroom the node is ranked under in `Cluster::ranked`, while Alive.
+    rank: Option<Rank>,
+}
+
+/// A node's headroom as the scheduler orders it: most first, NaN where
+/// [`crate::controlplane::scheduler::pick_node`]'s `total_cmp` puts it, so
+/// the first ranked node is the one `pick_node` would pick.
+#[derive(Debug, Clone, Copy)]
+struct Rank(f64);
+
+impl PartialEq for Rank {
+    fn eq(&self, other: &Rank) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Rank {}
+
+impl PartialOrd for Rank {
+    fn partial_cmp(&self, other: &Rank) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Rank {
+    fn cmp(&self, other: &Rank) -> std::cmp::Ordering {
+        other.0.total_cmp(&self.0)
+    }
 }
 
 /// One step of bringing a service to its desired replicas, carried out by a
@@ -146,6 +174,9 @@ pub struct Cluster {
     entries: BTreeMap<String, Vec<u8>>,
     /// The entries joined, for the current version, once asked for.
     peer_list: Option<Arc<PeerListJson>>,
+    /// The nodes in `alive`, most headroom first and ties by id: the
+    /// scheduled route's pick is the first one, without visiting 5,000 nodes.
+    ranked: BTreeSet<(Rank, String)>,
 }
 
 /// Every node's peer entry as JSON for one peer list version, shared with
@@ -244,6 +275,7 @@ impl Cluster {
             peers_version: first_peers_version(),
             entries: BTreeMap::new(),
             peer_list: None,
+            ranked: BTreeSet::new(),
         };
         cluster.encode_every_peer(Instant::now());
         cluster
@@ -323,6 +355,7 @@ impl Cluster {
                 break;
             }
             if let Some((_, id)) = self.alive.pop_first() {
+                self.rank(&id, false);
                 self.peer_changed(&id, now);
             }
         }
@@ -337,9 +370,40 @@ impl Cluster {
             None => false,
         };
         self.alive.insert((now, id.to_string()));
+        self.rank(id, true);
         if !was_alive {
             self.peer_changed(id, now);
         }
+    }
+
+    /// Puts `id` in `ranked` under its current headroom (`alive`), or takes
+    /// it out. Called whenever its liveness, capacity or committed resources
+    /// change.
+    fn rank(&mut self, id: &str, alive: bool) {
+        let capacity = self.state.nodes.get(id).map(|n| n.capacity);
+        let Some(live) = self.live.get_mut(id) else {
+            return;
+        };
+        if let Some(old) = live.rank.take() {
+            self.ranked.remove(&(old, id.to_string()));
+        }
+        if let (true, Some(capacity)) = (alive, capacity) {
+            let headroom = Candidate {
+                node_id: id,
+                capacity,
+                committed: live.committed,
+            }
+            .headroom();
+            live.rank = Some(Rank(headroom));
+            self.ranked.insert((Rank(headroom), id.to_string()));
+        }
+    }
+
+    /// The scheduled route's pick at `now`: the same node as
+    /// `pick_node(&self.candidates(now))`, found in O(log n).
+    fn scheduled_pick(&mut self, now: Instant) -> Option<String> {
+        self.notice_deaths(now);
+        self.ranked.first().map(|(_, id)| id.clone())
     }
 
     /// The persisted part.
@@ -353,6 +417,12 @@ impl Cluster {
         self.state = state;
         self.pending.clear();
         self.encode_every_peer(Instant::now());
+        // Nodes the restored records lack must not be picked.
+        let alive: Vec<String> = self.alive.iter().map(|(_, id)| id.clone()).collect();
+        for id in alive {
+            let known = self.state.nodes.contains_key(&id);
+            self.rank(&id, known);
+        }
         self.healing.clear();
     }
 
@@ -444,7 +514,6 @@ impl Cluster {
                 format!("node {id} is not registered; register first"),
             ));
         }
-        self.heard_from(id, now);
         let live = self.live.entry(id.to_string()).or_default();
         live.committed = req.committed;
         live.jails = req.jails;
@@ -453,6 +522,8 @@ impl Cluster {
             .iter()
             .map(|j| (j.name.clone(), (j.running, j.address)))
             .collect();
+        // After the committed resources, so the node is ranked by them.
+        self.heard_from(id, now);
         let stale = req
             .placed
             .iter()
@@ -592,13 +663,13 @@ impl Cluster {
             (None, Some(p), _) => (p.node, p.epoch),
             (None, None, Some(wanted)) => (wanted.to_string(), self.next_epoch()),
             (None, None, None) => {
-                let picked = pick_node(&self.candidates(now)).ok_or_else(|| {
+                let picked = self.scheduled_pick(now).ok_or_else(|| {
                     Refusal::new(
                         503,
                         "no Alive node to place the jail on: start keel-agentd on a node, or wait for one to heartbeat",
                     )
                 })?;
-                (picked.to_string(), self.next_epoch())
+                (picked, self.next_epoch())
             }
         };
         let addr = self.resolve_node(&node_id, now)?;
@@ -943,6 +1014,8 @@ impl Cluster {
 mod tests {
     use super::*;
     use crate::common::wire::PlacedJail;
+    use crate::controlplane::scheduler::pick_node;
+    use proptest::prelude::*;
 
     const DEAD_AFTER: Duration = Duration::from_secs(15);
 
@@ -1300,6 +1373,76 @@ mod tests {
             [("a".into(), 3.0), ("c".into(), 2.0), ("d".into(), 3.5)]
         );
         assert_eq!(c.begin_apply("web", None, t2).expect("placed").node, "c");
+    }
+
+    /// One step of a random cluster history for the ranking property.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Register { node: u8, cpu: u8, mem: u8 },
+        Beat { node: u8, cpu: u8, mem: u8 },
+        Wait { secs: u8 },
+        Reset,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0u8..8, 0u8..5, 0u8..5).prop_map(|(node, cpu, mem)| Step::Register { node, cpu, mem }),
+            (0u8..8, 0u8..6, 0u8..6).prop_map(|(node, cpu, mem)| Step::Beat { node, cpu, mem }),
+            (0u8..10).prop_map(|secs| Step::Wait { secs }),
+            Just(Step::Reset),
+        ]
+    }
+
+    proptest! {
+        /// The ranked index picks exactly what `pick_node` picks over every
+        /// Alive node, through registrations (new capacities), heartbeats
+        /// (new commitments, ties included), deaths and resets.
+        #[test]
+        fn the_ranked_pick_is_pick_node_over_the_candidates(
+            steps in proptest::collection::vec(step(), 1..60),
+        ) {
+            let mut now = Instant::now();
+            let mut c = cluster();
+            let mut on_disk = c.state().clone();
+            for s in steps {
+                match s {
+                    Step::Register { node, cpu, mem } => {
+                        let id = format!("n{node}");
+                        c.register(
+                            &RegisterRequest {
+                                node_id: id,
+                                advertise_addr: SocketAddr::from(([127, 0, 0, 1], 1)),
+                                capacity: Resources {
+                                    cpu: f64::from(cpu),
+                                    memory: u64::from(mem) << 30,
+                                },
+                            },
+                            now,
+                        )
+                        .expect("registers");
+                        if node % 2 == 0 {
+                            on_disk = c.state().clone();
+                        }
+                    }
+                    Step::Beat { node, cpu, mem } => {
+                        let req = HeartbeatRequest {
+                            committed: Resources {
+                                cpu: f64::from(cpu) / 2.0,
+                                memory: u64::from(mem) << 29,
+                            },
+                            jails: 0,
+                            placed: vec![],
+                            peers_version: None,
+                        };
+                        let _ = c.heartbeat(&format!("n{node}"), &req, now);
+                    }
+                    Step::Wait { secs } => now += Duration::from_secs(u64::from(secs)),
+                    Step::Reset => c.reset(on_disk.clone()),
+                }
+                let expected = pick_node(&c.candidates(now)).map(str::to_string);
+                prop_assert_eq!(c.scheduled_pick(now), expected);
+            }
+        }
     }
 
     #[test]
