@@ -12,31 +12,13 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keel::common::cidr::Ipv4Net;
 use keel::common::wire::{Liveness, NodeStatus};
 use keel::controlplane::scheduler::{Candidate, pick_node};
 
 use crate::util::cluster::{Cluster, Run, free_port};
-
-const DEADLINE: Duration = Duration::from_secs(20);
-
-/// Polls `f` until it returns `Some`, or panics naming `what` with the logs.
-fn wait_for<T>(cluster: &Cluster, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "timed out waiting for {what}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn ok(cluster: &Cluster, run: Run, what: &str) -> String {
     assert_eq!(run.code, 0, "{what}: {run:?}\n{}", cluster.logs());
@@ -55,7 +37,7 @@ fn nodes(cluster: &Cluster) -> BTreeMap<String, NodeStatus> {
 }
 
 fn wait_status(cluster: &Cluster, ids: &[&str], status: Liveness) -> BTreeMap<String, NodeStatus> {
-    wait_for(cluster, &format!("{ids:?} {status}"), || {
+    cluster.wait_for(&format!("{ids:?} {status}"), || {
         let nodes = nodes(cluster);
         ids.iter()
             .all(|id| nodes.get(*id).is_some_and(|n| n.status == status))
@@ -137,11 +119,9 @@ fn wait_routes(cluster: &Cluster, nodes: &BTreeMap<String, NodeStatus>) {
             .filter(|peer| peer.node_id != me.node_id)
             .map(|peer| (peer.pod_cidr.clone(), peer.address.ip().to_string()))
             .collect();
-        wait_for(
-            cluster,
-            &format!("{}'s routes {want:?}", me.node_id),
-            || (routes(cluster, &me.node_id) == want).then_some(()),
-        );
+        cluster.wait_for(&format!("{}'s routes {want:?}", me.node_id), || {
+            (routes(cluster, &me.node_id) == want).then_some(())
+        });
     }
 }
 
@@ -187,7 +167,7 @@ fn a_three_node_simulated_cluster_schedules_routes_fails_over_nothing_and_surviv
             now[&node].pod_cidr
         );
         let want = now[&node].committed.cpu + cpu;
-        wait_for(&cluster, &format!("{node} to commit {want} cpu"), || {
+        cluster.wait_for(&format!("{node} to commit {want} cpu"), || {
             let n = &nodes(&cluster)[&node];
             ((n.committed.cpu - want).abs() < 1e-9).then_some(())
         });
@@ -430,7 +410,7 @@ fn the_readme_simulated_cluster_works_word_for_word() {
                 env.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
             // The README lists the nodes first: they may still be registering.
             let run = if args.ends_with(&["get", "nodes"]) {
-                wait_for(&cluster, "three Alive nodes", || {
+                cluster.wait_for("three Alive nodes", || {
                     let run = cluster.keelctl_raw(&args, &env, None);
                     (run.code == 0 && run.stdout.matches(" Alive ").count() == 3).then_some(run)
                 })
@@ -479,7 +459,7 @@ fn http_get(cluster: &Cluster, url: &str) -> String {
         .split_once('/')
         .map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
     let addr: SocketAddr = authority.parse().expect("IP:PORT");
-    wait_for(cluster, url, || {
+    cluster.wait_for(url, || {
         let mut stream = TcpStream::connect(addr).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
         write!(stream, "GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n").ok()?;

@@ -132,6 +132,7 @@ fn example_value(key: &str) -> &'static str {
         "agent.node_id" => "node-7",
         "agent.advertise_addr" => "192.0.2.7:7441",
         "agent.heartbeat_interval" => "2s",
+        "agent.proxy_listen" => "127.0.0.7",
         "controlplane.listen" => "127.0.0.1:17440",
         "controlplane.state_dir" => "/srv/keel/controlplane",
         "controlplane.pidfile" => "/srv/keel/controlplane.pid",

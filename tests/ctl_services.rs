@@ -5,13 +5,10 @@
 //! jail and a service applied in order and deleted last one first.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
 
 use keel::common::wire::{Liveness, NodeStatus, ServiceStatus};
 
 use crate::util::cluster::{Cluster, Run};
-
-const DEADLINE: Duration = Duration::from_secs(20);
 
 fn web(replicas: u32, port: u16) -> String {
     format!(
@@ -45,21 +42,6 @@ spec:
     exec: {start: [/bin/sleep, '300']}
 ";
 
-fn wait_for<T>(cluster: &Cluster, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "timed out waiting for {what}\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn ok(cluster: &Cluster, args: &[&str]) -> Run {
     let run = cluster.keelctl(args);
     assert_eq!(run.code, 0, "keelctl {args:?}: {run:?}\n{}", cluster.logs());
@@ -78,7 +60,7 @@ fn web_status(cluster: &Cluster) -> Option<ServiceStatus> {
 #[test]
 fn keelctl_applies_lists_scales_and_deletes_a_service() {
     let cluster = Cluster::standard(3);
-    wait_for(&cluster, "three Alive nodes", || {
+    cluster.wait_for("three Alive nodes", || {
         let nodes: Vec<NodeStatus> =
             serde_json::from_str(&ok(&cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
         let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
@@ -97,7 +79,7 @@ fn keelctl_applies_lists_scales_and_deletes_a_service() {
             && applied.stdout.ends_with(" ready)\n"),
         "{applied:?}"
     );
-    let status = wait_for(&cluster, "3/3 ready", || {
+    let status = cluster.wait_for("3/3 ready", || {
         web_status(&cluster).filter(|s| s.ready == 3 && s.desired == 3)
     });
     let nodes: BTreeSet<&str> = status.replicas.iter().map(|r| r.node.as_str()).collect();
@@ -139,7 +121,7 @@ fn keelctl_applies_lists_scales_and_deletes_a_service() {
     std::fs::write(&file, web(1, 8080)).expect("write web.yaml");
     let scaled = ok(&cluster, &["apply", "-f", file_arg]);
     assert!(scaled.stdout.contains(", 1/1 ready)"), "{scaled:?}");
-    wait_for(&cluster, "one replica left", || {
+    cluster.wait_for("one replica left", || {
         web_status(&cluster).filter(|s| s.replicas.len() == 1 && s.ready == 1)
     });
     assert_eq!(web_status(&cluster).map(|s| s.vip), Some(status.vip));

@@ -5,15 +5,12 @@
 //! runs on two nodes.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 use keel::common::auth::{self, KeyFilePolicy, Signer};
 use keel::common::http::{Client, ClientResponse, Endpoint};
 use keel::common::wire::{JailStatus, ServiceApply, ServiceStatus};
 
 use crate::util::cluster::Cluster;
-
-const DEADLINE: Duration = Duration::from_secs(30);
 
 const WEB: &str = "kind: Service
 metadata: {name: web}
@@ -94,22 +91,11 @@ fn running_on(cluster: &Cluster, nodes: &[&str]) -> BTreeMap<String, Vec<String>
         .collect()
 }
 
-fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn replicas_spread_scale_heal_and_are_fenced() {
     let mut cluster = Cluster::standard(3);
     let op = Operator::new(&cluster);
-    wait_for("three Alive nodes", || {
+    cluster.wait_for("three Alive nodes", || {
         let r = op.call("GET", "/nodes", b"");
         let nodes: Vec<keel::common::wire::NodeStatus> = serde_json::from_slice(&r.body).ok()?;
         let alive = nodes
@@ -121,7 +107,7 @@ fn replicas_spread_scale_heal_and_are_fenced() {
 
     let r = op.put_service(3);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let status = wait_for("3 ready replicas", || {
+    let status = cluster.wait_for("3 ready replicas", || {
         let s = op.service();
         (s.ready == 3).then_some(s)
     });
@@ -154,11 +140,11 @@ fn replicas_spread_scale_heal_and_are_fenced() {
 
     // Scale 3 -> 5 -> 2.
     assert_eq!(op.put_service(5).status, 200);
-    wait_for("5 ready replicas", || {
+    cluster.wait_for("5 ready replicas", || {
         (op.service().ready == 5).then_some(())
     });
     assert_eq!(op.put_service(2).status, 200);
-    wait_for("2 replicas left on the nodes", || {
+    cluster.wait_for("2 replicas left on the nodes", || {
         let on = running_on(&cluster, &["n1", "n2", "n3"]);
         let total: usize = on.values().map(Vec::len).sum();
         (total == 2 && op.service().ready == 2).then_some(())
@@ -175,7 +161,7 @@ fn replicas_spread_scale_heal_and_are_fenced() {
         .map(|r| r.node.clone())
         .expect("web-0 placed");
     cluster.kill9_agent(&victim);
-    let healed = wait_for("web-0 rescheduled", || {
+    let healed = cluster.wait_for("web-0 rescheduled", || {
         let s = op.service();
         let moved = s
             .replicas
@@ -192,7 +178,7 @@ fn replicas_spread_scale_heal_and_are_fenced() {
         .into_iter()
         .filter(|x| *x != victim)
         .collect();
-    wait_for("the stale copy to be fenced", || {
+    cluster.wait_for("the stale copy to be fenced", || {
         running_on(&cluster, &[&victim])[&victim]
             .is_empty()
             .then_some(())
@@ -208,7 +194,7 @@ fn replicas_spread_scale_heal_and_are_fenced() {
     // Deleting the service removes its replicas and frees its VIP.
     assert_eq!(op.call("DELETE", "/services/web", b"").status, 200);
     assert_eq!(op.call("GET", "/services/web", b"").status, 404);
-    wait_for("replicas removed", || {
+    cluster.wait_for("replicas removed", || {
         running_on(&cluster, &["n1", "n2", "n3"])
             .values()
             .all(Vec::is_empty)

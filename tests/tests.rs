@@ -21,6 +21,7 @@ mod hostile;
 mod http;
 mod packaging;
 mod proxy;
+mod proxy_e2e;
 mod reconciler;
 mod services_e2e;
 mod sim;

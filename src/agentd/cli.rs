@@ -89,6 +89,12 @@ pub const FLAGS: &[Flag] = &[
         "DURATION",
         "heartbeat period towards the control plane",
     ),
+    set(
+        "proxy-listen",
+        "agent.proxy_listen",
+        "IP",
+        "service proxy listens here instead of on each VIP (empty: alias the VIPs)",
+    ),
     FLAG_LOG_LEVEL,
     FLAG_HELP,
     FLAG_VERSION,

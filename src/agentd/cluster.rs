@@ -9,7 +9,10 @@
 //! changes the host goes to the worker as a command: adopting the node subnet
 //! ([`crate::agentd::worker::Command::AdoptSubnet`]) and applying a heartbeat
 //! answer ([`crate::agentd::worker::Command::ClusterUpdate`], which runs
-//! [`apply_heartbeat`] on the worker thread).
+//! [`apply_heartbeat`] on the worker thread). The thread also owns the node's
+//! service proxy ([`crate::agentd::proxy`]): once the worker has aliased the
+//! answer's VIPs on the bridge, the answer's service table goes to
+//! [`Proxy::update`].
 //!
 //! Rules this module keeps:
 //! - A heartbeat that fails changes nothing: the node keeps its jails, its
@@ -21,6 +24,9 @@
 //!   cluster is still withdrawn). The node's own subnet is never routed away.
 //!   [`plan_routes`] is the pure diff, [`sync_routes`] runs it with one route
 //!   listing.
+//! - Service VIPs are /32 aliases on the bridge, and only those Keel added
+//!   (`AgentState::service_vips`) are ever removed ([`sync_vips`]). When the
+//!   control plane is unreachable the proxy keeps its last table.
 //! - Fencing deletes only jails the control plane placed: a stale name is
 //!   deleted when the jail still carries the epoch the agent reported in that
 //!   heartbeat. A jail applied over the Unix socket has no epoch and is never
@@ -47,6 +53,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::agentd::api::AgentApi;
+use crate::agentd::proxy::Proxy;
 use crate::agentd::reconciler::{Phase, Reconciler};
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::auth::{
@@ -453,6 +460,63 @@ pub fn sync_routes(
     sync
 }
 
+/// What [`sync_vips`] did.
+#[derive(Debug, Default)]
+pub struct VipSync {
+    /// VIPs Keel has aliased on the bridge after this sync (persist them).
+    pub managed: BTreeSet<Ipv4Addr>,
+    /// Aliases added.
+    pub added: Vec<Ipv4Addr>,
+    /// Aliases removed.
+    pub removed: Vec<Ipv4Addr>,
+    /// Failed steps; the others were done.
+    pub errors: Vec<NetError>,
+}
+
+/// Aliases every VIP in `wanted` on `bridge` as a /32 and removes the aliases
+/// Keel added before (`managed`) whose service is gone, after one listing of
+/// the bridge's addresses. An address Keel did not add (the gateway, an
+/// admin's alias) is never removed: only `managed` ones are. A failed listing
+/// changes nothing; a failed removal stays managed, so the next heartbeat
+/// tries again.
+pub fn sync_vips(
+    net: &impl NetManager,
+    bridge: &str,
+    wanted: &BTreeSet<Ipv4Addr>,
+    managed: &BTreeSet<Ipv4Addr>,
+) -> VipSync {
+    let present: BTreeSet<Ipv4Addr> = match net.list_addresses(bridge) {
+        Ok(addresses) => addresses.into_iter().collect(),
+        Err(e) => {
+            return VipSync {
+                managed: managed.clone(),
+                errors: vec![e],
+                ..VipSync::default()
+            };
+        }
+    };
+    let mut sync = VipSync {
+        managed: wanted.clone(),
+        ..VipSync::default()
+    };
+    for vip in managed.difference(wanted).filter(|v| present.contains(v)) {
+        match net.remove_alias(bridge, *vip) {
+            Ok(()) => sync.removed.push(*vip),
+            Err(e) => {
+                sync.managed.insert(*vip);
+                sync.errors.push(e);
+            }
+        }
+    }
+    for vip in wanted.difference(&present) {
+        match net.add_alias(bridge, *vip) {
+            Ok(()) => sync.added.push(*vip),
+            Err(e) => sync.errors.push(e),
+        }
+    }
+    sync
+}
+
 /// What applying one heartbeat answer did on the worker.
 #[derive(Debug, Default)]
 pub struct HeartbeatOutcome {
@@ -463,12 +527,14 @@ pub struct HeartbeatOutcome {
 }
 
 /// Applies a heartbeat answer on the worker thread: adopt (again, idempotent)
-/// the node's subnet and the bridge address, reconcile peer routes, and
+/// the node's subnet and the bridge address, reconcile peer routes, alias the
+/// services' `vips` on the bridge (before the proxy listens on them), and
 /// delete the placed jails in `fence` that still carry the reported epoch.
 pub fn apply_heartbeat<J, Z, N, M>(
     reconciler: &mut Reconciler<J, Z, N, M>,
     pod_cidr: Ipv4Net,
     peers: &[Peer],
+    vips: &BTreeSet<Ipv4Addr>,
     fence: &[PlacedJail],
 ) -> HeartbeatOutcome
 where
@@ -502,6 +568,22 @@ where
         .extend(sync.errors.iter().map(|e| format!("peer routes: {e}")));
     if let Err(e) = reconciler.record_cluster_routes(sync.managed) {
         outcome.errors.push(format!("peer routes: {e}"));
+    }
+
+    let bridge = reconciler.node().bridge.clone();
+    let managed = reconciler.state().service_vips.clone();
+    let aliases = sync_vips(reconciler.net(), &bridge, vips, &managed);
+    for vip in &aliases.removed {
+        log::info!("removed the alias {vip}/32 from {bridge} (its service is gone)");
+    }
+    for vip in &aliases.added {
+        log::info!("aliased service VIP {vip}/32 on {bridge}");
+    }
+    outcome
+        .errors
+        .extend(aliases.errors.iter().map(|e| format!("service VIPs: {e}")));
+    if let Err(e) = reconciler.record_service_vips(aliases.managed) {
+        outcome.errors.push(format!("service VIPs: {e}"));
     }
 
     for stale in fence {
@@ -599,6 +681,9 @@ pub struct Membership {
     /// Signs every request to the control plane with the node key; replaced
     /// on SIGHUP during a key rotation.
     pub signer: Arc<RwLock<Signer>>,
+    /// Alias each service's VIP on the bridge (false with
+    /// `agent.proxy_listen`, where the proxy listens elsewhere).
+    pub alias_vips: bool,
 }
 
 /// The control plane, as the agent talks to it.
@@ -679,10 +764,13 @@ fn error_message(body: &[u8]) -> String {
 }
 
 /// Starts the cluster thread: register, then heartbeat until `stop` receives
-/// (or is dropped) or the worker is gone.
+/// (or is dropped) or the worker is gone. The thread owns `proxy`: each
+/// heartbeat answer's services go to it, and it is shut down when the thread
+/// ends.
 pub fn spawn(
     membership: Membership,
     worker: WorkerHandle,
+    proxy: Proxy,
     stop: Receiver<()>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -694,7 +782,8 @@ pub fn spawn(
                 membership.signer.clone(),
             );
             // Err only when the worker is gone: the daemon is stopping.
-            let _ = run(&membership, &cp, &worker, &stop);
+            let _ = run(&membership, &cp, &worker, &proxy, &stop);
+            proxy.shutdown();
         })
 }
 
@@ -707,6 +796,7 @@ fn run(
     m: &Membership,
     cp: &ControlPlane,
     worker: &WorkerHandle,
+    proxy: &Proxy,
     stop: &Receiver<()>,
 ) -> Result<(), WorkerGone> {
     let clock = SystemClock;
@@ -766,8 +856,17 @@ fn run(
                 Ok(mut resp) => match peers.absorb(&mut resp) {
                     Some(list) => {
                         let fence = stale_placed(&resp.stale, &request.placed);
-                        let outcome = worker.cluster_update(pod_cidr, list, fence)?;
-                        (!outcome.errors.is_empty()).then(|| outcome.errors.join("; "))
+                        let vips = if m.alias_vips {
+                            resp.services.iter().map(|s| s.vip).collect()
+                        } else {
+                            BTreeSet::new()
+                        };
+                        let outcome = worker.cluster_update(pod_cidr, list, vips, fence)?;
+                        // After the aliases exist: a listener on a VIP the
+                        // host does not have yet would fail to bind.
+                        let mut errors = outcome.errors;
+                        errors.extend(proxy.update(&resp.services).iter().map(|e| e.to_string()));
+                        (!errors.is_empty()).then(|| errors.join("; "))
                     }
                     None => Some(format!(
                         "{} answered that the peer list is unchanged but sent a version this node does not hold; keeping routes, asking for the full list next time",
@@ -1144,7 +1243,7 @@ mod tests {
                 address: None,
             },
         ];
-        let outcome = apply_heartbeat(&mut r, pod, &[], &fence);
+        let outcome = apply_heartbeat(&mut r, pod, &[], &BTreeSet::new(), &fence);
         assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
         assert_eq!(outcome.fenced, ["placed"]);
         assert!(r.record("placed").is_none());
@@ -1198,7 +1297,7 @@ mod tests {
         let mut r = reconciler(dir.path(), fake_net.clone());
         let pod = net("10.20.5.0/24");
         let peers = [peer("n2", [10, 0, 0, 2], "10.20.7.0/24", true)];
-        let outcome = apply_heartbeat(&mut r, pod, &peers, &[]);
+        let outcome = apply_heartbeat(&mut r, pod, &peers, &BTreeSet::new(), &[]);
         assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
         assert_eq!(
             r.state().cluster_routes,
@@ -1208,8 +1307,74 @@ mod tests {
         // The peer left the cluster while the agent was down: the restarted
         // agent still knows the route is Keel's and withdraws it.
         let mut r = reconciler(dir.path(), fake_net.clone());
-        apply_heartbeat(&mut r, pod, &[], &[]);
+        apply_heartbeat(&mut r, pod, &[], &BTreeSet::new(), &[]);
         assert!(fake_net.routes().is_empty());
         assert!(r.state().cluster_routes.is_empty());
+    }
+
+    fn ip(last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 96, 0, last)
+    }
+
+    #[test]
+    fn vips_are_aliased_and_only_keels_are_removed() {
+        let faults = Faults::default();
+        let fake = FakeNet::new(CallLog::new(), faults.clone());
+        fake.add_interface("keel0");
+        fake.add_alias("keel0", ip(99)).expect("the admin's alias");
+        let sync = sync_vips(
+            &fake,
+            "keel0",
+            &BTreeSet::from([ip(1), ip(2)]),
+            &BTreeSet::new(),
+        );
+        assert!(sync.errors.is_empty(), "{:?}", sync.errors);
+        assert_eq!(sync.added, vec![ip(1), ip(2)]);
+        assert_eq!(sync.managed, BTreeSet::from([ip(1), ip(2)]));
+        assert_eq!(fake.aliases("keel0"), vec![ip(1), ip(2), ip(99)]);
+
+        // Service 2 is gone; 99 was never Keel's, so it stays.
+        let sync = sync_vips(&fake, "keel0", &BTreeSet::from([ip(1)]), &sync.managed);
+        assert_eq!(sync.removed, vec![ip(2)]);
+        assert!(sync.added.is_empty(), "1 is already there");
+        assert_eq!(fake.aliases("keel0"), vec![ip(1), ip(99)]);
+
+        // A removal that fails stays Keel's, to be retried.
+        faults.fail("remove_alias", Some("10.96.0.1"));
+        let sync = sync_vips(&fake, "keel0", &BTreeSet::new(), &sync.managed);
+        assert_eq!(sync.errors.len(), 1);
+        assert_eq!(sync.managed, BTreeSet::from([ip(1)]));
+        faults.clear();
+
+        // A failed listing changes nothing.
+        faults.fail("list_addresses", None);
+        let sync = sync_vips(&fake, "keel0", &BTreeSet::from([ip(3)]), &sync.managed);
+        assert_eq!(sync.errors.len(), 1);
+        assert_eq!(sync.managed, BTreeSet::from([ip(1)]));
+        assert_eq!(fake.aliases("keel0"), vec![ip(1), ip(99)]);
+    }
+
+    #[test]
+    fn heartbeat_vips_are_persisted_so_a_restarted_agent_removes_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fake_net = FakeNet::new(CallLog::new(), Faults::default());
+        let mut r = reconciler(dir.path(), fake_net.clone());
+        let pod = net("10.20.5.0/24");
+        let outcome = apply_heartbeat(&mut r, pod, &[], &BTreeSet::from([ip(7)]), &[]);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert_eq!(fake_net.aliases("keel0"), vec![ip(7)]);
+        assert_eq!(r.state().service_vips, BTreeSet::from([ip(7)]));
+        drop(r);
+        // The service was deleted while the agent was down.
+        let mut r = reconciler(dir.path(), fake_net.clone());
+        let outcome = apply_heartbeat(&mut r, pod, &[], &BTreeSet::new(), &[]);
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert!(fake_net.aliases("keel0").is_empty());
+        assert!(r.state().service_vips.is_empty());
+        assert_eq!(
+            fake_net.bridge_address("keel0"),
+            Some(net("10.20.5.1/24")),
+            "the gateway address is never an alias to remove"
+        );
     }
 }

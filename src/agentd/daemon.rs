@@ -23,6 +23,7 @@ use std::sync::{Arc, RwLock};
 use crate::agentd::api::AgentApi;
 use crate::agentd::cli::Options;
 use crate::agentd::cluster::{self, ClusterError, Membership, SignedApi};
+use crate::agentd::proxy::{Proxy, ProxyConfig};
 use crate::agentd::reconciler::{AgentState, NodeNetwork, Reconciler, STATE_FILE};
 use crate::agentd::worker;
 use crate::common::auth::{Signer, Verifier};
@@ -256,6 +257,7 @@ fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifi
         capacity,
         heartbeat_interval: a.heartbeat_interval.0,
         signer: Arc::new(RwLock::new(signer)),
+        alias_vips: a.proxy_listen.is_none(),
     };
     Ok(Some((membership, verifier)))
 }
@@ -344,7 +346,10 @@ where
         );
     }
     let cluster_thread = membership
-        .map(|m| cluster::spawn(m, worker.clone(), cluster_stop))
+        .map(|m| {
+            let proxy = Proxy::start(ProxyConfig::from_agent(&cfg.agent))?;
+            cluster::spawn(m, worker.clone(), proxy, cluster_stop)
+        })
         .transpose()
         .map_err(setup)?;
     let (stop_timer, timer_stop) = mpsc::channel();

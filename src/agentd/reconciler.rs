@@ -123,6 +123,10 @@ pub struct AgentState {
     /// no other route is ever touched.
     #[serde(default)]
     pub cluster_routes: BTreeSet<Ipv4Net>,
+    /// Service VIPs Keel aliased on the bridge, so an alias whose service is
+    /// gone can be removed and no other address is ever touched.
+    #[serde(default)]
+    pub service_vips: BTreeSet<Ipv4Addr>,
 }
 
 /// One desired jail.
@@ -1156,6 +1160,16 @@ where
         }
         let mut next = self.state.clone();
         next.cluster_routes = routes;
+        self.commit(next)
+    }
+
+    /// Persists the set of service VIPs Keel has aliased now.
+    pub fn record_service_vips(&mut self, vips: BTreeSet<Ipv4Addr>) -> Result<(), ReconcileError> {
+        if self.state.service_vips == vips {
+            return Ok(());
+        }
+        let mut next = self.state.clone();
+        next.service_vips = vips;
         self.commit(next)
     }
 }

@@ -9,6 +9,8 @@
 //! time in arrival order. A timer tick is just another command, which is why an
 //! apply never races a pass.
 
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -77,6 +79,8 @@ pub enum Command {
         pod_cidr: Ipv4Net,
         /// Every other node.
         peers: Vec<Peer>,
+        /// Service VIPs to alias on the bridge (empty with `agent.proxy_listen`).
+        vips: BTreeSet<Ipv4Addr>,
         /// Placed jails the control plane named stale, with the epoch reported.
         fence: Vec<PlacedJail>,
         /// Where the answer goes.
@@ -166,11 +170,13 @@ impl WorkerHandle {
         &self,
         pod_cidr: Ipv4Net,
         peers: Vec<Peer>,
+        vips: BTreeSet<Ipv4Addr>,
         fence: Vec<PlacedJail>,
     ) -> Result<HeartbeatOutcome, WorkerGone> {
         self.ask(|reply| Command::ClusterUpdate {
             pod_cidr,
             peers,
+            vips,
             fence,
             reply,
         })
@@ -283,10 +289,12 @@ where
             Command::ClusterUpdate {
                 pod_cidr,
                 peers,
+                vips,
                 fence,
                 reply,
             } => {
-                let outcome = cluster::apply_heartbeat(&mut reconciler, pod_cidr, &peers, &fence);
+                let outcome =
+                    cluster::apply_heartbeat(&mut reconciler, pod_cidr, &peers, &vips, &fence);
                 let _ = reply.send(outcome);
             }
             Command::Shutdown => break,

@@ -95,6 +95,13 @@ pub struct AgentConfig {
     pub heartbeat_interval: Interval,
     /// Connect timeout of the service proxy towards a replica. Default `1s`.
     pub proxy_connect_timeout: Interval,
+    /// IP every service listener binds (at the service's port) instead of the
+    /// service's VIP, which is then not aliased on the bridge; `""` (None)
+    /// aliases each VIP on the bridge and listens there. For several
+    /// simulated agents on one host, each with its own loopback address.
+    /// Default `""`.
+    #[serde(with = "empty_is_none")]
+    pub proxy_listen: Option<Ipv4Addr>,
     /// Key the agent signs its control-plane requests with.
     /// Default `/usr/local/etc/keel/node.key`.
     pub key_file: PathBuf,
@@ -115,6 +122,7 @@ impl Default for AgentConfig {
             advertise_addr: None,
             heartbeat_interval: Interval::secs(5),
             proxy_connect_timeout: Interval::secs(1),
+            proxy_listen: None,
             key_file: "/usr/local/etc/keel/node.key".into(),
         }
     }

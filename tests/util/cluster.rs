@@ -38,6 +38,10 @@ pub const KEELCTL: &str = env!("CARGO_BIN_EXE_keelctl");
 
 /// How long a daemon gets to start, or to stop after SIGTERM.
 const STARTUP: Duration = Duration::from_secs(20);
+/// How long [`Cluster::wait_for`] polls: heartbeats and reconcile passes run
+/// every 200 ms in [`Cluster::standard`], so this is generous on a loaded
+/// machine.
+const CONVERGE: Duration = Duration::from_secs(30);
 const STOP: Duration = Duration::from_secs(10);
 
 /// What one keelctl run did.
@@ -182,7 +186,8 @@ impl Cluster {
     /// The control plane of the process tests: `--listen` on a free port,
     /// heartbeats every 200 ms, Dead after 1 s; then `agents` agents `n1`,
     /// `n2`, ... on [`node_ip`] addresses, each with its own state dir and
-    /// socket, heartbeating and reconciling every 200 ms.
+    /// socket, heartbeating and reconciling every 200 ms, its service proxy
+    /// listening on its [`node_ip`] (`--proxy-listen`).
     pub fn standard(agents: u8) -> Cluster {
         let mut cluster = Cluster::new();
         let port = free_port(Ipv4Addr::LOCALHOST);
@@ -225,6 +230,9 @@ impl Cluster {
             "200ms".into(),
             "--reconcile-interval".into(),
             "200ms".into(),
+            // Three proxies on one host: each on its own address.
+            "--proxy-listen".into(),
+            ip.to_string(),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.start_agent(&id, &args);
@@ -318,6 +326,18 @@ impl Cluster {
         self.nodes.get_mut(id).expect("a node").daemon.kill9();
     }
 
+    /// Loses node `id`: `kill -9` of its agent, then of every jail it runs
+    /// (each workload's process group, through the simulated host). Its
+    /// records stay, as on a host that lost power; [`Cluster::restart_agent`]
+    /// brings it back.
+    pub fn kill9_node(&mut self, id: &str) {
+        self.kill9_agent(id);
+        let jails = SimJails::new(&self.nodes[id].state_dir.join("sim")).expect("jail table");
+        for jail in jails.list().expect("list jails") {
+            jails.remove(&jail.name).expect("kill the jail's workload");
+        }
+    }
+
     /// Starts node `id`'s agent again with the same arguments (after
     /// [`Cluster::kill9_agent`]); its jails were left running.
     pub fn restart_agent(&mut self, id: &str) {
@@ -344,6 +364,23 @@ impl Cluster {
     /// Starts the control plane again with the same arguments and directory.
     pub fn restart_controlplane(&mut self) {
         self.launch_controlplane();
+    }
+
+    /// Polls `probe` every 20 ms until it returns `Some`, or panics naming
+    /// `what`, with every daemon's log.
+    pub fn wait_for<T>(&self, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+        let start = Instant::now();
+        loop {
+            if let Some(v) = probe() {
+                return v;
+            }
+            assert!(
+                start.elapsed() < CONVERGE,
+                "timed out waiting for {what}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Every daemon's log, for failure messages.

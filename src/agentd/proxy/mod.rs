@@ -76,8 +76,8 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 pub struct ProxyConfig {
     /// Bound on connecting to a replica (`agent.proxy_connect_timeout`).
     pub connect_timeout: Duration,
-    /// Listen on this IP instead of each service's VIP (tests, on hosts whose
-    /// loopback answers only 127.0.0.1). Port 0 then picks a free port, which
+    /// Listen on this IP instead of each service's VIP (`agent.proxy_listen`;
+    /// tests, on hosts whose loopback answers only 127.0.0.1). Port 0 then picks a free port, which
     /// [`Proxy::services`] reports.
     pub bind_ip_override: Option<Ipv4Addr>,
 }
@@ -93,7 +93,7 @@ impl ProxyConfig {
     pub fn from_agent(agent: &AgentConfig) -> ProxyConfig {
         ProxyConfig {
             connect_timeout: agent.proxy_connect_timeout.0,
-            bind_ip_override: None,
+            bind_ip_override: agent.proxy_listen,
         }
     }
 }
