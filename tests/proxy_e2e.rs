@@ -266,6 +266,15 @@ fn requests_to_the_vip_rotate_over_replicas_and_survive_a_lost_node() {
     });
     let failover = lost.elapsed();
     wait_for_rotation(&cluster, 1, port, &ready_names(&healed), 2);
+    let table = Client::new(Endpoint::Unix(cluster.socket("n1")))
+        .request("GET", "/proxy", &[], b"")
+        .expect("agent answers");
+    let table: serde_json::Value = serde_json::from_slice(&table.body).expect("JSON");
+    assert_eq!(
+        table,
+        serde_json::json!([{"name": "echo", "listen": proxy(1, port).to_string(), "replicas": 3}]),
+        "n1's proxy table"
+    );
     let (served, failures) = client.finish();
     eprintln!(
         "failover: full replica count {:.2} s after kill -9 of n3 (dead_after 1 s, heartbeats every 200 ms); {served} requests during it",

@@ -6,8 +6,12 @@
 //! the answer into JSON. Spec bodies are YAML and are validated here, before the
 //! worker ever sees them, so a bad document changes nothing.
 
+use std::net::SocketAddrV4;
+use std::sync::Arc;
+
 use serde::Serialize;
 
+use crate::agentd::proxy::Proxy;
 use crate::agentd::reconciler::ReconcileError;
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::http::{Handler, Request, Response};
@@ -17,12 +21,51 @@ use crate::common::wire::EPOCH_HEADER;
 /// The agent API.
 pub struct AgentApi {
     worker: WorkerHandle,
+    proxy: Option<Arc<Proxy>>,
+}
+
+/// One service the node's proxy serves, as `GET /proxy` shows it.
+#[derive(Debug, Serialize)]
+struct Served<'a> {
+    name: &'a str,
+    listen: SocketAddrV4,
+    replicas: usize,
 }
 
 impl AgentApi {
     /// Routes requests to `worker`.
     pub fn new(worker: WorkerHandle) -> AgentApi {
-        AgentApi { worker }
+        AgentApi {
+            worker,
+            proxy: None,
+        }
+    }
+
+    /// Answers `GET /proxy` from `proxy` (a clustered node's service proxy);
+    /// without one the list is empty.
+    pub fn with_proxy(mut self, proxy: Arc<Proxy>) -> AgentApi {
+        self.proxy = Some(proxy);
+        self
+    }
+
+    /// What the proxy serves now: the services it listens for, where, and
+    /// with how many replicas. It keeps the last table while the control
+    /// plane is unreachable, so this shows what clients get meanwhile.
+    fn proxy_table(&self) -> Response {
+        let served = self
+            .proxy
+            .as_ref()
+            .map(|p| p.services())
+            .unwrap_or_default();
+        let table: Vec<Served> = served
+            .iter()
+            .map(|(name, listen, replicas)| Served {
+                name,
+                listen: *listen,
+                replicas: *replicas,
+            })
+            .collect();
+        Response::json(200, &table)
     }
 
     fn route(&self, req: &Request) -> Result<Response, WorkerGone> {
@@ -33,6 +76,7 @@ impl AgentApi {
             ("GET", ["metrics"]) => Response::text(200, self.worker.metrics()?)
                 .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
+            ("GET", ["proxy"]) => self.proxy_table(),
             ("GET", ["jails", name]) => match check_name(name) {
                 Err(r) => r,
                 Ok(()) => match self.worker.get(name)? {
@@ -51,7 +95,9 @@ impl AgentApi {
                     Err(e) => error_response(&e),
                 },
             },
-            (_, ["healthz"]) | (_, ["metrics"]) | (_, ["jails"]) => method_not_allowed("GET"),
+            (_, ["healthz"]) | (_, ["metrics"]) | (_, ["jails"]) | (_, ["proxy"]) => {
+                method_not_allowed("GET")
+            }
             (_, ["jails", _]) => method_not_allowed("GET, PUT, DELETE"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
         })

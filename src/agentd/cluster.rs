@@ -765,12 +765,12 @@ fn error_message(body: &[u8]) -> String {
 
 /// Starts the cluster thread: register, then heartbeat until `stop` receives
 /// (or is dropped) or the worker is gone. The thread owns `proxy`: each
-/// heartbeat answer's services go to it, and it is shut down when the thread
-/// ends.
+/// heartbeat answer's services go to it (the API only reads it), and the
+/// thread's handle is dropped when the thread ends.
 pub fn spawn(
     membership: Membership,
     worker: WorkerHandle,
-    proxy: Proxy,
+    proxy: Arc<Proxy>,
     stop: Receiver<()>,
 ) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
@@ -783,7 +783,6 @@ pub fn spawn(
             );
             // Err only when the worker is gone: the daemon is stopping.
             let _ = run(&membership, &cp, &worker, &proxy, &stop);
-            proxy.shutdown();
         })
 }
 

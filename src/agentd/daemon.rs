@@ -321,7 +321,15 @@ where
 
     let (worker, worker_thread) = worker::spawn(reconciler).map_err(setup)?;
     let shutdown = ShutdownSignal::new();
-    let api = AgentApi::new(worker.clone());
+    let proxy = membership
+        .as_ref()
+        .map(|_| Proxy::start(ProxyConfig::from_agent(&cfg.agent)).map(Arc::new))
+        .transpose()
+        .map_err(setup)?;
+    let api = match &proxy {
+        Some(p) => AgentApi::new(worker.clone()).with_proxy(p.clone()),
+        None => AgentApi::new(worker.clone()),
+    };
     let verifier = verifier.map(Arc::new);
     let signer = membership.as_ref().map(|m| m.signer.clone());
     let handler: Arc<dyn Handler> = match &verifier {
@@ -346,10 +354,8 @@ where
         );
     }
     let cluster_thread = membership
-        .map(|m| {
-            let proxy = Proxy::start(ProxyConfig::from_agent(&cfg.agent))?;
-            cluster::spawn(m, worker.clone(), proxy, cluster_stop)
-        })
+        .zip(proxy)
+        .map(|(m, proxy)| cluster::spawn(m, worker.clone(), proxy, cluster_stop))
         .transpose()
         .map_err(setup)?;
     let (stop_timer, timer_stop) = mpsc::channel();
