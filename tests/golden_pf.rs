@@ -17,10 +17,18 @@ fn pf(runner: Arc<RecordingRunner>) -> FreeBsdPf<Arc<RecordingRunner>> {
 const RULES: &str = "rdr pass on em0 inet proto tcp from any to 203.0.113.10 port 80 -> 10.20.3.5 port 80\n\
                      rdr pass on em0 inet proto tcp from any to 203.0.113.10 port 443 -> 10.20.3.5 port 443\n";
 
+/// The ingress anchor exactly as the agent renders it (public 203.0.113.10 on
+/// em0, ingress jail 10.20.3.5).
+fn ingress_rules() -> String {
+    keel::agentd::ingress::pf::ingress_rules("em0", [203, 0, 113, 10].into(), [10, 20, 3, 5].into())
+}
+
 #[test]
 fn load_anchor_feeds_the_rules_on_stdin() {
     golden::check("pf_load", |r| {
-        pf(r).load_anchor("keel/ingress", RULES).expect("loaded");
+        pf(r)
+            .load_anchor(keel::agentd::ingress::pf::INGRESS_ANCHOR, &ingress_rules())
+            .expect("loaded");
     });
 }
 

@@ -4,5 +4,7 @@
 //! | file | owns |
 //! |---|---|
 //! | [`nginx`] | `nginx.conf` as a pure function of every applied Ingress |
+//! | [`pf`] | the `keel/ingress` anchor: public ports 80 and 443 to the ingress jail |
 
 pub mod nginx;
+pub mod pf;
