@@ -233,9 +233,8 @@ fn check_name(name: &str) -> Result<(), Response> {
 }
 
 fn check_volume(name: &str) -> Result<(), Response> {
-    spec::validate_name(name).map_err(|why| {
-        Response::error(400, &format!("volume name {name:?}: {why}"), None)
-    })
+    spec::validate_name(name)
+        .map_err(|why| Response::error(400, &format!("volume name {name:?}: {why}"), None))
 }
 
 fn volume_error(e: &VolumeError) -> Response {

@@ -59,7 +59,10 @@ impl fmt::Display for VolumeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             VolumeError::NotFound { volume, dataset } => {
-                write!(f, "no volume named {volume} on this node ({dataset} does not exist)")
+                write!(
+                    f,
+                    "no volume named {volume} on this node ({dataset} does not exist)"
+                )
             }
             VolumeError::Mounted { volume, by } => write!(
                 f,
@@ -81,7 +84,9 @@ pub fn list<Z: ZfsManager, M: MountManager>(
     let layout = zfs.layout();
     let prefix = layout.volume_dataset("");
     let datasets = zfs.list().map_err(|e| VolumeError::Host(e.to_string()))?;
-    let mounted = mounts.list().map_err(|e| VolumeError::Host(e.to_string()))?;
+    let mounted = mounts
+        .list()
+        .map_err(|e| VolumeError::Host(e.to_string()))?;
     let mut out: Vec<VolumeStatus> = datasets
         .into_iter()
         .filter_map(|d| {

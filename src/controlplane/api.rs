@@ -205,9 +205,10 @@ impl ControlPlaneApi {
             },
             ("GET", ["nodes", id, "volumes", name]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
-                Ok(addr) => self
-                    .forwarder
-                    .forward(id, addr, req, &format!("/volumes/{name}"), None),
+                Ok(addr) => {
+                    self.forwarder
+                        .forward(id, addr, req, &format!("/volumes/{name}"), None)
+                }
             },
             ("DELETE", ["nodes", id, "volumes", name]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
@@ -377,7 +378,10 @@ impl ControlPlaneApi {
                             out.push(unknown_volume(
                                 v,
                                 &home.node,
-                                format!("registered on node {}, which has no such dataset", home.node),
+                                format!(
+                                    "registered on node {}, which has no such dataset",
+                                    home.node
+                                ),
                             ));
                         }
                     }

@@ -1125,8 +1125,7 @@ impl Cluster {
                         home
                     }
                     Ok(None) => {
-                        let avoid: BTreeSet<&str> =
-                            occupied.iter().map(String::as_str).collect();
+                        let avoid: BTreeSet<&str> = occupied.iter().map(String::as_str).collect();
                         let Some(node) =
                             pick_node_spread(&self.candidates(now), &avoid).map(str::to_string)
                         else {
@@ -1716,7 +1715,162 @@ mod tests {
             port,
             stateful,
             template_digest: digest.into(),
+            volumes: if stateful {
+                vec!["data".into()]
+            } else {
+                Vec::new()
+            },
         }
+    }
+
+    #[test]
+    fn a_declared_volume_pins_every_later_apply_to_its_node() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let pg = vec!["pg".to_string()];
+        let t = c
+            .begin_apply_with_volumes("db", Some("b"), &pg, t0)
+            .expect("placed");
+        let ops = c.finish_apply("db", &t, true);
+        assert!(ops.contains(&Op::PutVolume {
+            name: "pg".into(),
+            node: "b".into()
+        }));
+        // The jail is deleted; its volume stays on b. `a` has more headroom
+        // (b carries load), so the scheduler alone would pick a.
+        c.remove_placement("db", "b");
+        beat(&mut c, "b", 3.0, &[], t0);
+        assert_eq!(c.begin_apply("other", None, t0).expect("pick").node, "a");
+        let again = c
+            .begin_apply_with_volumes("db2", None, &pg, t0)
+            .expect("pinned");
+        assert_eq!(again.node, "b", "any jail declaring pg goes to b");
+        c.finish_apply("db2", &again, false);
+        let named = c
+            .begin_apply_with_volumes("db", Some("a"), &pg, t0)
+            .expect_err("named elsewhere");
+        assert_eq!(named.status, 409);
+        assert!(named.message.contains("volume pg is on node b"), "{named}");
+        // b dies: no empty pg anywhere else.
+        let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+        beat(&mut c, "a", 0.0, &[], later);
+        let dead = c
+            .begin_apply_with_volumes("db", None, &pg, later)
+            .expect_err("dead");
+        assert_eq!(dead.status, 503);
+        assert!(
+            dead.message.contains("node b") && dead.message.contains("volume pg"),
+            "{dead}"
+        );
+        assert_eq!(c.resolve_volume("pg", later).expect_err("dead").status, 503);
+        assert_eq!(
+            c.resolve_volume("nope", later).expect_err("unknown").status,
+            404
+        );
+        // A refused apply (4xx) registers nothing; one that reached the node does.
+        let t = c
+            .begin_apply_with_volumes("cache", None, &["tmp".to_string()], later)
+            .expect("a");
+        assert!(c.finish_apply_reached("cache", &t, false, false).is_empty());
+        let t = c
+            .begin_apply_with_volumes("cache", None, &["tmp".to_string()], later)
+            .expect("a");
+        assert_eq!(c.finish_apply_reached("cache", &t, false, true).len(), 1);
+        assert_eq!(
+            c.volume_registry().get("tmp").map(String::as_str),
+            Some("a")
+        );
+        assert!(c.remove_volume("tmp", "b").is_empty(), "only its node");
+        assert_eq!(c.remove_volume("tmp", "a").len(), 1);
+    }
+
+    #[test]
+    fn volumes_on_two_nodes_cannot_be_declared_together() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        for (jail, node, vol) in [("x", "a", "va"), ("y", "b", "vb")] {
+            let t = c
+                .begin_apply_with_volumes(jail, Some(node), &[vol.to_string()], t0)
+                .expect("placed");
+            c.finish_apply(jail, &t, true);
+        }
+        let both = vec!["va".to_string(), "vb".to_string()];
+        let err = c
+            .begin_apply_with_volumes("z", None, &both, t0)
+            .expect_err("split");
+        assert_eq!(err.status, 409);
+    }
+
+    #[test]
+    fn a_stateful_replica_scaled_away_comes_back_to_its_data() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        for (i, id) in ["a", "b", "c"].iter().enumerate() {
+            register(&mut c, id, i as u16 + 1, t0);
+        }
+        c.put_service("db", &service(2, 5432, "t", true))
+            .expect("put");
+        let plan = c.plan_heal(Some("db"), t0);
+        let volumes: Vec<Vec<String>> = plan
+            .iter()
+            .filter_map(|a| match a {
+                HealAction::Place { volumes, .. } => Some(volumes.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            volumes,
+            [vec!["db-0-data".to_string()], vec!["db-1-data".to_string()]]
+        );
+        carry_out(&mut c, plan, t0);
+        let home = c.volume_registry()["db-1-data"].clone();
+        c.put_service("db", &service(1, 5432, "t", true))
+            .expect("down");
+        let plan = c.plan_heal(Some("db"), t0);
+        carry_out(&mut c, plan, t0);
+        assert_eq!(nodes_of(&c, "db").len(), 1);
+        // Load everything but db-1's old node, then make that node the
+        // fullest: the spreading scheduler would never pick it.
+        beat(&mut c, &home, 3.9, &[], t0);
+        c.put_service("db", &service(2, 5432, "t", true))
+            .expect("up");
+        let plan = c.plan_heal(Some("db"), t0);
+        match plan.as_slice() {
+            [
+                HealAction::Place {
+                    replica, target, ..
+                },
+            ] => {
+                assert_eq!(
+                    (replica.as_str(), target.node.as_str()),
+                    ("db-1", home.as_str())
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        carry_out(&mut c, plan, t0);
+        // Its node dies and the replica is removed by a scale-down and wanted
+        // again: it waits for the node instead of going elsewhere.
+        c.put_service("db", &service(1, 5432, "t", true))
+            .expect("down");
+        let plan = c.plan_heal(Some("db"), t0);
+        carry_out(&mut c, plan, t0);
+        let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+        for id in ["a", "b", "c"] {
+            if id != home {
+                beat(&mut c, id, 0.0, &[], later);
+            }
+        }
+        c.put_service("db", &service(2, 5432, "t", true))
+            .expect("up");
+        assert!(
+            c.plan_heal(Some("db"), later).is_empty(),
+            "db-1 waits for {home}"
+        );
     }
 
     /// Places every planned replica as if its node answered success, and has

@@ -195,7 +195,9 @@ mod tests {
                 name: "logs".into(),
                 node: "a".into(),
             },
-            Op::RemoveVolume { name: "logs".into() },
+            Op::RemoveVolume {
+                name: "logs".into(),
+            },
             Op::PutPlacement {
                 name: "db".into(),
                 placement: Placement {

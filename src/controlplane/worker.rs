@@ -534,10 +534,7 @@ impl Worker {
                         Some(h) => h.volumes.push(volume.clone()),
                         None => homes.push(VolumeHome {
                             node: node.clone(),
-                            addr: self
-                                .cluster
-                                .resolve_node(node, now)
-                                .map_err(|r| r.message),
+                            addr: self.cluster.resolve_node(node, now).map_err(|r| r.message),
                             volumes: vec![volume.clone()],
                         }),
                     }

@@ -257,8 +257,7 @@ impl Api {
             Route::Node(id) => format!("/nodes/{id}/volumes"),
             _ => "/volumes".to_string(),
         };
-        let mut list: Vec<VolumeStatus> =
-            decode(self.call("GET", &path, &[], b"")?, &self.client)?;
+        let mut list: Vec<VolumeStatus> = decode(self.call("GET", &path, &[], b"")?, &self.client)?;
         if let Route::Node(id) = &self.route {
             for v in &mut list {
                 v.node.get_or_insert_with(|| id.clone());

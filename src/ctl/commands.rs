@@ -281,11 +281,10 @@ pub fn execute(
         }
         Command::DeleteVolume { name } => {
             let api = resolve()?;
-            api.delete_volume(name)
-                .map_err(|error| CtlError::Request {
-                    action: format!("delete volume/{name}"),
-                    error,
-                })?;
+            api.delete_volume(name).map_err(|error| CtlError::Request {
+                action: format!("delete volume/{name}"),
+                error,
+            })?;
             out.line(&output::volume_deleted_line(name));
         }
         Command::DeleteJails { names } => {
