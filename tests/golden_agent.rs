@@ -8,6 +8,11 @@
 //! from what the previous step persisted, the way a restarted keel-agentd
 //! does, so the steady pass is also the "agent restarted while its jail runs"
 //! pass.
+//!
+//! Volumes: a changed `size` on a running jail's volume is one `zfs set
+//! quota` after the observation (and a size below what the volume uses is
+//! refused after the observation alone); `DELETE /volumes/{name}` reads the
+//! datasets and the mounts, then destroys, retrying while busy.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -124,4 +129,89 @@ fn agent_provisions_keeps_and_deletes_a_jail_with_two_volumes() {
         .expect("store opens");
     let saved = saved.expect("state saved");
     assert!(saved.jails.is_empty() && saved.deleting.is_empty());
+}
+
+/// A state directory holding web-1 as an agent leaves it once provisioned
+/// and running (built over the Fakes, which run no commands).
+fn provisioned_state() -> tempfile::TempDir {
+    use keel::host::fake::{CallLog, Faults};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, state) = Store::open(dir.path(), STATE_FILE).expect("store opens");
+    let mut fake = Reconciler::new(
+        keel::host::jail::FakeJails::new(CallLog::new(), Faults::default()),
+        FakeZfs::with_bases(&["14.2-RELEASE"]),
+        keel::host::net::FakeNet::new(CallLog::new(), Faults::default()),
+        keel::host::mount::FakeMounts::new(CallLog::new(), Faults::default()),
+        NodeNetwork {
+            bridge: "keel0".into(),
+            subnet: "10.20.3.0/24".parse().expect("subnet"),
+        },
+        store,
+        state,
+        Box::new(ManualClock::new()),
+    );
+    fake.apply(web(), None).expect("applied over the Fakes");
+    dir
+}
+
+#[test]
+fn agent_changes_a_volume_quota_in_place_and_refuses_one_below_used() {
+    let state = provisioned_state();
+    golden::check("agent_quota_change", |runner| {
+        let mut agent = agent(runner, state.path());
+        let mut bigger = web();
+        bigger.spec.volumes[0].size = Some(2 << 30);
+        let status = agent.apply(bigger, None).expect("applied");
+        assert_eq!(status.state, Phase::Running);
+    });
+    golden::check("agent_quota_below_used", |runner| {
+        let mut agent = agent(runner, state.path());
+        let mut smaller = web();
+        smaller.spec.volumes[0].size = Some(512 << 20);
+        match agent.apply(smaller, None) {
+            Err(keel::agentd::reconciler::ReconcileError::Conflict { message, .. }) => {
+                assert!(message.contains("900000000 bytes"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+#[test]
+fn agent_delete_volume_refuses_a_mounted_one_and_gives_up_on_a_busy_one() {
+    use keel::agentd::volumes::{self, VolumeError};
+    let paths = CommandPaths::default();
+    let seams = |runner: Runner| {
+        (
+            FreeBsdZfs::new(
+                runner.clone(),
+                paths.clone(),
+                FakeZfs::default_layout(),
+                3,
+                Duration::ZERO,
+            ),
+            FreeBsdMounts::new(runner, paths.clone()),
+        )
+    };
+    golden::check("agent_delete_volume_mounted", |runner| {
+        let (zfs, mounts) = seams(runner);
+        let err = volumes::delete(&zfs, &mounts, "web-content").expect_err("mounted");
+        assert_eq!(
+            err.to_string(),
+            "volume web-content is mounted by jail web-1; delete that jail first"
+        );
+        assert_eq!(err.status(), 409);
+    });
+    golden::check("agent_delete_volume_busy", |runner| {
+        let (zfs, mounts) = seams(runner);
+        let err = volumes::delete(&zfs, &mounts, "web-content").expect_err("busy");
+        assert!(
+            matches!(
+                err,
+                VolumeError::Busy(keel::host::zfs::ZfsError::Busy { attempts: 3, .. })
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.status(), 409);
+    });
 }

@@ -923,3 +923,95 @@ fn a_jail_rooted_outside_the_jails_directory_is_never_torn_down() {
     assert_eq!(host.take(), ["net.ensure_bridge keel0 10.20.3.1/24"]);
     assert!(host.jails.is_running("web"));
 }
+
+// Volumes: quota changes in place, and the volume routes (`agentd::volumes`),
+// keyed by dataset path alone.
+
+#[test]
+fn a_changed_volume_size_sets_the_quota_in_place_and_a_shrink_below_used_is_409() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    agent.apply(jail_with_volumes("db"), None).expect("applied");
+    host.take();
+    let mut bigger = jail_with_volumes("db");
+    bigger.spec.volumes[0].size = Some(2 << 30);
+    agent.apply(bigger.clone(), None).expect("resized");
+    assert_eq!(
+        host.take(),
+        ["zfs.set_volume_quota db-data"],
+        "nothing recreated"
+    );
+    let data = "zroot/keel/volumes/db-data";
+    assert_eq!(host.zfs.dataset(data).and_then(|d| d.quota), Some(2 << 30));
+    assert!(agent.reconcile().failures.is_empty());
+    assert!(
+        host.take().is_empty(),
+        "a steady pass leaves the quota alone"
+    );
+
+    host.zfs.set_used(data, 1_500_000_000);
+    let mut smaller = bigger.clone();
+    smaller.spec.volumes[0].size = Some(1 << 30);
+    match agent.apply(smaller, None) {
+        Err(ReconcileError::Conflict { field, message }) => {
+            assert_eq!(field, "spec.volumes[0].size");
+            assert!(
+                message.contains("1500000000") && message.contains(&(1u64 << 30).to_string()),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(host.take().is_empty(), "nothing changed on the host");
+    let saved = host.saved().expect("state");
+    assert_eq!(
+        saved.jails["db"].spec.spec.volumes[0].size,
+        Some(2 << 30),
+        "not recorded"
+    );
+}
+
+#[test]
+fn volume_routes_refuse_a_mounted_or_missing_volume_and_delete_an_unmounted_one() {
+    use keel::agentd::volumes::{self, VolumeError};
+    let host = Host::new();
+    let mut agent = host.agent();
+    agent.apply(jail_with_volumes("db"), None).expect("applied");
+    let list = volumes::list(&host.zfs, &host.mounts).expect("lists");
+    let summary: Vec<(String, Option<u64>, Option<String>)> = list
+        .iter()
+        .map(|v| (v.name.clone(), v.quota, v.mounted_by.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("db-data".to_string(), Some(1 << 30), Some("db".to_string())),
+            ("db-logs".to_string(), None, Some("db".to_string())),
+        ]
+    );
+    host.take();
+    let mounted = volumes::delete(&host.zfs, &host.mounts, "db-data").expect_err("mounted");
+    assert_eq!(mounted.status(), 409);
+    assert_eq!(
+        mounted.to_string(),
+        "volume db-data is mounted by jail db; delete that jail first"
+    );
+    assert!(host.take().is_empty(), "nothing destroyed");
+
+    agent.delete("db").expect("jail deleted");
+    host.take();
+    host.faults.fail("destroy_volume", Some("db-logs"));
+    let busy = volumes::delete(&host.zfs, &host.mounts, "db-logs").expect_err("busy");
+    assert!(matches!(busy, VolumeError::Busy(_)), "{busy:?}");
+    assert_eq!(busy.status(), 409);
+    volumes::delete(&host.zfs, &host.mounts, "db-data").expect("deleted");
+    assert_eq!(
+        host.take(),
+        ["zfs.destroy_volume db-logs", "zfs.destroy_volume db-data"]
+    );
+    let missing = volumes::get(&host.zfs, &host.mounts, "db-data").expect_err("gone");
+    assert_eq!(missing.status(), 404);
+    let missing = volumes::delete(&host.zfs, &host.mounts, "db-data").expect_err("gone");
+    assert_eq!(missing.status(), 404);
+    assert!(host.take().is_empty(), "a missing volume runs no destroy");
+}

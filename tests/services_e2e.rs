@@ -57,6 +57,7 @@ impl Operator {
             port: 8080,
             stateful: false,
             template_digest: "template-of-web".into(),
+            volumes: Vec::new(),
         };
         self.call(
             "PUT",
@@ -129,6 +130,7 @@ fn replicas_spread_scale_heal_and_are_fenced() {
         port: 9090,
         stateful: false,
         template_digest: "template-of-web".into(),
+        volumes: Vec::new(),
     };
     let r = op.call(
         "PUT",

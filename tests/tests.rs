@@ -27,3 +27,4 @@ mod services_e2e;
 mod sim;
 mod spec_examples;
 mod util;
+mod volumes_e2e;

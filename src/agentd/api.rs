@@ -1,5 +1,6 @@
 //! The agent's route table (DESIGN.md section 5), the same for the Unix socket
-//! and the optional TCP listener.
+//! and the optional TCP listener: jails, volumes (`agentd::volumes`), health
+//! and metrics.
 //!
 //! Handlers run on connection threads and own nothing: they parse and validate
 //! the request, hand a command to the worker through [`WorkerHandle`], and turn
@@ -12,11 +13,13 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::agentd::proxy::Proxy;
-use crate::agentd::reconciler::ReconcileError;
+use crate::agentd::reconciler::{HostError, ReconcileError};
+use crate::agentd::volumes::VolumeError;
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::http::{Handler, Request, Response};
 use crate::common::spec;
-use crate::common::wire::EPOCH_HEADER;
+use crate::common::wire::{EPOCH_HEADER, VOLUMES_PARAM, parse_volumes_query};
+use crate::host::zfs::ZfsError;
 
 /// The agent API.
 pub struct AgentApi {
@@ -95,9 +98,30 @@ impl AgentApi {
                     Err(e) => error_response(&e),
                 },
             },
-            (_, ["healthz"]) | (_, ["metrics"]) | (_, ["jails"]) | (_, ["proxy"]) => {
-                method_not_allowed("GET")
-            }
+            ("GET", ["volumes"]) => match self.worker.volumes()? {
+                Ok(list) => Response::json(200, &list),
+                Err(e) => volume_error(&e),
+            },
+            ("GET", ["volumes", name]) => match check_volume(name) {
+                Err(r) => r,
+                Ok(()) => match self.worker.volume(name)? {
+                    Ok(v) => Response::json(200, &v),
+                    Err(e) => volume_error(&e),
+                },
+            },
+            ("DELETE", ["volumes", name]) => match check_volume(name) {
+                Err(r) => r,
+                Ok(()) => match self.worker.delete_volume(name)? {
+                    Ok(()) => Response::json(200, &Deleted { deleted: name }),
+                    Err(e) => volume_error(&e),
+                },
+            },
+            (_, ["healthz"])
+            | (_, ["metrics"])
+            | (_, ["jails"])
+            | (_, ["volumes"])
+            | (_, ["proxy"]) => method_not_allowed("GET"),
+            (_, ["volumes", _]) => method_not_allowed("GET, DELETE"),
             (_, ["jails", _]) => method_not_allowed("GET, PUT, DELETE"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
         })
@@ -115,6 +139,10 @@ impl AgentApi {
             Ok(j) => j,
             Err(response) => return Ok(response),
         };
+        let epoch_given = req.header(EPOCH_HEADER).is_some();
+        if let Err(response) = check_declared_volumes(&jail, req.query.as_deref(), epoch_given) {
+            return Ok(response);
+        }
         let epoch = match req.header(EPOCH_HEADER).map(str::parse::<u64>) {
             None => None,
             Some(Ok(e)) => Some(e),
@@ -192,6 +220,37 @@ fn jail_for(name: &str, text: &str) -> Result<spec::Jail, Response> {
     }
 }
 
+/// The control plane learns a jail's volumes from the signed
+/// `?volumes=` query keelctl adds (`common::wire::VOLUMES_PARAM`), and pins
+/// the jail to the node holding them. The agent, which parsed the spec,
+/// confirms that list: one that differs from the declared volumes is refused
+/// (400) before anything is recorded, and so is a placement by the control
+/// plane (it sends an epoch) that states none while the spec declares some,
+/// so the control plane's volume registry never misses a volume this node
+/// creates. Local applies over the Unix socket need not state them.
+fn check_declared_volumes(
+    jail: &spec::Jail,
+    query: Option<&str>,
+    placed: bool,
+) -> Result<(), Response> {
+    let bad = |m: String| Response::error(400, &m, Some("spec.volumes"));
+    let stated = parse_volumes_query(query).map_err(bad)?;
+    let mut declared: Vec<String> = jail.spec.volumes.iter().map(|v| v.name.clone()).collect();
+    declared.sort();
+    match stated {
+        Some(stated) if stated != declared => Err(bad(format!(
+            "the request states volumes [{}] but the spec declares [{}]; send the volumes the spec declares in ?{VOLUMES_PARAM}=",
+            stated.join(", "),
+            declared.join(", ")
+        ))),
+        None if placed && !declared.is_empty() => Err(bad(format!(
+            "the spec declares volumes [{}] but the control plane was not told (no ?{VOLUMES_PARAM}= in the request); use a keelctl of this version",
+            declared.join(", ")
+        ))),
+        _ => Ok(()),
+    }
+}
+
 impl Handler for AgentApi {
     fn handle(&self, req: Request) -> Response {
         self.route(&req)
@@ -219,6 +278,15 @@ fn check_name(name: &str) -> Result<(), Response> {
     })
 }
 
+fn check_volume(name: &str) -> Result<(), Response> {
+    spec::validate_name(name)
+        .map_err(|why| Response::error(400, &format!("volume name {name:?}: {why}"), None))
+}
+
+fn volume_error(e: &VolumeError) -> Response {
+    Response::error(e.status(), &e.to_string(), None)
+}
+
 fn not_found(name: &str) -> Response {
     Response::error(404, &format!("no jail named {name} on this node"), None)
 }
@@ -238,6 +306,11 @@ pub fn error_response(e: &ReconcileError) -> Response {
             Response::error(409, &message, Some("spec.network.address"))
         }
         ReconcileError::NotFound(_) => Response::error(404, &message, None),
+        // Raced past the check in `apply` (the volume grew meanwhile).
+        ReconcileError::Host {
+            error: HostError::Zfs(ZfsError::QuotaBelowUsed { .. }),
+            ..
+        } => Response::error(409, &message, Some("spec.volumes")),
         ReconcileError::Store(_) | ReconcileError::Host { .. } => {
             Response::error(500, &message, None)
         }

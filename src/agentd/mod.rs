@@ -6,6 +6,7 @@
 //! | [`worker`] | the one thread that owns the reconciler, and the channel to it |
 //! | [`api`] | the route table served on the Unix socket (and TCP when clustered) |
 //! | [`cluster`] | registration, heartbeats, peer routes and fencing when clustered |
+//! | [`volumes`] | `GET/DELETE /volumes`: volume datasets keyed by dataset path, never by jail records |
 //! | [`metrics`] | Prometheus text for `GET /metrics` |
 //! | [`proxy`] | the per-node L4 proxy: service VIP listeners relaying to replicas |
 //! | [`ingress`] | the nginx ingress jail's configuration and certificates |
@@ -23,6 +24,7 @@ pub mod ingress;
 pub mod metrics;
 pub mod proxy;
 pub mod reconciler;
+pub mod volumes;
 pub mod worker;
 
 pub use daemon::{RunError, run};

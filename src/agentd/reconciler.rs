@@ -36,7 +36,9 @@
 //! jail on the host was built from, not by the apply that made them: a pass
 //! can then finish a change an apply could not (a failed step, an agent crash
 //! right after the new spec was persisted). Changed limits are applied in
-//! place; any other change replaces the jail (remove, then the provision order,
+//! place, and so are changed volume quotas (`zfs set quota`; a quota below
+//! what a volume already uses is refused with 409 before anything is
+//! recorded); any other change replaces the jail (remove, then the provision order,
 //! keeping the rootfs); a volume the new spec dropped is unmounted first; a new
 //! base unmounts every volume, destroys the rootfs and clones it again.
 //!
@@ -60,7 +62,7 @@ pub use crate::common::wire::{JailStatus, Phase};
 use crate::host::jail::{JailError, JailNetwork, JailParams, Limits, ObservedJail};
 use crate::host::mount::MountError;
 use crate::host::net::NetError;
-use crate::host::zfs::ZfsError;
+use crate::host::zfs::{Dataset, ZfsError};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager, iface_names};
 
 /// File name of the agent's desired state inside its state directory.
@@ -323,7 +325,9 @@ impl From<StoreError> for ReconcileError {
 #[derive(Debug, Default)]
 struct Observation {
     jails: BTreeMap<String, ObservedJail>,
-    datasets: BTreeSet<String>,
+    /// Datasets by name, with their quota and use (volume quotas are
+    /// compared against the spec from here, without another command).
+    datasets: BTreeMap<String, Dataset>,
     /// Mount points, as a set: every volume of every jail is looked up once
     /// per pass, and a scan of the mount list per lookup made a pass
     /// quadratic in the number of jails (bench/reconcile.rs).
@@ -454,6 +458,13 @@ where
         let changed = previous.as_ref().is_some_and(|p| {
             identity(&name, &p.spec.spec, p.address) != identity(&name, &record.spec.spec, address)
         });
+        // Observed before the spec is recorded, so a quota below what a
+        // volume already holds is refused with nothing changed, rather than
+        // recorded and failing every pass.
+        let observed = self.observe();
+        if let Ok(obs) = &observed {
+            self.check_quotas(&record.spec.spec, obs)?;
+        }
         let mut next = self.state.clone();
         next.deleting.remove(&name);
         next.jails.insert(name.clone(), record);
@@ -467,8 +478,7 @@ where
             self.runtime.remove(&name);
         }
 
-        let result = self
-            .observe()
+        let result = observed
             .and_then(|obs| self.ensure_bridge(&obs).map(|()| obs))
             .and_then(|obs| self.converge(&name, &obs, true));
         if let Err(error) = result {
@@ -647,6 +657,29 @@ where
         Ok(())
     }
 
+    /// Refuses (409, with the numbers) a declared quota below what an
+    /// existing volume already uses: zfs would refuse it too, on every pass.
+    fn check_quotas(&self, spec: &JailSpec, obs: &Observation) -> Result<(), ReconcileError> {
+        let layout = self.zfs.layout();
+        for (i, v) in spec.volumes.iter().enumerate() {
+            let Some(quota) = v.size else { continue };
+            let dataset = layout.volume_dataset(&v.name);
+            if let Some(d) = obs.datasets.get(&dataset)
+                && d.used > quota
+                && d.quota != Some(quota)
+            {
+                return Err(ReconcileError::Conflict {
+                    field: format!("spec.volumes[{i}].size"),
+                    message: format!(
+                        "volume {} already uses {} bytes; its quota cannot shrink to {quota} bytes (free space in it first, or ask for at least {} bytes)",
+                        v.name, d.used, d.used
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn choose_address(&self, name: &str, jail: &Jail) -> Result<Ipv4Addr, ReconcileError> {
         let deleting = self
             .state
@@ -707,7 +740,12 @@ where
             .into_iter()
             .map(|j| (j.name.clone(), j))
             .collect();
-        let datasets = self.zfs.list()?.into_iter().map(|d| d.name).collect();
+        let datasets = self
+            .zfs
+            .list()?
+            .into_iter()
+            .map(|d| (d.name.clone(), d))
+            .collect();
         let mounted = self.mounts.list()?.into_iter().map(|m| m.target).collect();
         let interfaces = self.net.list_interfaces()?.into_iter().collect();
         Ok(Observation {
@@ -764,7 +802,7 @@ where
                 // datasets stay; provision decides what else must change.
                 self.jails.remove(name)?;
             } else if j.running && epair_present {
-                return self.keep_running(name, &rec, now);
+                return self.keep_running(name, &rec, obs, now);
             } else {
                 // The jail exists but its workload is gone (or its epair
                 // vanished): a crash. Count it once, then restart when the
@@ -794,8 +832,10 @@ where
         &mut self,
         name: &str,
         rec: &JailRecord,
+        obs: &Observation,
         now: Instant,
     ) -> Result<(), HostError> {
+        self.sync_quotas(&rec.spec.spec, obs)?;
         let resources = &rec.spec.spec.resources;
         let limits_current = rec
             .deployed
@@ -847,7 +887,7 @@ where
             .take_while(|t| t.starts_with(&root))
             .cloned()
             .collect();
-        let rootfs_present = obs.datasets.contains(&layout.rootfs_dataset(name));
+        let rootfs_present = obs.datasets.contains_key(&layout.rootfs_dataset(name));
         let rebase = rootfs_present
             && rec
                 .deployed
@@ -895,10 +935,11 @@ where
             }
         }
         for v in &spec.volumes {
-            if !obs.datasets.contains(&layout.volume_dataset(&v.name)) {
+            if !obs.datasets.contains_key(&layout.volume_dataset(&v.name)) {
                 self.zfs.create_volume(&v.name, v.size)?;
             }
         }
+        self.sync_quotas(spec, obs)?;
         for (v, target) in spec.volumes.iter().zip(&wanted) {
             if !mounted.contains(target) {
                 self.mounts
@@ -922,6 +963,21 @@ where
         rt.phase = Some(Phase::Running);
         rt.last_error = None;
         rt.crash_counted = false;
+        Ok(())
+    }
+
+    /// Sets the quota of every declared volume whose dataset `obs` saw with
+    /// another one (`zfs set quota`, in place: the data stays). A volume
+    /// created in this pass got its quota from `zfs create`. In a steady
+    /// pass every quota matches and nothing runs.
+    fn sync_quotas(&self, spec: &JailSpec, obs: &Observation) -> Result<(), HostError> {
+        let layout = self.zfs.layout();
+        for v in &spec.volumes {
+            let seen = obs.datasets.get(&layout.volume_dataset(&v.name));
+            if seen.is_some_and(|d| d.quota != v.size) {
+                self.zfs.set_volume_quota(&v.name, v.size)?;
+            }
+        }
         Ok(())
     }
 
@@ -1114,6 +1170,12 @@ where
     /// on the worker thread next to the reconciler.
     pub fn net(&self) -> &N {
         &self.net
+    }
+
+    /// The ZFS and mount seams, for the volume routes (`agentd::volumes`),
+    /// which run on the worker thread and never read the jail records.
+    pub fn volume_seams(&self) -> (&Z, &M) {
+        (&self.zfs, &self.mounts)
     }
 
     /// Adopts the subnet the control plane assigned: moves the node to it

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use crate::agentd::cluster::{self, HeartbeatOutcome};
 use crate::agentd::metrics::Metrics;
 use crate::agentd::reconciler::{JailStatus, Phase, ReconcileError, Reconciler};
+use crate::agentd::volumes::{self, VolumeError};
 use crate::common::cidr::Ipv4Net;
 use crate::common::spec::Jail;
-use crate::common::wire::{Peer, PlacedJail};
+use crate::common::wire::{Peer, PlacedJail, VolumeStatus};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
 
 /// What the worker can be asked to do.
@@ -52,6 +53,25 @@ pub enum Command {
     List {
         /// Where the answer goes.
         reply: Sender<Vec<JailStatus>>,
+    },
+    /// `GET /volumes`.
+    Volumes {
+        /// Where the answer goes.
+        reply: Sender<Result<Vec<VolumeStatus>, VolumeError>>,
+    },
+    /// `GET /volumes/{name}`.
+    Volume {
+        /// Volume name.
+        name: String,
+        /// Where the answer goes.
+        reply: Sender<Result<VolumeStatus, VolumeError>>,
+    },
+    /// `DELETE /volumes/{name}`.
+    DeleteVolume {
+        /// Volume name.
+        name: String,
+        /// Where the answer goes.
+        reply: Sender<Result<(), VolumeError>>,
     },
     /// Prometheus text.
     Metrics {
@@ -148,6 +168,27 @@ impl WorkerHandle {
     /// See [`Command::List`].
     pub fn list(&self) -> Result<Vec<JailStatus>, WorkerGone> {
         self.ask(|reply| Command::List { reply })
+    }
+
+    /// See [`Command::Volumes`].
+    pub fn volumes(&self) -> Result<Result<Vec<VolumeStatus>, VolumeError>, WorkerGone> {
+        self.ask(|reply| Command::Volumes { reply })
+    }
+
+    /// See [`Command::Volume`].
+    pub fn volume(&self, name: &str) -> Result<Result<VolumeStatus, VolumeError>, WorkerGone> {
+        self.ask(|reply| Command::Volume {
+            name: name.to_string(),
+            reply,
+        })
+    }
+
+    /// See [`Command::DeleteVolume`].
+    pub fn delete_volume(&self, name: &str) -> Result<Result<(), VolumeError>, WorkerGone> {
+        self.ask(|reply| Command::DeleteVolume {
+            name: name.to_string(),
+            reply,
+        })
     }
 
     /// See [`Command::Metrics`].
@@ -253,6 +294,24 @@ where
             }
             Command::List { reply } => {
                 let _ = reply.send(reconciler.list());
+            }
+            Command::Volumes { reply } => {
+                let (zfs, mounts) = reconciler.volume_seams();
+                let _ = reply.send(volumes::list(zfs, mounts));
+            }
+            Command::Volume { name, reply } => {
+                let (zfs, mounts) = reconciler.volume_seams();
+                let _ = reply.send(volumes::get(zfs, mounts, &name));
+            }
+            Command::DeleteVolume { name, reply } => {
+                let (zfs, mounts) = reconciler.volume_seams();
+                let result = volumes::delete(zfs, mounts, &name);
+                match &result {
+                    Ok(()) => log::info!("deleted volume {name}"),
+                    Err(VolumeError::NotFound { .. }) => {}
+                    Err(e) => log::warn!("delete of volume {name}: {e}"),
+                }
+                let _ = reply.send(result);
             }
             Command::Metrics { reply } => {
                 let list = reconciler.list();

@@ -247,6 +247,11 @@ pub struct ServiceApply {
     /// immutable once the service exists, and this is how the control plane
     /// tells a change without reading it.
     pub template_digest: String,
+    /// The template's volume names (`spec.template.volumes[].name`); replica
+    /// `{service}-{i}` holds `{service}-{i}-{volume}` for each, and the
+    /// control plane pins the replica to the node that holds them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
 }
 
 /// One replica of a service, as `GET /services/{name}` shows it.
@@ -282,4 +287,93 @@ pub struct ServiceStatus {
     pub stateful: bool,
     /// Every placed replica.
     pub replicas: Vec<ReplicaStatus>,
+}
+
+/// Query parameter of `PUT /jails/{name}` naming the volumes the jail
+/// declares, comma-separated (`?volumes=pgdata,logs`). The control plane never
+/// parses a spec, so keelctl (which validated it) states the volume names
+/// here; the query is part of the signed request target, so it cannot be
+/// altered in transit, and the agent refuses a request whose list differs
+/// from what the spec declares (see `agentd::api`), so the control plane
+/// never records a volume the jail does not hold.
+pub const VOLUMES_PARAM: &str = "volumes";
+
+/// The query for `names` (`volumes=a,b`), `None` when there are none. Names
+/// are DNS labels (validated specs), so nothing needs escaping.
+pub fn volumes_query(names: &[String]) -> Option<String> {
+    (!names.is_empty()).then(|| format!("{VOLUMES_PARAM}={}", names.join(",")))
+}
+
+/// The volume names of a request's query: `None` when the query has no
+/// [`VOLUMES_PARAM`], `Some(empty)` for `volumes=`. Every name must be a DNS
+/// label; the parameter may appear once.
+pub fn parse_volumes_query(query: Option<&str>) -> Result<Option<Vec<String>>, String> {
+    let mut found: Option<Vec<String>> = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let Some(value) = pair
+            .strip_prefix(VOLUMES_PARAM)
+            .and_then(|r| r.strip_prefix('='))
+        else {
+            continue;
+        };
+        if found.is_some() {
+            return Err(format!("the query names `{VOLUMES_PARAM}` twice"));
+        }
+        let mut names = Vec::new();
+        for name in value.split(',').filter(|n| !n.is_empty()) {
+            crate::common::names::validate_name(name)
+                .map_err(|why| format!("volume name {name:?} in the query: {why}"))?;
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+        }
+        names.sort();
+        found = Some(names);
+    }
+    Ok(found)
+}
+
+/// A volume dataset, as `GET /volumes` and `GET /volumes/{name}` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeStatus {
+    /// Volume name (`{pool}/keel/volumes/{name}`).
+    pub name: String,
+    /// The dataset; `None` when the node holding it could not be asked.
+    pub dataset: Option<String>,
+    /// The node that holds it (through the control plane; `None` from an
+    /// agent, which speaks only for itself).
+    #[serde(default)]
+    pub node: Option<String>,
+    /// Quota in bytes, `None` when unlimited or unknown.
+    pub quota: Option<u64>,
+    /// Bytes used, `None` when unknown (its node is Dead or unreachable).
+    pub used: Option<u64>,
+    /// The jail it is nullfs-mounted into (or the mount point, when that is
+    /// not a Keel jail's), `None` when not mounted.
+    pub mounted_by: Option<String>,
+    /// Why the other fields are unknown (through the control plane only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[cfg(test)]
+mod volume_query_tests {
+    use super::*;
+
+    #[test]
+    fn the_volumes_query_round_trips_and_refuses_bad_names() {
+        let names = vec!["pg".to_string(), "logs".to_string()];
+        let q = volumes_query(&names).expect("some");
+        assert_eq!(q, "volumes=pg,logs");
+        assert_eq!(
+            parse_volumes_query(Some(&q)),
+            Ok(Some(vec!["logs".to_string(), "pg".to_string()]))
+        );
+        assert_eq!(volumes_query(&[]), None);
+        assert_eq!(parse_volumes_query(None), Ok(None));
+        assert_eq!(parse_volumes_query(Some("dry=1")), Ok(None));
+        assert_eq!(parse_volumes_query(Some("volumes=")), Ok(Some(vec![])));
+        assert!(parse_volumes_query(Some("volumes=../x")).is_err());
+        assert!(parse_volumes_query(Some("volumes=a&volumes=b")).is_err());
+    }
 }

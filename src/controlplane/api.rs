@@ -8,6 +8,9 @@
 //! | `GET /nodes/{id}/jails` | operator | forwarded to that node's `GET /jails` |
 //! | `PUT/GET/DELETE /nodes/{id}/jails/{name}` | operator | forwarded to that node |
 //! | `PUT/GET/DELETE /jails/{name}` | operator | scheduled: sticky placement, recorded after success |
+//! | `GET /nodes/{id}/volumes`, `GET/DELETE /nodes/{id}/volumes/{name}` | operator | forwarded to that node |
+//! | `GET /volumes` | operator | every registered node's volumes, each tagged with its node |
+//! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs |
 //! | `GET /metrics` | operator | Prometheus text |
 //! | `GET /healthz` | none | liveness of the control plane itself, nothing else |
@@ -15,6 +18,20 @@
 //! Every route but `/healthz` needs a signed request (`common::auth`): a node
 //! key for membership, an operator key for the rest, so a leaked node key
 //! cannot apply jails and an operator key cannot impersonate a node.
+//!
+//! Volume registry (beyond the seed): a jail's volumes must stay with their
+//! data, so the control plane remembers `volume -> node` and sends every
+//! later apply of a jail declaring the volume there. It learns the volumes
+//! without parsing the spec: keelctl, which validated it, names them in the
+//! signed request target (`PUT /jails/{name}?volumes=a,b`, see
+//! `common::wire::VOLUMES_PARAM`), and the agent, which parses the spec,
+//! refuses a list that differs from what the spec declares, so the registry
+//! holds exactly what agents create. Replica volumes come from the
+//! `ServiceApply` (`{replica}-{volume}`). A header would have served as
+//! well but is not covered by the signature; reporting volumes on heartbeats
+//! would learn them only after the fact, too late to stop an apply on the
+//! wrong node. `DELETE /volumes/{name}` forgets the entry once the node has
+//! destroyed the dataset.
 //!
 //! Handlers never parse a spec body: they ask the worker where a request goes
 //! (a read, no network), relay it byte for byte to that agent signed with the
@@ -31,7 +48,8 @@ use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
 use crate::common::http::{Client, Endpoint, Handler, Request, Response};
 use crate::common::names::validate_name;
 use crate::common::wire::{
-    EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest, ServiceApply,
+    EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest, ServiceApply, VolumeStatus,
+    parse_volumes_query, volumes_query,
 };
 use crate::controlplane::registry::{HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::worker::{WorkerGone, WorkerHandle};
@@ -169,6 +187,37 @@ impl ControlPlaneApi {
                 Err(r) => refused(&r),
                 Ok(t) => self.delete(name, &t.node, t.addr, req)?,
             },
+            ("GET", ["volumes"]) => self.list_volumes()?,
+            ("GET", ["volumes", name]) => match self.worker.resolve_volume(name)? {
+                Err(r) => refused(&r),
+                Ok(t) => self
+                    .forwarder
+                    .forward(&t.node, t.addr, req, &format!("/volumes/{name}"), None)
+                    .with_header("X-Keel-Node", &t.node),
+            },
+            ("DELETE", ["volumes", name]) => match self.worker.resolve_volume(name)? {
+                Err(r) => refused(&r),
+                Ok(t) => self.delete_volume(name, &t.node, t.addr, req)?,
+            },
+            ("GET", ["nodes", id, "volumes"]) => match self.worker.resolve_node(id)? {
+                Err(r) => refused(&r),
+                Ok(addr) => self.forwarder.forward(id, addr, req, "/volumes", None),
+            },
+            ("GET", ["nodes", id, "volumes", name]) => match self.worker.resolve_node(id)? {
+                Err(r) => refused(&r),
+                Ok(addr) => {
+                    self.forwarder
+                        .forward(id, addr, req, &format!("/volumes/{name}"), None)
+                }
+            },
+            ("DELETE", ["nodes", id, "volumes", name]) => match self.worker.resolve_node(id)? {
+                Err(r) => refused(&r),
+                Ok(addr) => self.delete_volume(name, id, addr, req)?,
+            },
+            (_, ["volumes"]) | (_, ["nodes", _, "volumes"]) => method_not_allowed("GET"),
+            (_, ["volumes", _]) | (_, ["nodes", _, "volumes", _]) => {
+                method_not_allowed("GET, DELETE")
+            }
             (_, ["nodes", "register"]) | (_, ["nodes", _, "heartbeat"]) => {
                 method_not_allowed("POST")
             }
@@ -185,7 +234,11 @@ impl ControlPlaneApi {
 
     /// A scheduled (`node` = None) or named apply; see the module docs.
     fn apply(&self, name: &str, node: Option<&str>, req: &Request) -> Result<Response, WorkerGone> {
-        let target: Target = match self.worker.begin_apply(name, node)? {
+        let volumes = match parse_volumes_query(req.query.as_deref()) {
+            Ok(v) => v.unwrap_or_default(),
+            Err(why) => return Ok(Response::error(400, &why, Some("spec.volumes"))),
+        };
+        let target: Target = match self.worker.begin_apply(name, node, volumes)? {
             Err(r) => return Ok(refused(&r)),
             Ok(t) => t,
         };
@@ -197,8 +250,9 @@ impl ControlPlaneApi {
             Some(target.epoch),
         );
         let succeeded = (200..300).contains(&response.status);
+        let reached = !(400..500).contains(&response.status);
         let node_id = target.node.clone();
-        match self.worker.finish_apply(name, target, succeeded)? {
+        match self.worker.finish_apply(name, target, succeeded, reached)? {
             Ok(()) => Ok(response.with_header("X-Keel-Node", &node_id)),
             Err(r) => Ok(Response::error(
                 500,
@@ -274,6 +328,79 @@ impl ControlPlaneApi {
         Ok(response)
     }
 
+    /// `DELETE /volumes/{name}`: the node destroys the dataset (or answers
+    /// 409 while a jail mounts it), then the registry forgets it. A 404 from
+    /// the node means the dataset is gone there: the entry goes too.
+    fn delete_volume(
+        &self,
+        name: &str,
+        node: &str,
+        addr: SocketAddr,
+        req: &Request,
+    ) -> Result<Response, WorkerGone> {
+        let response = self
+            .forwarder
+            .forward(node, addr, req, &format!("/volumes/{name}"), None);
+        if (200..300).contains(&response.status) || response.status == 404 {
+            if let Err(r) = self.worker.remove_volume(name, node)? {
+                return Ok(refused(&r));
+            }
+        }
+        Ok(response.with_header("X-Keel-Node", node))
+    }
+
+    /// `GET /volumes`: asks every node the registry places a volume on for
+    /// its `GET /volumes`, one after the other, and tags each answer with
+    /// its node. A registered volume whose node is Dead, unreachable or no
+    /// longer has it is listed with the reason instead of its numbers.
+    fn list_volumes(&self) -> Result<Response, WorkerGone> {
+        let mut out: Vec<VolumeStatus> = Vec::new();
+        for home in self.worker.volume_homes()? {
+            let answer = home.addr.and_then(|addr| {
+                let r = self
+                    .forwarder
+                    .send(&home.node, addr, "GET", "/volumes", b"", None);
+                if !(200..300).contains(&r.status) {
+                    return Err(format!(
+                        "node {} answered HTTP {}: {}",
+                        home.node,
+                        r.status,
+                        String::from_utf8_lossy(&r.body)
+                    ));
+                }
+                serde_json::from_slice::<Vec<VolumeStatus>>(&r.body)
+                    .map_err(|e| format!("node {} answered an unreadable list: {e}", home.node))
+            });
+            match answer {
+                Ok(list) => {
+                    for v in &home.volumes {
+                        if !list.iter().any(|l| &l.name == v) {
+                            out.push(unknown_volume(
+                                v,
+                                &home.node,
+                                format!(
+                                    "registered on node {}, which has no such dataset",
+                                    home.node
+                                ),
+                            ));
+                        }
+                    }
+                    out.extend(list.into_iter().map(|mut l| {
+                        l.node = Some(home.node.clone());
+                        l
+                    }));
+                }
+                Err(why) => out.extend(
+                    home.volumes
+                        .iter()
+                        .map(|v| unknown_volume(v, &home.node, why.clone())),
+                ),
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name).then(a.node.cmp(&b.node)));
+        Ok(Response::json(200, &out))
+    }
+
     fn metrics(&self) -> Result<Response, WorkerGone> {
         let nodes = self.worker.nodes()?;
         let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
@@ -301,20 +428,25 @@ fn heal(worker: &WorkerHandle, forwarder: &Forwarder, actions: Vec<HealAction>) 
                 service,
                 replica,
                 target,
+                volumes,
             } => {
                 if !services.contains(&service) {
                     services.push(service.clone());
                 }
+                let mut reached = false;
                 let outcome = match worker.service_document(&service) {
                     Ok(Some(doc)) => {
-                        let r = forwarder.send(
+                        let path = format!("/jails/{replica}");
+                        let r = forwarder.send_with_query(
                             &target.node,
                             target.addr,
                             "PUT",
-                            &format!("/jails/{replica}"),
+                            &path,
+                            volumes_query(&volumes),
                             doc.as_bytes(),
                             Some(target.epoch),
                         );
+                        reached = !(400..500).contains(&r.status);
                         (200..300)
                             .contains(&r.status)
                             .then_some(())
@@ -326,7 +458,7 @@ fn heal(worker: &WorkerHandle, forwarder: &Forwarder, actions: Vec<HealAction>) 
                 if let Err(e) = &outcome {
                     failures.push(format!("{replica} on {}: {e}", target.node));
                 }
-                let _ = worker.finish_apply(&replica, target, outcome.is_ok());
+                let _ = worker.finish_apply(&replica, target, outcome.is_ok(), reached);
             }
             HealAction::Remove {
                 service,
@@ -373,11 +505,30 @@ impl Forwarder {
         body: &[u8],
         epoch: Option<u64>,
     ) -> Response {
+        self.send_with_query(node, addr, method, path, None, body, epoch)
+    }
+
+    /// [`Forwarder::send`] with a query (signed with the path).
+    #[allow(clippy::too_many_arguments)]
+    fn send_with_query(
+        &self,
+        node: &str,
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        query: Option<String>,
+        body: &[u8],
+        epoch: Option<u64>,
+    ) -> Response {
+        let raw_path = match &query {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_string(),
+        };
         let req = Request {
             method: method.to_string(),
             path: path.to_string(),
-            raw_path: path.to_string(),
-            query: None,
+            raw_path,
+            query,
             headers: Vec::new(),
             body: body.to_vec(),
             peer: "keel-controlplane".into(),
@@ -435,19 +586,32 @@ impl Handler for ControlPlaneApi {
     }
 }
 
-/// Path segments that are names (node ids, jail names), checked as DNS
-/// labels before anything looks them up.
+/// A registered volume whose node could not say anything about it.
+fn unknown_volume(name: &str, node: &str, why: String) -> VolumeStatus {
+    VolumeStatus {
+        name: name.to_string(),
+        dataset: None,
+        node: Some(node.to_string()),
+        quota: None,
+        used: None,
+        mounted_by: None,
+        error: Some(why),
+    }
+}
+
+/// Path segments that are names (node ids, jail and volume names), checked
+/// as DNS labels before anything looks them up.
 fn names_in<'a>(segments: &[&'a str]) -> Vec<&'a str> {
     match segments {
         ["nodes", "register"] => vec![],
         ["nodes", id, rest @ ..] => {
             let mut v = vec![*id];
-            if let ["jails", name] = rest {
+            if let ["jails", name] | ["volumes", name] = rest {
                 v.push(name);
             }
             v
         }
-        ["jails", name] | ["services", name] => vec![*name],
+        ["jails", name] | ["services", name] | ["volumes", name] => vec![*name],
         _ => vec![],
     }
 }

@@ -133,6 +133,9 @@ pub enum HealAction {
         replica: String,
         /// Where, with its new epoch.
         target: Target,
+        /// The replica's volumes (`{replica}-{volume}`), sent along as
+        /// `?volumes=` for the agent to confirm.
+        volumes: Vec<String>,
     },
     /// Delete a replica beyond the desired count (or of a deleted service).
     Remove {
@@ -154,6 +157,9 @@ struct Pending {
     epoch: u64,
     /// Applies of this name in flight (released when the last one ends).
     count: u32,
+    /// Volumes the applies in flight declare, registered on `node` when one
+    /// of them reached it.
+    volumes: Vec<String>,
 }
 
 /// See the module docs.
@@ -641,8 +647,53 @@ impl Cluster {
         node: Option<&str>,
         now: Instant,
     ) -> Result<Target, Refusal> {
+        self.begin_apply_with_volumes(name, node, &[], now)
+    }
+
+    /// [`Cluster::begin_apply`] for a jail declaring `volumes`: when the
+    /// volume registry knows one of them, the apply goes to the node holding
+    /// it, whatever the scheduler would pick; that node being Dead is a 503
+    /// naming node and volume (an empty volume elsewhere would silently lose
+    /// the data), a placement or a named node elsewhere a 409.
+    pub fn begin_apply_with_volumes(
+        &mut self,
+        name: &str,
+        node: Option<&str>,
+        volumes: &[String],
+        now: Instant,
+    ) -> Result<Target, Refusal> {
         let placed = self.state.placements.get(name).cloned();
         let pending = self.pending.get(name).cloned();
+        let pin = self.volume_home(name, volumes)?;
+        if let Some((home, volume)) = &pin {
+            let elsewhere = match (&placed, &pending, node) {
+                (Some(p), _, _) if &p.node != home => Some(format!("is placed on node {}", p.node)),
+                (None, Some(p), _) if &p.node != home => {
+                    Some(format!("is being applied to node {}", p.node))
+                }
+                (_, _, Some(wanted)) if wanted != home => {
+                    Some(format!("was asked for on node {wanted}"))
+                }
+                _ => None,
+            };
+            if let Some(elsewhere) = elsewhere {
+                return Err(Refusal {
+                    status: 409,
+                    message: format!(
+                        "jail {name} {elsewhere}, but its volume {volume} is on node {home}; apply it to {home} (or delete the volume with `keelctl delete-volume {volume}`)"
+                    ),
+                    field: Some("spec.volumes".into()),
+                });
+            }
+            if self.liveness(home, now) != Some(Liveness::Alive) {
+                return Err(Refusal::new(
+                    503,
+                    format!(
+                        "node {home} holds volume {volume} of jail {name} and is Dead; the jail was not placed elsewhere, where the volume would be empty: bring {home}'s keel-agentd back"
+                    ),
+                ));
+            }
+        }
         let (node_id, epoch) = match (placed, pending, node) {
             (Some(p), _, Some(wanted)) if p.node != wanted => {
                 return Err(Refusal::new(
@@ -662,6 +713,10 @@ impl Cluster {
             }
             (None, Some(p), _) => (p.node, p.epoch),
             (None, None, Some(wanted)) => (wanted.to_string(), self.next_epoch()),
+            (None, None, None) if pin.is_some() => {
+                let home = pin.as_ref().map(|(h, _)| h.clone()).unwrap_or_default();
+                (home, self.next_epoch())
+            }
             (None, None, None) => {
                 let picked = self.scheduled_pick(now).ok_or_else(|| {
                     Refusal::new(
@@ -677,8 +732,14 @@ impl Cluster {
             node: node_id.clone(),
             epoch,
             count: 0,
+            volumes: Vec::new(),
         });
         entry.count += 1;
+        for v in volumes {
+            if !entry.volumes.contains(v) {
+                entry.volumes.push(v.clone());
+            }
+        }
         Ok(Target {
             node: node_id,
             addr,
@@ -695,27 +756,132 @@ impl Cluster {
 
     /// Ends an apply: records the placement when the node answered success.
     pub fn finish_apply(&mut self, name: &str, target: &Target, succeeded: bool) -> Vec<Op> {
+        self.finish_apply_reached(name, target, succeeded, succeeded)
+    }
+
+    /// [`Cluster::finish_apply`], also registering the apply's volumes on
+    /// the target node when `reached`: the node may have created them, which
+    /// it may have done even when it then failed (a 500 after the volume was
+    /// created, a timeout). Pinning to a node that holds no dataset is
+    /// harmless; missing one that does would let a later apply create an
+    /// empty volume elsewhere.
+    pub fn finish_apply_reached(
+        &mut self,
+        name: &str,
+        target: &Target,
+        succeeded: bool,
+        reached: bool,
+    ) -> Vec<Op> {
+        let mut volumes = Vec::new();
         if let Some(p) = self.pending.get_mut(name) {
+            if p.node == target.node {
+                volumes = p.volumes.clone();
+            }
             p.count = p.count.saturating_sub(1);
             if p.count == 0 {
                 self.pending.remove(name);
             }
         }
+        let mut ops = Vec::new();
+        if reached || succeeded {
+            for v in volumes {
+                if !self.state.volumes.contains_key(&v) {
+                    ops.push(Op::PutVolume {
+                        name: v,
+                        node: target.node.clone(),
+                    });
+                }
+            }
+        }
+        let ops = self.apply(ops);
         let already = self.state.placements.get(name)
             == Some(&Placement {
                 node: target.node.clone(),
                 epoch: target.epoch,
             });
         if !succeeded || already {
-            return Vec::new();
+            return ops;
         }
-        self.apply(vec![Op::PutPlacement {
+        let mut ops = ops;
+        ops.extend(self.apply(vec![Op::PutPlacement {
             name: name.to_string(),
             placement: Placement {
                 node: target.node.clone(),
                 epoch: target.epoch,
             },
-        }])
+        }]));
+        ops
+    }
+
+    /// The node the registry pins `volumes` to, with the volume that pins
+    /// it; 409 when they are on different nodes.
+    fn volume_home(
+        &self,
+        name: &str,
+        volumes: &[String],
+    ) -> Result<Option<(String, String)>, Refusal> {
+        let mut home: Option<(String, String)> = None;
+        for v in volumes {
+            let Some(node) = self.state.volumes.get(v) else {
+                continue;
+            };
+            match &home {
+                Some((n, first)) if n != node => {
+                    return Err(Refusal {
+                        status: 409,
+                        message: format!(
+                            "jail {name} declares volume {first} (on node {n}) and volume {v} (on node {node}); a jail's volumes must be on one node"
+                        ),
+                        field: Some("spec.volumes".into()),
+                    });
+                }
+                Some(_) => {}
+                None => home = Some((node.clone(), v.clone())),
+            }
+        }
+        Ok(home)
+    }
+
+    /// The volume registry: volume name -> node.
+    pub fn volume_registry(&self) -> &BTreeMap<String, String> {
+        &self.state.volumes
+    }
+
+    /// Where volume `name` is, for `GET/DELETE /volumes/{name}`: 404 when
+    /// the registry does not know it, 503 naming the node when it is Dead.
+    pub fn resolve_volume(&self, name: &str, now: Instant) -> Result<Target, Refusal> {
+        let Some(node) = self.state.volumes.get(name) else {
+            return Err(Refusal::new(
+                404,
+                format!("no volume named {name} is known to the cluster"),
+            ));
+        };
+        if self.liveness(node, now) != Some(Liveness::Alive) {
+            return Err(Refusal::new(
+                503,
+                format!(
+                    "node {node} holds volume {name} and is Dead (no heartbeat for {}s or more); nothing was sent to it",
+                    self.dead_after.as_secs()
+                ),
+            ));
+        }
+        let addr = self.resolve_node(node, now)?;
+        Ok(Target {
+            node: node.clone(),
+            addr,
+            epoch: 0,
+        })
+    }
+
+    /// Forgets volume `name` on `node`, after the node destroyed it or said
+    /// it has no such dataset.
+    pub fn remove_volume(&mut self, name: &str, node: &str) -> Vec<Op> {
+        match self.state.volumes.get(name) {
+            Some(n) if n == node => self.apply(vec![Op::RemoveVolume {
+                name: name.to_string(),
+            }]),
+            _ => Vec::new(),
+        }
     }
 
     /// Removes the placement of `name` on `node` (after the node confirmed the
@@ -786,6 +952,7 @@ impl Cluster {
             port: apply.port,
             stateful: apply.stateful,
             template_digest: apply.template_digest.clone(),
+            volumes: apply.volumes.clone(),
             vip,
         };
         if self.state.services.get(name) == Some(&record) {
@@ -943,11 +1110,30 @@ impl Cluster {
                 if ok || self.pending.contains_key(&replica) {
                     continue;
                 }
-                let avoid: BTreeSet<&str> = occupied.iter().map(String::as_str).collect();
-                let Some(node) =
-                    pick_node_spread(&self.candidates(now), &avoid).map(str::to_string)
-                else {
-                    break; // no Alive node: the next heartbeat tries again
+                let replica_volumes: Vec<String> = rec
+                    .volumes
+                    .iter()
+                    .map(|v| format!("{replica}-{v}"))
+                    .collect();
+                // A replica whose data is on a node (it ran there before a
+                // scale-down) goes back there, or waits while it is Dead.
+                let node = match self.volume_home(&replica, &replica_volumes) {
+                    Ok(Some((home, _))) => {
+                        if self.liveness(&home, now) != Some(Liveness::Alive) {
+                            continue;
+                        }
+                        home
+                    }
+                    Ok(None) => {
+                        let avoid: BTreeSet<&str> = occupied.iter().map(String::as_str).collect();
+                        let Some(node) =
+                            pick_node_spread(&self.candidates(now), &avoid).map(str::to_string)
+                        else {
+                            break; // no Alive node: the next heartbeat tries again
+                        };
+                        node
+                    }
+                    Err(_) => continue,
                 };
                 let Ok(addr) = self.resolve_node(&node, now) else {
                     continue;
@@ -959,6 +1145,7 @@ impl Cluster {
                         node: node.clone(),
                         epoch,
                         count: 1,
+                        volumes: replica_volumes.clone(),
                     },
                 );
                 occupied.insert(node.clone());
@@ -966,6 +1153,7 @@ impl Cluster {
                     service: name.clone(),
                     replica,
                     target: Target { node, addr, epoch },
+                    volumes: replica_volumes.clone(),
                 });
             }
             if !service_actions.is_empty() {
@@ -1527,7 +1715,162 @@ mod tests {
             port,
             stateful,
             template_digest: digest.into(),
+            volumes: if stateful {
+                vec!["data".into()]
+            } else {
+                Vec::new()
+            },
         }
+    }
+
+    #[test]
+    fn a_declared_volume_pins_every_later_apply_to_its_node() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let pg = vec!["pg".to_string()];
+        let t = c
+            .begin_apply_with_volumes("db", Some("b"), &pg, t0)
+            .expect("placed");
+        let ops = c.finish_apply("db", &t, true);
+        assert!(ops.contains(&Op::PutVolume {
+            name: "pg".into(),
+            node: "b".into()
+        }));
+        // The jail is deleted; its volume stays on b. `a` has more headroom
+        // (b carries load), so the scheduler alone would pick a.
+        c.remove_placement("db", "b");
+        beat(&mut c, "b", 3.0, &[], t0);
+        assert_eq!(c.begin_apply("other", None, t0).expect("pick").node, "a");
+        let again = c
+            .begin_apply_with_volumes("db2", None, &pg, t0)
+            .expect("pinned");
+        assert_eq!(again.node, "b", "any jail declaring pg goes to b");
+        c.finish_apply("db2", &again, false);
+        let named = c
+            .begin_apply_with_volumes("db", Some("a"), &pg, t0)
+            .expect_err("named elsewhere");
+        assert_eq!(named.status, 409);
+        assert!(named.message.contains("volume pg is on node b"), "{named}");
+        // b dies: no empty pg anywhere else.
+        let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+        beat(&mut c, "a", 0.0, &[], later);
+        let dead = c
+            .begin_apply_with_volumes("db", None, &pg, later)
+            .expect_err("dead");
+        assert_eq!(dead.status, 503);
+        assert!(
+            dead.message.contains("node b") && dead.message.contains("volume pg"),
+            "{dead}"
+        );
+        assert_eq!(c.resolve_volume("pg", later).expect_err("dead").status, 503);
+        assert_eq!(
+            c.resolve_volume("nope", later).expect_err("unknown").status,
+            404
+        );
+        // A refused apply (4xx) registers nothing; one that reached the node does.
+        let t = c
+            .begin_apply_with_volumes("cache", None, &["tmp".to_string()], later)
+            .expect("a");
+        assert!(c.finish_apply_reached("cache", &t, false, false).is_empty());
+        let t = c
+            .begin_apply_with_volumes("cache", None, &["tmp".to_string()], later)
+            .expect("a");
+        assert_eq!(c.finish_apply_reached("cache", &t, false, true).len(), 1);
+        assert_eq!(
+            c.volume_registry().get("tmp").map(String::as_str),
+            Some("a")
+        );
+        assert!(c.remove_volume("tmp", "b").is_empty(), "only its node");
+        assert_eq!(c.remove_volume("tmp", "a").len(), 1);
+    }
+
+    #[test]
+    fn volumes_on_two_nodes_cannot_be_declared_together() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        for (jail, node, vol) in [("x", "a", "va"), ("y", "b", "vb")] {
+            let t = c
+                .begin_apply_with_volumes(jail, Some(node), &[vol.to_string()], t0)
+                .expect("placed");
+            c.finish_apply(jail, &t, true);
+        }
+        let both = vec!["va".to_string(), "vb".to_string()];
+        let err = c
+            .begin_apply_with_volumes("z", None, &both, t0)
+            .expect_err("split");
+        assert_eq!(err.status, 409);
+    }
+
+    #[test]
+    fn a_stateful_replica_scaled_away_comes_back_to_its_data() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        for (i, id) in ["a", "b", "c"].iter().enumerate() {
+            register(&mut c, id, i as u16 + 1, t0);
+        }
+        c.put_service("db", &service(2, 5432, "t", true))
+            .expect("put");
+        let plan = c.plan_heal(Some("db"), t0);
+        let volumes: Vec<Vec<String>> = plan
+            .iter()
+            .filter_map(|a| match a {
+                HealAction::Place { volumes, .. } => Some(volumes.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            volumes,
+            [vec!["db-0-data".to_string()], vec!["db-1-data".to_string()]]
+        );
+        carry_out(&mut c, plan, t0);
+        let home = c.volume_registry()["db-1-data"].clone();
+        c.put_service("db", &service(1, 5432, "t", true))
+            .expect("down");
+        let plan = c.plan_heal(Some("db"), t0);
+        carry_out(&mut c, plan, t0);
+        assert_eq!(nodes_of(&c, "db").len(), 1);
+        // Load everything but db-1's old node, then make that node the
+        // fullest: the spreading scheduler would never pick it.
+        beat(&mut c, &home, 3.9, &[], t0);
+        c.put_service("db", &service(2, 5432, "t", true))
+            .expect("up");
+        let plan = c.plan_heal(Some("db"), t0);
+        match plan.as_slice() {
+            [
+                HealAction::Place {
+                    replica, target, ..
+                },
+            ] => {
+                assert_eq!(
+                    (replica.as_str(), target.node.as_str()),
+                    ("db-1", home.as_str())
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        carry_out(&mut c, plan, t0);
+        // Its node dies and the replica is removed by a scale-down and wanted
+        // again: it waits for the node instead of going elsewhere.
+        c.put_service("db", &service(1, 5432, "t", true))
+            .expect("down");
+        let plan = c.plan_heal(Some("db"), t0);
+        carry_out(&mut c, plan, t0);
+        let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+        for id in ["a", "b", "c"] {
+            if id != home {
+                beat(&mut c, id, 0.0, &[], later);
+            }
+        }
+        c.put_service("db", &service(2, 5432, "t", true))
+            .expect("up");
+        assert!(
+            c.plan_heal(Some("db"), later).is_empty(),
+            "db-1 waits for {home}"
+        );
     }
 
     /// Places every planned replica as if its node answered success, and has
@@ -1540,6 +1883,7 @@ mod tests {
                     service,
                     replica,
                     target,
+                    ..
                 } => {
                     services.push(service);
                     c.finish_apply(&replica, &target, true);

@@ -54,6 +54,12 @@ pub struct ClusterState {
     /// Services by name, with their VIPs.
     #[serde(default)]
     pub services: BTreeMap<String, ServiceRecord>,
+    /// The volume registry: volume name -> the node holding its dataset.
+    /// Filled when a jail declaring the volume is first placed; a later
+    /// apply of any jail declaring it goes to that node. An entry goes only
+    /// when the node confirmed the dataset destroyed (or absent).
+    #[serde(default)]
+    pub volumes: BTreeMap<String, String>,
 }
 
 /// A replicated service. Its replicas are ordinary placements named
@@ -70,6 +76,10 @@ pub struct ServiceRecord {
     pub stateful: bool,
     /// SHA-256 of the template; immutable.
     pub template_digest: String,
+    /// The template's volume names; replica `{name}-{i}` holds
+    /// `{name}-{i}-{volume}` for each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
     /// Virtual IP from `service_cidr`; never changes.
     pub vip: std::net::Ipv4Addr,
 }
@@ -108,6 +118,18 @@ pub enum Op {
         /// Service name.
         name: String,
     },
+    /// A volume's dataset is on `node` (a jail declaring it was placed there).
+    PutVolume {
+        /// Volume name.
+        name: String,
+        /// Node id.
+        node: String,
+    },
+    /// A volume's dataset was destroyed (or found absent) on its node.
+    RemoveVolume {
+        /// Volume name.
+        name: String,
+    },
 }
 
 impl Replay<Op> for ClusterState {
@@ -128,6 +150,12 @@ impl Replay<Op> for ClusterState {
             }
             Op::RemoveService { name } => {
                 self.services.remove(name);
+            }
+            Op::PutVolume { name, node } => {
+                self.volumes.insert(name.clone(), node.clone());
+            }
+            Op::RemoveVolume { name } => {
+                self.volumes.remove(name);
             }
         }
     }
@@ -159,6 +187,17 @@ mod tests {
                 },
             },
             Op::RemovePlacement { name: "web".into() },
+            Op::PutVolume {
+                name: "pg".into(),
+                node: "a".into(),
+            },
+            Op::PutVolume {
+                name: "logs".into(),
+                node: "a".into(),
+            },
+            Op::RemoveVolume {
+                name: "logs".into(),
+            },
             Op::PutPlacement {
                 name: "db".into(),
                 placement: Placement {
@@ -174,5 +213,9 @@ mod tests {
         assert_eq!(once, twice);
         assert_eq!(once.last_epoch, 4);
         assert!(!once.placements.contains_key("web"));
+        assert_eq!(
+            once.volumes.iter().collect::<Vec<_>>(),
+            [(&"pg".to_string(), &"a".to_string())]
+        );
     }
 }

@@ -48,6 +48,8 @@ pub enum Command {
         name: String,
         /// The named route's node, `None` for the scheduled route.
         node: Option<String>,
+        /// The volumes the jail declares (the request's `?volumes=`).
+        volumes: Vec<String>,
         /// Where the answer goes.
         reply: Reply<Target>,
     },
@@ -59,6 +61,9 @@ pub enum Command {
         target: Target,
         /// Whether the node answered 2xx.
         succeeded: bool,
+        /// Whether the request may have changed the node (anything but a
+        /// 4xx refusal): its volumes are registered there.
+        reached: bool,
         /// Answered once the placement is durable.
         reply: Reply<()>,
     },
@@ -88,6 +93,20 @@ pub enum Command {
     Services(Sender<Vec<ServiceStatus>>),
     /// The service document, to forward with a replica apply.
     ServiceDocument(String, Sender<Option<String>>),
+    /// Where a volume is (`GET/DELETE /volumes/{name}`).
+    ResolveVolume(String, Reply<Target>),
+    /// The node destroyed a volume (or has none of that name): forget it.
+    RemoveVolume {
+        /// Volume name.
+        name: String,
+        /// The node that answered.
+        node: String,
+        /// Answered once durable.
+        reply: Reply<()>,
+    },
+    /// The volume registry grouped by node, with each node's address when
+    /// Alive (`GET /volumes`).
+    VolumeHomes(Sender<Vec<VolumeHome>>),
     /// Heal every service not already healing (after a heartbeat).
     PlanHeal(Sender<Vec<HealAction>>),
     /// A heal is over.
@@ -168,10 +187,12 @@ impl WorkerHandle {
         &self,
         name: &str,
         node: Option<&str>,
+        volumes: Vec<String>,
     ) -> Result<Result<Target, Refusal>, WorkerGone> {
         self.ask(|reply| Command::BeginApply {
             name: name.to_string(),
             node: node.map(str::to_string),
+            volumes,
             reply,
         })
     }
@@ -182,13 +203,34 @@ impl WorkerHandle {
         name: &str,
         target: Target,
         succeeded: bool,
+        reached: bool,
     ) -> Result<Result<(), Refusal>, WorkerGone> {
         self.ask(|reply| Command::FinishApply {
             name: name.to_string(),
             target,
             succeeded,
+            reached,
             reply,
         })
+    }
+
+    /// See [`Command::ResolveVolume`].
+    pub fn resolve_volume(&self, name: &str) -> Result<Result<Target, Refusal>, WorkerGone> {
+        self.ask(|r| Command::ResolveVolume(name.to_string(), r))
+    }
+
+    /// See [`Command::RemoveVolume`].
+    pub fn remove_volume(&self, name: &str, node: &str) -> Result<Result<(), Refusal>, WorkerGone> {
+        self.ask(|reply| Command::RemoveVolume {
+            name: name.to_string(),
+            node: node.to_string(),
+            reply,
+        })
+    }
+
+    /// See [`Command::VolumeHomes`].
+    pub fn volume_homes(&self) -> Result<Vec<VolumeHome>, WorkerGone> {
+        self.get(Command::VolumeHomes)
     }
 
     /// See [`Command::RemovePlacement`].
@@ -260,6 +302,17 @@ impl WorkerHandle {
     pub fn shutdown(&self) {
         let _ = self.tx.send(Command::Shutdown);
     }
+}
+
+/// The registered volumes of one node, for `GET /volumes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeHome {
+    /// Node id.
+    pub node: String,
+    /// Its agent when Alive, else why it cannot be asked.
+    pub addr: Result<std::net::SocketAddr, String>,
+    /// Volume names the registry places on it.
+    pub volumes: Vec<String>,
 }
 
 /// A reply held back until the batch's ops are durable.
@@ -393,16 +446,30 @@ impl Worker {
             Command::ResolvePlaced(name, reply) => {
                 let _ = reply.send(self.cluster.resolve_placed(&name, now));
             }
-            Command::BeginApply { name, node, reply } => {
-                let _ = reply.send(self.cluster.begin_apply(&name, node.as_deref(), now));
+            Command::BeginApply {
+                name,
+                node,
+                volumes,
+                reply,
+            } => {
+                let _ = reply.send(self.cluster.begin_apply_with_volumes(
+                    &name,
+                    node.as_deref(),
+                    &volumes,
+                    now,
+                ));
             }
             Command::FinishApply {
                 name,
                 target,
                 succeeded,
+                reached,
                 reply,
             } => {
-                ops.extend(self.cluster.finish_apply(&name, &target, succeeded));
+                ops.extend(
+                    self.cluster
+                        .finish_apply_reached(&name, &target, succeeded, reached),
+                );
                 deferred.push(Box::new(move |r| {
                     let _ = reply.send(r);
                 }));
@@ -451,6 +518,29 @@ impl Worker {
                 let _ = reply.send(self.cluster.plan_heal(None, now));
             }
             Command::HealDone(services) => self.cluster.heal_done(&services),
+            Command::ResolveVolume(name, reply) => {
+                let _ = reply.send(self.cluster.resolve_volume(&name, now));
+            }
+            Command::RemoveVolume { name, node, reply } => {
+                ops.extend(self.cluster.remove_volume(&name, &node));
+                deferred.push(Box::new(move |r| {
+                    let _ = reply.send(r);
+                }));
+            }
+            Command::VolumeHomes(reply) => {
+                let mut homes: Vec<VolumeHome> = Vec::new();
+                for (volume, node) in self.cluster.volume_registry() {
+                    match homes.iter_mut().find(|h| &h.node == node) {
+                        Some(h) => h.volumes.push(volume.clone()),
+                        None => homes.push(VolumeHome {
+                            node: node.clone(),
+                            addr: self.cluster.resolve_node(node, now).map_err(|r| r.message),
+                            volumes: vec![volume.clone()],
+                        }),
+                    }
+                }
+                let _ = reply.send(homes);
+            }
             Command::Shutdown => {}
         }
     }

@@ -5,7 +5,8 @@
 //! Through the control plane every request is signed with the operator key
 //! over the exact target sent ([`crate::common::auth::sign_headers`]); jail
 //! routes are the scheduled `/jails/{name}`, or `/nodes/{id}/jails/{name}`
-//! when a node is named. The agent's own routes are the same without a
+//! when a node is named; volume routes likewise (`/volumes/{name}`, resolved
+//! by the control plane's volume registry, or `/nodes/{id}/volumes/{name}`). The agent's own routes are the same without a
 //! prefix, so one [`Route`] decides every path. Services exist only on the
 //! control plane (`/services/{name}`): keelctl describes each one in a
 //! [`ServiceApply`] ([`service_apply`]) because the control plane never
@@ -25,7 +26,9 @@ use sha2::{Digest, Sha256};
 use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Jail, Service};
-use crate::common::wire::{ErrorBody, JailStatus, NodeStatus, ServiceApply, ServiceStatus};
+use crate::common::wire::{
+    ErrorBody, JailStatus, NodeStatus, ServiceApply, ServiceStatus, VolumeStatus, volumes_query,
+};
 
 /// Header the control plane adds to an apply's answer: the node the jail
 /// landed on.
@@ -172,8 +175,18 @@ impl Api {
 
     /// `PUT` the jail as YAML; the node reconciles it before answering with
     /// its status.
+    ///
+    /// Through the control plane the declared volume names travel in the
+    /// signed target (`?volumes=`, see [`crate::common::wire::VOLUMES_PARAM`]),
+    /// so the control plane can place the jail on the node holding them.
     pub fn apply_jail(&self, jail: &Jail) -> Result<Located, ApiError> {
-        let path = self.jail_path(&jail.metadata.name);
+        let mut path = self.jail_path(&jail.metadata.name);
+        let names: Vec<String> = jail.spec.volumes.iter().map(|v| v.name.clone()).collect();
+        if self.route != Route::Agent
+            && let Some(query) = volumes_query(&names)
+        {
+            path = format!("{path}?{query}");
+        }
         let headers = [("Content-Type".to_string(), "application/yaml".to_string())];
         let body = jail.to_yaml();
         self.located(self.call("PUT", &path, &headers, body.as_bytes())?)
@@ -234,6 +247,53 @@ impl Api {
     pub fn delete_service(&self, name: &str) -> Result<(), ApiError> {
         self.call("DELETE", &format!("/services/{name}"), &[], b"")
             .map(drop)
+    }
+
+    /// `GET /volumes` on an agent, or through the control plane every
+    /// volume of the cluster (each with its node); with a node named,
+    /// `GET /nodes/{id}/volumes`.
+    pub fn list_volumes(&self) -> Result<Vec<VolumeStatus>, ApiError> {
+        let path = match &self.route {
+            Route::Node(id) => format!("/nodes/{id}/volumes"),
+            _ => "/volumes".to_string(),
+        };
+        let mut list: Vec<VolumeStatus> = decode(self.call("GET", &path, &[], b"")?, &self.client)?;
+        if let Route::Node(id) = &self.route {
+            for v in &mut list {
+                v.node.get_or_insert_with(|| id.clone());
+            }
+        }
+        Ok(list)
+    }
+
+    /// One volume; an unknown name is a 404.
+    /// Through the control plane its node comes from [`NODE_HEADER`] (or
+    /// the named route).
+    pub fn get_volume(&self, name: &str) -> Result<VolumeStatus, ApiError> {
+        let response = self.call("GET", &self.volume_path(name), &[], b"")?;
+        let node = match (response.header(NODE_HEADER), &self.route) {
+            (Some(node), _) => Some(node.to_string()),
+            (None, Route::Node(id)) => Some(id.clone()),
+            (None, _) => None,
+        };
+        let mut status: VolumeStatus = decode(response, &self.client)?;
+        status.node = status.node.or(node);
+        Ok(status)
+    }
+
+    /// `DELETE` one volume dataset: 409 while a jail mounts it (or zfs keeps
+    /// it busy), 404 when absent. Through the control plane its registry
+    /// entry goes once the node destroyed it.
+    pub fn delete_volume(&self, name: &str) -> Result<(), ApiError> {
+        self.call("DELETE", &self.volume_path(name), &[], b"")
+            .map(drop)
+    }
+
+    fn volume_path(&self, name: &str) -> String {
+        match &self.route {
+            Route::Agent | Route::Scheduled => format!("/volumes/{name}"),
+            Route::Node(id) => format!("/nodes/{id}/volumes/{name}"),
+        }
     }
 
     /// Names reaching here are DNS labels (checked when parsed), so they need
@@ -316,6 +376,13 @@ pub fn service_apply(service: &Service) -> ServiceApply {
         port: service.spec.port,
         stateful: service.spec.template.has_volumes(),
         template_digest: template_digest(service),
+        volumes: service
+            .spec
+            .template
+            .volumes
+            .iter()
+            .map(|v| v.name.clone())
+            .collect(),
     }
 }
 

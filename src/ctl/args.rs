@@ -146,10 +146,18 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "get nodes",
         "list the cluster's nodes (with --controlplane)",
     ),
+    (
+        "get volumes [NAME]",
+        "list the volume datasets, or show one",
+    ),
     ("delete jail NAME...", "delete jails by name"),
     (
         "delete service NAME...",
         "delete services and their replicas (with --controlplane)",
+    ),
+    (
+        "delete-volume NAME",
+        "destroy a volume dataset and its data (refused while a jail mounts it)",
     ),
     (
         "delete -f FILE|-",
@@ -181,6 +189,8 @@ pub enum Resource {
     /// `get services` (also `get service`, `get svc`): the control plane's
     /// replicated services.
     Services,
+    /// `get volumes` (also `get volume`, `get vol`): volume datasets.
+    Volumes,
 }
 
 /// How `get` prints.
@@ -247,6 +257,11 @@ pub enum Command {
     DeleteServices {
         /// Services to delete, in the order given.
         names: Vec<String>,
+    },
+    /// `delete-volume NAME`.
+    DeleteVolume {
+        /// The volume.
+        name: String,
     },
     /// `delete -f FILE|-`.
     DeleteFile {
@@ -448,7 +463,7 @@ fn utf8_value(parser: &mut lexopt::Parser, flag: &Flag) -> Result<String, UsageE
 fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let Some((verb, rest)) = words.split_first() else {
         return Err(usage(
-            "no command given; use apply, get, delete, validate or key",
+            "no command given; use apply, get, delete, delete-volume, validate or key",
         ));
     };
     let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
@@ -484,7 +499,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
             let Some((kind, names)) = rest.split_first() else {
                 return Err(usage(
-                    "`get` needs what to list: get jails [NAME], get services [NAME] or get nodes",
+                    "`get` needs what to list: get jails [NAME], get services [NAME], get volumes [NAME] or get nodes",
                 ));
             };
             let resource = resource(kind)?;
@@ -501,6 +516,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     }
                     names.first().map(|n| service_name(n)).transpose()?
                 }
+                Resource::Volumes => names.first().map(|n| volume_name(n)).transpose()?,
                 Resource::Nodes => {
                     if let Some(word) = names.first() {
                         return Err(usage(format!(
@@ -569,9 +585,24 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     Resource::Nodes => Err(usage(
                         "nodes are not deleted with keelctl: stop the node's keel-agentd",
                     )),
+                    Resource::Volumes => Err(usage(
+                        "volumes are deleted one at a time with `delete-volume NAME`: their data goes with them",
+                    )),
                 }
             }
         },
+        "delete-volume" => {
+            if filename.is_some() {
+                return Err(not_for("--filename"));
+            }
+            match rest {
+                [name] => Ok(Command::DeleteVolume {
+                    name: volume_name(name)?,
+                }),
+                [] => Err(usage("`delete-volume` needs the NAME of the volume")),
+                [_, word, ..] => Err(extra(word)),
+            }
+        }
         "key" => {
             if filename.is_some() {
                 return Err(not_for("--filename"));
@@ -599,7 +630,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
         }
         other => Err(usage(format!(
-            "unknown command {other:?}; use apply, get, delete, validate or key"
+            "unknown command {other:?}; use apply, get, delete, delete-volume, validate or key"
         ))),
     }
 }
@@ -617,8 +648,9 @@ fn resource(word: &str) -> Result<Resource, UsageError> {
         "jails" | "jail" => Ok(Resource::Jails),
         "nodes" | "node" => Ok(Resource::Nodes),
         "services" | "service" | "svc" => Ok(Resource::Services),
+        "volumes" | "volume" | "vol" => Ok(Resource::Volumes),
         other => Err(usage(format!(
-            "unknown resource {other:?}; keelctl knows jails, services and nodes"
+            "unknown resource {other:?}; keelctl knows jails, services, nodes and volumes"
         ))),
     }
 }
@@ -629,6 +661,13 @@ fn jail_name(name: &str) -> Result<String, UsageError> {
     spec::validate_name(name)
         .map(|()| name.to_string())
         .map_err(|why| usage(format!("jail name {name:?}: {why}")))
+}
+
+/// As [`jail_name`]: a volume name is a DNS label too, and becomes a path.
+fn volume_name(name: &str) -> Result<String, UsageError> {
+    spec::validate_name(name)
+        .map(|()| name.to_string())
+        .map_err(|why| usage(format!("volume name {name:?}: {why}")))
 }
 
 /// As [`jail_name`]: a service name is a DNS label too, and becomes a path.
@@ -716,7 +755,7 @@ mod tests {
             }
         );
         assert!(err(&["get"]).contains("get jails"));
-        assert!(err(&["get", "volumes"]).contains("unknown resource \"volumes\""));
+        assert!(err(&["get", "disks"]).contains("unknown resource \"disks\""));
         assert!(err(&["get", "jails", "-o", "wide"]).contains("use table, json or yaml"));
         assert!(err(&["get", "jails", "a", "b"]).contains("\"b\""));
         assert!(err(&["get", "jails", "-f", "x"]).contains("--filename does not apply"));
@@ -810,6 +849,36 @@ mod tests {
         assert!(err(&["get", "nodes", "n1"]).contains("lists every node"));
         assert!(err(&["get", "nodes", "--node", "n1"]).contains("--node does not apply"));
         assert!(err(&["delete", "node", "n1"]).contains("stop the node's keel-agentd"));
+    }
+
+    #[test]
+    fn volumes_are_listed_shown_and_deleted_one_by_one() {
+        assert_eq!(
+            cmd(&["get", "volumes"]),
+            Command::Get {
+                resource: Resource::Volumes,
+                name: None,
+                output: OutputFormat::Table
+            }
+        );
+        assert_eq!(
+            cmd(&["get", "vol", "pgdata", "-o", "json"]),
+            Command::Get {
+                resource: Resource::Volumes,
+                name: Some("pgdata".into()),
+                output: OutputFormat::Json
+            }
+        );
+        assert_eq!(
+            cmd(&["delete-volume", "pgdata"]),
+            Command::DeleteVolume {
+                name: "pgdata".into()
+            }
+        );
+        assert!(err(&["delete-volume"]).contains("needs the NAME"));
+        assert!(err(&["delete-volume", "a", "b"]).contains("\"b\""));
+        assert!(err(&["delete-volume", "../x"]).contains("volume name \"../x\""));
+        assert!(err(&["delete", "volume", "pg"]).contains("delete-volume NAME"));
     }
 
     #[test]

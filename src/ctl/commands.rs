@@ -255,6 +255,38 @@ pub fn execute(
                 })?;
             }
         }
+        Command::Get {
+            resource: Resource::Volumes,
+            name,
+            output: format,
+        } => {
+            let api = resolve()?;
+            let volumes = match name {
+                None => api.list_volumes().map_err(|error| CtlError::Request {
+                    action: "get volumes".into(),
+                    error,
+                })?,
+                Some(name) => vec![api.get_volume(name).map_err(|error| CtlError::Request {
+                    action: format!("get volume/{name}"),
+                    error,
+                })?],
+            };
+            if *format == OutputFormat::Table && volumes.is_empty() {
+                let _ = writeln!(stderr, "No volumes found.");
+            } else if name.is_some() {
+                show(out, *format, &volumes[0], || output::volume_table(&volumes))?;
+            } else {
+                show(out, *format, &volumes, || output::volume_table(&volumes))?;
+            }
+        }
+        Command::DeleteVolume { name } => {
+            let api = resolve()?;
+            api.delete_volume(name).map_err(|error| CtlError::Request {
+                action: format!("delete volume/{name}"),
+                error,
+            })?;
+            out.line(&output::volume_deleted_line(name));
+        }
         Command::DeleteJails { names } => {
             let api = resolve()?;
             for name in names {

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeSet;
 
-use crate::common::wire::{JailStatus, NodeStatus, ServiceStatus};
+use crate::common::wire::{JailStatus, NodeStatus, ServiceStatus, VolumeStatus};
 
 use super::args::OutputFormat;
 
@@ -56,6 +56,9 @@ pub const SERVICE_COLUMNS: [&str; 4] = ["NAME", "VIP:PORT", "READY/DESIRED", "NO
 
 /// Column headers of `get service NAME`: its replicas.
 pub const REPLICA_COLUMNS: [&str; 4] = ["NAME", "NODE", "ADDRESS", "STATE"];
+
+/// Columns of `get volumes`.
+pub const VOLUME_COLUMNS: [&str; 5] = ["NAME", "NODE", "QUOTA", "USED", "MOUNTED BY"];
 
 /// A jail as `get jails` shows it through the control plane: the agent's
 /// status with the node it runs on. JSON and YAML put `node` first, then the
@@ -239,6 +242,40 @@ pub fn service_applied_line(status: &ServiceStatus) -> String {
         status.ready,
         status.desired
     )
+}
+
+/// The `get volumes` table, or `""` when there is none. NODE is `-` from
+/// an agent (it speaks for itself); QUOTA `none` when unlimited; a volume
+/// its node could not report on shows `?` and the reason in MOUNTED BY.
+pub fn volume_table(volumes: &[VolumeStatus]) -> String {
+    if volumes.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![VOLUME_COLUMNS.iter().map(|h| h.to_string()).collect()];
+    rows.extend(volumes.iter().map(|v| {
+        let unknown = v.error.is_some();
+        vec![
+            one_line(&v.name),
+            v.node.as_deref().map_or_else(|| "-".into(), one_line),
+            match (v.quota, unknown) {
+                (_, true) => "?".into(),
+                (Some(q), _) => approx_size(q),
+                (None, _) => "none".into(),
+            },
+            v.used.map_or_else(|| "?".into(), approx_size),
+            match (&v.error, &v.mounted_by) {
+                (Some(e), _) => format!("? ({})", one_line(e)),
+                (None, Some(by)) => one_line(by),
+                (None, None) => "-".into(),
+            },
+        ]
+    }));
+    table(&rows)
+}
+
+/// The line `delete-volume` prints.
+pub fn volume_deleted_line(name: &str) -> String {
+    format!("volume/{} deleted", one_line(name))
 }
 
 /// The line `delete` prints for one deleted service.
