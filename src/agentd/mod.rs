@@ -8,6 +8,7 @@
 //! | [`cluster`] | registration, heartbeats, peer routes and fencing when clustered |
 //! | [`metrics`] | Prometheus text for `GET /metrics` |
 //! | [`proxy`] | the per-node L4 proxy: service VIP listeners relaying to replicas |
+//! | [`ingress`] | Ingress certificates: ACME DNS-01 through OVH, renewal, installation |
 //! | [`daemon`] | startup, host selection (FreeBSD or simulated), shutdown |
 //! | [`cli`] | flags and `--check-config` |
 //!
@@ -18,6 +19,7 @@ pub mod api;
 pub mod cli;
 pub mod cluster;
 pub mod daemon;
+pub mod ingress;
 pub mod metrics;
 pub mod proxy;
 pub mod reconciler;
