@@ -1,6 +1,7 @@
 //! Integration tests, linked into one binary (`autotests = false`).
 //! Each module is one area; `util` holds the shared helpers.
 
+mod acme_e2e;
 mod auth;
 mod cluster_agent;
 mod cluster_e2e;

@@ -9,7 +9,7 @@
 //! | [`volumes`] | `GET/DELETE /volumes`: volume datasets keyed by dataset path, never by jail records |
 //! | [`metrics`] | Prometheus text for `GET /metrics` |
 //! | [`proxy`] | the per-node L4 proxy: service VIP listeners relaying to replicas |
-//! | [`ingress`] | the nginx ingress jail's configuration and certificates |
+//! | [`ingress`] | the nginx ingress jail: its configuration, the pf anchor, certificates (ACME DNS-01 through OVH) |
 //! | [`daemon`] | startup, host selection (FreeBSD or simulated), shutdown |
 //! | [`cli`] | flags and `--check-config` |
 //!

@@ -266,8 +266,9 @@ pub struct IngressConfig {
     /// File holding the ACME account key. Default
     /// `/usr/local/etc/keel/acme-account.json`.
     pub acme_account_key: PathBuf,
-    /// PEM file of an extra root trusted for the ACME server (tests use Pebble's);
-    /// `""` (None) trusts only the system roots. Default `""`.
+    /// PEM file of the one root trusted for the ACME server instead of the
+    /// system roots (a private CA; tests use Pebble's); `""` (None) trusts the
+    /// system roots. Default `""`.
     #[serde(with = "empty_is_none")]
     pub acme_extra_root: Option<PathBuf>,
     /// DNS-01 provider. Default `ovh`.

@@ -1,10 +1,588 @@
-//! Ingress (issue 7): the node-wide nginx jail that publishes Services over
-//! HTTPS.
+//! Ingress (issue 7, the seed's "Ingress: automatic HTTPS"): the node-wide
+//! nginx jail that publishes Services over HTTPS, and its certificates: every
+//! Ingress host gets one from the ACME CA by DNS-01 and keeps it renewed.
 //!
 //! | file | owns |
 //! |---|---|
+//! | `mod.rs` | [`CertManager`], the handle the ingress reconciler calls each pass; [`IngressError`] |
 //! | [`nginx`] | `nginx.conf` as a pure function of every applied Ingress |
 //! | [`pf`] | the `keel/ingress` anchor: public ports 80 and 443 to the ingress jail |
+//! | [`dns`] | [`dns::DnsProvider`], its Fake, and OVH's signed API |
+//! | [`propagation`] | asking public resolvers until the challenge record is visible |
+//! | [`acme`] | one order with instant-acme, the renewal decision, installing key and chain |
+//!
+//! Threads (DESIGN.md section 3): [`CertManager::ensure`] never blocks on the
+//! network. It looks at the files already installed, decides, and hands the
+//! slow part (the whole order: minutes of DNS propagation) to the manager's
+//! own `keel-acme` thread, which works one job at a time and posts the outcome
+//! back into the shared status the next `ensure` reads. An API request that
+//! reads [`CertManager::status`] therefore never waits on ACME either.
+//!
+//! Failure: a failed issuance backs off per host like a crash loop
+//! ([`crate::common::backoff`]: 1 s doubling to 5 min); the installed
+//! certificate, if any, stays in place and keeps serving; one host's failure
+//! never touches another's files or schedule.
+//!
+//! Must never: hold a secret in a spec, a log line or an error (credentials
+//! and the account key live in mode-0600 files named by `[ingress]`), build
+//! nginx or pf configuration (the ingress reconciler does), or run on the
+//! agent's worker thread beyond reading a few small files (the certificate
+//! part; [`nginx`] and [`pf`] are pure functions the reconciler calls).
 
+pub mod acme;
+pub mod dns;
 pub mod nginx;
 pub mod pf;
+pub mod propagation;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use self::acme::{AcmeClient, AcmeSettings, CertFiles, RenewReason, Renewal, RenewalWindow};
+use self::dns::{DnsError, DnsProvider};
+use self::propagation::PropagationError;
+use crate::common::auth::KeyFilePolicy;
+use crate::common::backoff::{Backoff, Clock};
+use crate::common::sync::lock;
+
+/// Secret files larger than this are refused unread.
+const MAX_SECRET_FILE_LEN: u64 = 64 * 1024;
+
+/// How long a failed renewal-information request waits before the next.
+const ARI_RETRY: Duration = Duration::from_secs(3600);
+
+/// What went wrong obtaining or installing a certificate.
+#[derive(Debug)]
+pub enum IngressError {
+    /// The host cannot name certificate files.
+    InvalidHost {
+        /// The host.
+        host: String,
+    },
+    /// The DNS provider failed (publishing or deleting the challenge record).
+    Dns(DnsError),
+    /// The challenge record did not become visible in time.
+    Propagation(PropagationError),
+    /// The ACME account file is unusable.
+    AccountFile {
+        /// The file (`ingress.acme_account_key`).
+        path: PathBuf,
+        /// What is wrong and what to do.
+        reason: String,
+    },
+    /// The ACME server refused or failed a step.
+    Acme {
+        /// The host being issued, empty for account steps.
+        host: String,
+        /// The step, e.g. `"creating the order"`.
+        step: &'static str,
+        /// What instant-acme or the CA said.
+        message: String,
+    },
+    /// The order ended without a certificate.
+    OrderFailed {
+        /// The host.
+        host: String,
+        /// What state it ended in.
+        detail: String,
+    },
+    /// The CA's certificate could not be read.
+    Certificate {
+        /// The host.
+        host: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Writing key or chain failed.
+    Install {
+        /// The file.
+        path: PathBuf,
+        /// The step.
+        action: &'static str,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// Issuance failed and deleting its challenge record failed too.
+    Cleanup {
+        /// Why issuance failed.
+        error: Box<IngressError>,
+        /// The records left at the provider, and why.
+        cleanup: String,
+    },
+    /// The async runtime could not be built.
+    Runtime(String),
+    /// The certificate thread is gone (it panicked); restart the agent.
+    IssuerStopped,
+}
+
+impl fmt::Display for IngressError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IngressError::InvalidHost { host } => {
+                write!(f, "{host:?} cannot name certificate files")
+            }
+            IngressError::Dns(e) => write!(f, "DNS provider: {e}"),
+            IngressError::Propagation(e) => write!(f, "DNS propagation: {e}"),
+            IngressError::AccountFile { path, reason } => write!(
+                f,
+                "ACME account file {} (ingress.acme_account_key): {reason}",
+                path.display()
+            ),
+            IngressError::Acme {
+                host,
+                step,
+                message,
+            } => {
+                if host.is_empty() {
+                    write!(f, "ACME: {step} failed: {message}")?;
+                } else {
+                    write!(f, "ACME, {host}: {step} failed: {message}")?;
+                }
+                write!(
+                    f,
+                    " (check ingress.acme_directory and the node's outbound HTTPS)"
+                )
+            }
+            IngressError::OrderFailed { host, detail } => {
+                write!(f, "ACME, {host}: no certificate: {detail}")
+            }
+            IngressError::Certificate { host, reason } => {
+                write!(
+                    f,
+                    "ACME, {host}: unusable certificate from the CA: {reason}"
+                )
+            }
+            IngressError::Install {
+                path,
+                action,
+                source,
+            } => write!(
+                f,
+                "cannot install {}: {action} failed: {source}",
+                path.display()
+            ),
+            IngressError::Cleanup { error, cleanup } => write!(
+                f,
+                "{error}; and the challenge record could not be deleted, remove it at the \
+                 DNS provider by hand: {cleanup}"
+            ),
+            IngressError::Runtime(e) => write!(f, "cannot start the ACME runtime: {e}"),
+            IngressError::IssuerStopped => write!(
+                f,
+                "the certificate thread stopped; restart keel-agentd (and report the panic \
+                 in its log)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for IngressError {}
+
+impl From<DnsError> for IngressError {
+    fn from(e: DnsError) -> IngressError {
+        IngressError::Dns(e)
+    }
+}
+
+impl From<PropagationError> for IngressError {
+    fn from(e: PropagationError) -> IngressError {
+        IngressError::Propagation(e)
+    }
+}
+
+/// Reads a secret file after checking, on the opened file itself, that it is
+/// a regular file no one but its owner may access (0600 or 0400) and, when
+/// `policy` says so, owned by root. The error says what is wrong and the
+/// command that fixes it, never the content.
+pub(crate) fn read_secret_file(path: &Path, policy: KeyFilePolicy) -> Result<String, String> {
+    let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot inspect: {e}"))?;
+    if !meta.is_file() {
+        return Err("it is not a regular file".into());
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "it has mode {mode:04o}, which lets other users read it; run chmod 600 {}",
+            path.display()
+        ));
+    }
+    if policy.require_root_owner && meta.uid() != 0 {
+        return Err(format!(
+            "it is owned by uid {}, not root; run chown root {}",
+            meta.uid(),
+            path.display()
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_SECRET_FILE_LEN + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if text.len() as u64 > MAX_SECRET_FILE_LEN {
+        return Err(format!("it is larger than {MAX_SECRET_FILE_LEN} bytes"));
+    }
+    Ok(text)
+}
+
+/// A host's certificate as [`CertManager::ensure`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertStatus {
+    /// A valid certificate is installed and not due.
+    Valid {
+        /// Its notAfter, Unix seconds.
+        not_after: i64,
+        /// When it becomes due, Unix seconds.
+        renew_at: i64,
+    },
+    /// An order is running on the certificate thread.
+    Issuing {
+        /// notAfter of the certificate still installed, if any.
+        not_after: Option<i64>,
+        /// Why it is being (re)issued.
+        reason: RenewReason,
+    },
+    /// The last order failed; the next waits for its backoff.
+    BackingOff {
+        /// notAfter of the certificate still installed, if any.
+        not_after: Option<i64>,
+        /// Time left before the next attempt.
+        retry_in: Duration,
+        /// Why the last order failed.
+        last_error: String,
+    },
+}
+
+/// What the certificate thread knows of the CA's renewal window of a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ari {
+    /// Not asked yet (or the certificate changed).
+    Unknown,
+    /// Asked; ask again at `recheck`.
+    Known {
+        window: Option<RenewalWindow>,
+        not_after: i64,
+        recheck: Instant,
+    },
+    /// A request is queued.
+    Asking,
+}
+
+#[derive(Debug)]
+struct HostState {
+    issuing: Option<RenewReason>,
+    last_error: Option<String>,
+    ari: Ari,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    hosts: BTreeMap<String, HostState>,
+    backoff: Backoff<String>,
+    /// `Some(false)` once the CA is known not to offer renewal information.
+    ari_supported: Option<bool>,
+}
+
+enum Job {
+    Issue {
+        host: String,
+        files: CertFiles,
+    },
+    Ari {
+        host: String,
+        files: CertFiles,
+        not_after: i64,
+    },
+}
+
+/// The certificates of every Ingress host on this node: decides what is due,
+/// runs orders on its own thread, installs the results.
+pub struct CertManager {
+    shared: Arc<Mutex<Shared>>,
+    jobs: mpsc::Sender<Job>,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for CertManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertManager").finish_non_exhaustive()
+    }
+}
+
+impl CertManager {
+    /// Starts the certificate thread. The ACME account is opened (or
+    /// registered) there on the first job, so starting never touches the
+    /// network; `clock` times the backoff.
+    pub fn start(
+        settings: AcmeSettings,
+        dns: Box<dyn DnsProvider>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<CertManager, IngressError> {
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let (tx, rx) = mpsc::channel();
+        let worker = Issuer {
+            settings,
+            dns,
+            client: None,
+            shared: Arc::clone(&shared),
+            clock: Arc::clone(&clock),
+        };
+        thread::Builder::new()
+            .name("keel-acme".into())
+            .spawn(move || worker.run(rx))
+            .map_err(|e| IngressError::Runtime(format!("cannot spawn keel-acme: {e}")))?;
+        Ok(CertManager {
+            shared,
+            jobs: tx,
+            clock,
+        })
+    }
+
+    /// One pass for `host`, whose key and chain live in `dir` (the ingress
+    /// jail's certificate directory): reads what is installed there (a missing,
+    /// unreadable or mismatched pair counts as none, whatever was issued
+    /// before), decides with [`acme::renewal_due`] at `unix_now`, and queues an
+    /// order when due and the host's backoff allows. Never blocks on the
+    /// network.
+    pub fn ensure(
+        &self,
+        host: &str,
+        dir: &Path,
+        unix_now: i64,
+    ) -> Result<CertStatus, IngressError> {
+        if host.is_empty() || host.starts_with('.') || host.contains(['/', '\0']) {
+            return Err(IngressError::InvalidHost {
+                host: host.to_string(),
+            });
+        }
+        let files = CertFiles::new(dir, host);
+        let installed = files.installed().ok();
+        let not_after = installed.map(|v| v.not_after);
+        let mut shared = lock(&self.shared);
+        let ari_supported = shared.ari_supported;
+        let state = shared
+            .hosts
+            .entry(host.to_string())
+            .or_insert_with(|| HostState {
+                issuing: None,
+                last_error: None,
+                ari: Ari::Unknown,
+            });
+        if let Some(reason) = state.issuing {
+            return Ok(CertStatus::Issuing { not_after, reason });
+        }
+        let window = match (state.ari, installed) {
+            (
+                Ari::Known {
+                    window,
+                    not_after: n,
+                    ..
+                },
+                Some(v),
+            ) if n == v.not_after => window,
+            _ => None,
+        };
+        match acme::renewal_due(unix_now, installed, window) {
+            Renewal::NotDue { renew_at } => {
+                let now = self.clock.now();
+                let stale = match state.ari {
+                    Ari::Unknown => true,
+                    Ari::Known {
+                        recheck,
+                        not_after: n,
+                        ..
+                    } => now >= recheck || Some(n) != not_after,
+                    Ari::Asking => false,
+                };
+                if stale && ari_supported != Some(false) {
+                    if let Some(not_after) = not_after {
+                        state.ari = Ari::Asking;
+                        let job = Job::Ari {
+                            host: host.to_string(),
+                            files,
+                            not_after,
+                        };
+                        if self.jobs.send(job).is_err() {
+                            return Err(IngressError::IssuerStopped);
+                        }
+                    }
+                }
+                Ok(CertStatus::Valid {
+                    not_after: not_after.unwrap_or(renew_at),
+                    renew_at,
+                })
+            }
+            Renewal::Due(reason) => {
+                let now = self.clock.now();
+                let last_error = state.last_error.clone();
+                if !shared.backoff.ready(&host.to_string(), now) {
+                    let retry_in = shared
+                        .backoff
+                        .next_attempt(&host.to_string())
+                        .map_or(Duration::ZERO, |at| at.saturating_duration_since(now));
+                    return Ok(CertStatus::BackingOff {
+                        not_after,
+                        retry_in,
+                        last_error: last_error.unwrap_or_default(),
+                    });
+                }
+                if let Some(state) = shared.hosts.get_mut(host) {
+                    state.issuing = Some(reason);
+                }
+                let job = Job::Issue {
+                    host: host.to_string(),
+                    files,
+                };
+                if self.jobs.send(job).is_err() {
+                    return Err(IngressError::IssuerStopped);
+                }
+                Ok(CertStatus::Issuing { not_after, reason })
+            }
+        }
+    }
+
+    /// The last failure of `host`, or a warning about a challenge record left
+    /// at the provider; `None` when its last order went well.
+    pub fn last_error(&self, host: &str) -> Option<String> {
+        lock(&self.shared)
+            .hosts
+            .get(host)
+            .and_then(|s| s.last_error.clone())
+    }
+
+    /// True while an order for `host` is queued or running.
+    pub fn issuing(&self, host: &str) -> bool {
+        lock(&self.shared)
+            .hosts
+            .get(host)
+            .is_some_and(|s| s.issuing.is_some())
+    }
+
+    /// Forgets `host` (its Ingress was deleted): status and backoff. Files are
+    /// the caller's to remove.
+    pub fn forget(&self, host: &str) {
+        let mut shared = lock(&self.shared);
+        shared.hosts.remove(host);
+        shared.backoff.forget(&host.to_string());
+    }
+}
+
+/// The certificate thread's side.
+struct Issuer {
+    settings: AcmeSettings,
+    dns: Box<dyn DnsProvider>,
+    client: Option<AcmeClient>,
+    shared: Arc<Mutex<Shared>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Issuer {
+    fn run(mut self, jobs: mpsc::Receiver<Job>) {
+        // Ends when the CertManager (the only sender) is dropped.
+        for job in jobs {
+            match job {
+                Job::Issue { host, files } => self.issue(&host, &files),
+                Job::Ari {
+                    host,
+                    files,
+                    not_after,
+                } => self.ari(&host, &files, not_after),
+            }
+        }
+    }
+
+    /// The ACME client, opened on first use; a failed open is retried by the
+    /// next job.
+    fn client<'a>(
+        client: &'a mut Option<AcmeClient>,
+        settings: &AcmeSettings,
+    ) -> Result<&'a AcmeClient, IngressError> {
+        if client.is_none() {
+            *client = Some(AcmeClient::open(settings.clone())?);
+        }
+        client.as_ref().ok_or(IngressError::IssuerStopped)
+    }
+
+    fn issue(&mut self, host: &str, files: &CertFiles) {
+        let result = Self::client(&mut self.client, &self.settings).and_then(|client| {
+            let cert = client.issue(host, self.dns.as_ref())?;
+            files.install(&cert)?;
+            Ok(cert)
+        });
+        let now = self.clock.now();
+        let mut shared = lock(&self.shared);
+        let key = host.to_string();
+        match result {
+            Ok(cert) => {
+                log::info!(
+                    "ingress {host}: certificate installed in {}, valid until {}",
+                    files.chain.display(),
+                    cert.validity.not_after
+                );
+                shared.backoff.forget(&key);
+                if let Some(state) = shared.hosts.get_mut(host) {
+                    state.issuing = None;
+                    state.last_error = cert.cleanup_error.map(|c| {
+                        format!("challenge record left at the DNS provider, remove it: {c}")
+                    });
+                    state.ari = Ari::Unknown;
+                }
+            }
+            Err(e) => {
+                let delay = shared.backoff.record_failure(&key, now);
+                log::warn!(
+                    "ingress {host}: certificate not obtained: {e}; retrying in {}s",
+                    delay.as_secs()
+                );
+                if let Some(state) = shared.hosts.get_mut(host) {
+                    state.issuing = None;
+                    state.last_error = Some(e.to_string());
+                }
+            }
+        }
+    }
+
+    fn ari(&mut self, host: &str, files: &CertFiles, not_after: i64) {
+        let result = std::fs::read_to_string(&files.chain)
+            .map_err(|e| IngressError::Install {
+                path: files.chain.clone(),
+                action: "read",
+                source: e,
+            })
+            .and_then(|chain| {
+                Self::client(&mut self.client, &self.settings)
+                    .and_then(|client| client.renewal_window(host, &chain))
+            });
+        let now = self.clock.now();
+        let mut shared = lock(&self.shared);
+        let (window, recheck) = match result {
+            Ok(Some((window, retry_after))) => {
+                shared.ari_supported = Some(true);
+                (Some(window), now + retry_after.max(Duration::from_secs(60)))
+            }
+            Ok(None) => {
+                shared.ari_supported = Some(false);
+                (None, now + ARI_RETRY)
+            }
+            Err(e) => {
+                log::warn!("ingress {host}: no renewal information from the CA: {e}");
+                (None, now + ARI_RETRY)
+            }
+        };
+        if let Some(state) = shared.hosts.get_mut(host) {
+            state.ari = Ari::Known {
+                window,
+                not_after,
+                recheck,
+            };
+        }
+    }
+}
