@@ -38,6 +38,9 @@ struct CpState {
     /// Path of every heartbeat (the node id is in it).
     heartbeat_paths: Vec<String>,
     peers: Vec<Peer>,
+    /// When set, the peer list's version: a heartbeat holding it is answered
+    /// "unchanged" with no peers, as keel-controlplane does.
+    peers_version: Option<u64>,
     stale: Vec<String>,
     /// Requests refused for a missing or bad signature.
     refused: usize,
@@ -78,14 +81,18 @@ impl FakeControlPlane {
                 ("POST", ["nodes", _, "heartbeat"]) => {
                     let body: HeartbeatRequest =
                         serde_json::from_slice(&req.body).expect("heartbeat body");
+                    let unchanged =
+                        st.peers_version.is_some() && body.peers_version == st.peers_version;
                     st.heartbeats.push(body);
                     st.heartbeat_paths.push(req.path.clone());
                     Response::json(
                         200,
                         &HeartbeatResponse {
-                            peers: st.peers.clone(),
+                            peers: if unchanged { vec![] } else { st.peers.clone() },
                             stale: st.stale.clone(),
                             services: vec![],
+                            peers_version: st.peers_version,
+                            peers_unchanged: unchanged,
                         },
                     )
                 }
@@ -477,6 +484,48 @@ fn a_clustered_agent_registers_heartbeats_routes_fences_and_survives_the_control
     let local = status(&get(&agent.unix(), "/jails/local-1").expect("local-1"));
     assert_eq!(local.state, keel::common::wire::Phase::Running);
     assert_eq!(agent.routes()["127.64.10.0/24"], "127.0.0.2");
+}
+
+#[test]
+fn a_clustered_agent_asks_for_the_peer_list_only_when_it_changed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (node_key, node_key_path) = key_file(dir.path(), "node-1");
+    let cp = FakeControlPlane::start(&node_key);
+    let n2 = |alive| Peer {
+        node_id: "n2".into(),
+        address: Ipv4Addr::new(127, 0, 0, 2),
+        pod_cidr: "127.64.10.0/24".into(),
+        alive,
+    };
+    cp.with(|s| {
+        s.peers = vec![n2(true)];
+        s.peers_version = Some(7);
+    });
+    let agent = Agent::start(cp.addr, dir, &node_key_path);
+    agent.await_some("the route to n2", || {
+        (agent.routes()["127.64.10.0/24"] == "127.0.0.2").then_some(())
+    });
+    // From now on every heartbeat holds version 7 and gets "unchanged" with
+    // an empty list: the route must stay.
+    let seen = agent.await_some("a heartbeat holding version 7", || {
+        cp.with(|s| s.heartbeats.iter().position(|h| h.peers_version == Some(7)))
+    });
+    agent.await_some("two more heartbeats", || {
+        (cp.heartbeat_count() >= seen + 3).then_some(())
+    });
+    assert!(
+        cp.with(|s| s.heartbeats.first().map(|h| h.peers_version)) == Some(None),
+        "the first heartbeat asks for the full list"
+    );
+    assert_eq!(agent.routes()["127.64.10.0/24"], "127.0.0.2");
+    // A new version is sent in full and routed by.
+    cp.with(|s| {
+        s.peers = vec![n2(false)];
+        s.peers_version = Some(8);
+    });
+    agent.await_some("the route to the dead n2 withdrawn", || {
+        agent.routes().get("127.64.10.0/24").is_none().then_some(())
+    });
 }
 
 #[test]

@@ -179,6 +179,7 @@ fn heartbeat(cp: &ControlPlane, node: &Signer, id: &str, cpu: f64) -> HeartbeatR
         committed: Resources { cpu, memory: 0 },
         jails: 0,
         placed: vec![],
+        peers_version: None,
     });
     let r = cp.call(Some(node), "POST", &format!("/nodes/{id}/heartbeat"), &body);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));

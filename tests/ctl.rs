@@ -500,3 +500,29 @@ fn http_get(agent: &Agent, url: &str) -> String {
         head.starts_with("HTTP/1.0 200").then(|| body.to_string())
     })
 }
+
+/// SIGHUP is a reload request (keys, when clustered), never a way to stop
+/// the agent: rc.d and newsyslog-style tooling send it freely.
+#[test]
+fn sighup_does_not_stop_the_agent() {
+    let agent = Agent::start(&["--simulate"]);
+    let pid = agent.pid().expect("running");
+    let status = std::process::Command::new("/bin/kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .expect("kill -HUP");
+    assert!(status.success());
+    // The signal is handled on the agent's signal thread; a request after it
+    // must still be answered, and the process must still be this one.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !agent.log().contains("SIGHUP") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGHUP not handled:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(agent.request("GET", "/healthz").status, 200);
+    assert_eq!(agent.pid(), Some(pid));
+}

@@ -372,8 +372,11 @@ fn rc_scripts_follow_rc_subr_conventions() {
             "command_args=\"-c ${{{name}_config}} --daemon --pidfile ${{pidfile}}\""
         )));
         assert!(has(&format!("start_precmd=\"{name}_prestart\"")));
-        // The daemons have no SIGHUP reload, so the script offers none.
-        assert!(!script.contains("extra_commands"), "{name}: no reload");
+        // SIGHUP reloads the keys (rotation), so the script offers reload.
+        assert!(
+            script.contains("extra_commands=\"reload\""),
+            "{name}: reload"
+        );
         assert!(script.trim_end().ends_with("run_rc_command \"$1\""));
     }
     let agent = read("rc.d/keel_agentd");

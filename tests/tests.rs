@@ -3,9 +3,12 @@
 
 mod auth;
 mod cluster_agent;
+mod cluster_e2e;
 mod config_cli;
 mod controlplane;
+mod crash_campaign;
 mod ctl;
+mod ctl_services;
 mod golden_agent;
 mod golden_capacity;
 mod golden_jail;
@@ -14,10 +17,12 @@ mod golden_net;
 mod golden_pf;
 mod golden_routes;
 mod golden_zfs;
+mod hostile;
 mod http;
 mod packaging;
 mod proxy;
 mod reconciler;
+mod services_e2e;
 mod sim;
 mod spec_examples;
 mod util;

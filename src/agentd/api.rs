@@ -65,20 +65,10 @@ impl AgentApi {
                 None,
             ));
         };
-        let jail = match spec::parse_jail(text) {
+        let jail = match jail_for(name, text) {
             Ok(j) => j,
-            Err(e) => return Ok(Response::error(400, &e.to_string(), Some(&e.field))),
+            Err(response) => return Ok(response),
         };
-        if jail.metadata.name != name {
-            return Ok(Response::error(
-                400,
-                &format!(
-                    "metadata.name is {} but the request is for /jails/{name}",
-                    jail.metadata.name
-                ),
-                Some("metadata.name"),
-            ));
-        }
         let epoch = match req.header(EPOCH_HEADER).map(str::parse::<u64>) {
             None => None,
             Some(Ok(e)) => Some(e),
@@ -94,6 +84,65 @@ impl AgentApi {
             Ok(status) => Response::json(200, &status),
             Err(e) => error_response(&e),
         })
+    }
+}
+
+/// The jail a `PUT /jails/{name}` asks for. The body is either a Jail
+/// document named `name`, or (from the control plane, placing a replica) the
+/// Service document whose replica `name` is: `{service}-{index}` with the
+/// index below `spec.replicas`, expanded from the template
+/// (`JailTemplate::to_jail_spec`, which also renames the volumes).
+fn jail_for(name: &str, text: &str) -> Result<spec::Jail, Response> {
+    let bad = |e: spec::SpecError| Response::error(400, &e.to_string(), Some(&e.field));
+    let mut docs = spec::parse_documents(text).map_err(bad)?;
+    if docs.len() != 1 {
+        return Err(Response::error(
+            400,
+            &format!(
+                "the body must hold exactly one document, it holds {}",
+                docs.len()
+            ),
+            None,
+        ));
+    }
+    match docs.remove(0) {
+        spec::Document::Jail(jail) if jail.metadata.name == name => Ok(jail),
+        spec::Document::Jail(jail) => Err(Response::error(
+            400,
+            &format!(
+                "metadata.name is {} but the request is for /jails/{name}",
+                jail.metadata.name
+            ),
+            Some("metadata.name"),
+        )),
+        spec::Document::Service(service) => {
+            let svc = &service.metadata.name;
+            let index = name
+                .strip_prefix(svc.as_str())
+                .and_then(|rest| rest.strip_prefix('-'))
+                .and_then(|i| i.parse::<u32>().ok());
+            match index {
+                Some(i) if i < service.spec.replicas => {
+                    Ok(service.spec.template.to_jail_spec(name))
+                }
+                _ => Err(Response::error(
+                    400,
+                    &format!(
+                        "{name} is not a replica of service {svc} (replicas are {svc}-0 to {svc}-{})",
+                        service.spec.replicas.saturating_sub(1)
+                    ),
+                    Some("metadata.name"),
+                )),
+            }
+        }
+        other => Err(Response::error(
+            400,
+            &format!(
+                "PUT /jails takes a Jail (or a Service replica), not a {}",
+                other.kind()
+            ),
+            Some("kind"),
+        )),
     }
 }
 

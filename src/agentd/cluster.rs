@@ -39,6 +39,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -251,7 +252,8 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         .filter(|s| s.state != Phase::Deleting)
         .collect();
     let committed = Resources {
-        cpu: tracked.iter().filter_map(|s| s.cpu).sum(),
+        // `+ 0.0`: an empty f64 sum is -0.0, which would print as such.
+        cpu: tracked.iter().filter_map(|s| s.cpu).sum::<f64>() + 0.0,
         memory: tracked.iter().filter_map(|s| s.memory).sum(),
     };
     let placed = tracked
@@ -261,6 +263,7 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
                 name: s.name.clone(),
                 epoch: s.epoch?,
                 running: s.state == Phase::Running,
+                address: Some(s.address),
             })
         })
         .collect();
@@ -268,6 +271,41 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         committed,
         jails: u32::try_from(tracked.len()).unwrap_or(u32::MAX),
         placed,
+        peers_version: None,
+    }
+}
+
+/// The last peer list the control plane sent in full, and its version, so a
+/// heartbeat can ask for the list only when it changed (see
+/// [`HeartbeatRequest::peers_version`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PeerCache {
+    held: Option<(u64, Vec<Peer>)>,
+}
+
+impl PeerCache {
+    /// The version to send with the next heartbeat.
+    pub fn version(&self) -> Option<u64> {
+        self.held.as_ref().map(|(v, _)| *v)
+    }
+
+    /// Takes in a heartbeat answer and returns the peer list to route by, or
+    /// `None` when the answer says "unchanged" about a list this cache does
+    /// not hold (a confused control plane): routes are then left as they are
+    /// and the next heartbeat asks for the full list.
+    pub fn absorb(&mut self, resp: &mut HeartbeatResponse) -> Option<Vec<Peer>> {
+        let peers = std::mem::take(&mut resp.peers);
+        if resp.peers_unchanged {
+            return match &self.held {
+                Some((v, held)) if Some(*v) == resp.peers_version => Some(held.clone()),
+                _ => {
+                    self.held = None;
+                    None
+                }
+            };
+        }
+        self.held = resp.peers_version.map(|v| (v, peers.clone()));
+        Some(peers)
     }
 }
 
@@ -502,13 +540,17 @@ where
 /// listener accepts (`auth.node_keys`), refusing files that are not mode
 /// 0600 and owned by root (by the current user when not running as root).
 pub fn load_keys(cfg: &Config) -> Result<(Signer, Verifier), ClusterError> {
+    let (signer, keyring) = load_key_material(cfg)?;
+    Ok((signer, Verifier::new(keyring, cfg.auth.max_clock_skew.0)))
+}
+
+/// The signing key and the accepted node keys named by `cfg` (startup and
+/// SIGHUP both read them through here).
+pub fn load_key_material(cfg: &Config) -> Result<(Signer, Keyring), ClusterError> {
     let policy = KeyFilePolicy::for_current_process();
     let key = auth::load_key(&cfg.agent.key_file, policy).map_err(ClusterError::Keys)?;
     let keyring = Keyring::load(&cfg.auth.node_keys, &[], policy).map_err(ClusterError::Keys)?;
-    Ok((
-        Signer::new(key),
-        Verifier::new(keyring, cfg.auth.max_clock_skew.0),
-    ))
+    Ok((Signer::new(key), keyring))
 }
 
 /// The agent API behind the TCP listener's guard: a request that did not
@@ -519,12 +561,13 @@ pub fn load_keys(cfg: &Config) -> Result<(Signer, Verifier), ClusterError> {
 /// server sets to `"unix"` only for the Unix socket.
 pub struct SignedApi {
     api: AgentApi,
-    verifier: Verifier,
+    verifier: Arc<Verifier>,
 }
 
 impl SignedApi {
-    /// `api`, guarded by `verifier` on TCP.
-    pub fn new(api: AgentApi, verifier: Verifier) -> SignedApi {
+    /// `api`, guarded by `verifier` on TCP (shared with the daemon, which
+    /// replaces its keyring on SIGHUP).
+    pub fn new(api: AgentApi, verifier: Arc<Verifier>) -> SignedApi {
         SignedApi { api, verifier }
     }
 }
@@ -553,21 +596,22 @@ pub struct Membership {
     pub capacity: Resources,
     /// Heartbeat period.
     pub heartbeat_interval: Duration,
-    /// Signs every request to the control plane with the node key.
-    pub signer: Signer,
+    /// Signs every request to the control plane with the node key; replaced
+    /// on SIGHUP during a key rotation.
+    pub signer: Arc<RwLock<Signer>>,
 }
 
 /// The control plane, as the agent talks to it.
 pub struct ControlPlane {
     client: Client,
     node_id: String,
-    signer: Signer,
+    signer: Arc<RwLock<Signer>>,
 }
 
 impl ControlPlane {
     /// A client for `controlplane` (`HOST:PORT`) speaking for `node_id`,
     /// signing with `signer`.
-    pub fn new(controlplane: &str, node_id: &str, signer: Signer) -> ControlPlane {
+    pub fn new(controlplane: &str, node_id: &str, signer: Arc<RwLock<Signer>>) -> ControlPlane {
         ControlPlane {
             client: Client::new(Endpoint::Tcp(controlplane.to_string()))
                 .with_timeout(CONTROLPLANE_TIMEOUT),
@@ -598,8 +642,11 @@ impl ControlPlane {
             path: path.to_string(),
             reason: e.to_string(),
         })?;
-        let mut headers = sign_headers(&self.signer, "POST", path, &body, unix_now())
-            .map_err(ClusterError::Keys)?;
+        let signed = {
+            let signer = self.signer.read().unwrap_or_else(|p| p.into_inner());
+            sign_headers(&signer, "POST", path, &body, unix_now())
+        };
+        let mut headers = signed.map_err(ClusterError::Keys)?;
         headers.push(("Content-Type".to_string(), "application/json".to_string()));
         let resp = self
             .client
@@ -711,14 +758,22 @@ fn run(
 
         // Heartbeat until the control plane forgets the node.
         let mut last_problem: Option<String> = None;
+        let mut peers = PeerCache::default();
         loop {
-            let request = heartbeat_request(&worker.list()?);
+            let mut request = heartbeat_request(&worker.list()?);
+            request.peers_version = peers.version();
             let problem = match cp.heartbeat(&request) {
-                Ok(resp) => {
-                    let fence = stale_placed(&resp.stale, &request.placed);
-                    let outcome = worker.cluster_update(pod_cidr, resp.peers, fence)?;
-                    (!outcome.errors.is_empty()).then(|| outcome.errors.join("; "))
-                }
+                Ok(mut resp) => match peers.absorb(&mut resp) {
+                    Some(list) => {
+                        let fence = stale_placed(&resp.stale, &request.placed);
+                        let outcome = worker.cluster_update(pod_cidr, list, fence)?;
+                        (!outcome.errors.is_empty()).then(|| outcome.errors.join("; "))
+                    }
+                    None => Some(format!(
+                        "{} answered that the peer list is unchanged but sent a version this node does not hold; keeping routes, asking for the full list next time",
+                        m.controlplane
+                    )),
+                },
                 Err(ClusterError::UnknownNode) => {
                     log::warn!("{}", ClusterError::UnknownNode);
                     break;
@@ -955,24 +1010,63 @@ mod tests {
         assert_eq!(req.jails, 3);
         assert_eq!(req.committed.cpu, 3.0);
         assert_eq!(req.committed.memory, 768 << 20);
-        assert_eq!(
-            req.placed,
-            [
-                PlacedJail {
-                    name: "a".into(),
-                    epoch: 3,
-                    running: true
-                },
-                PlacedJail {
-                    name: "d".into(),
-                    epoch: 7,
-                    running: false
-                }
-            ]
-        );
+        let placed: Vec<(&str, u64, bool)> = req
+            .placed
+            .iter()
+            .map(|p| (p.name.as_str(), p.epoch, p.running))
+            .collect();
+        assert_eq!(placed, [("a", 3, true), ("d", 7, false)]);
+        assert!(req.placed.iter().all(|p| p.address.is_some()));
         let fence = stale_placed(&["d".into(), "zz".into()], &req.placed);
         assert_eq!(fence.len(), 1);
         assert_eq!(fence[0].epoch, 7);
+    }
+
+    fn answer(peers: Vec<Peer>, version: Option<u64>, unchanged: bool) -> HeartbeatResponse {
+        HeartbeatResponse {
+            peers,
+            stale: Vec::new(),
+            services: Vec::new(),
+            peers_version: version,
+            peers_unchanged: unchanged,
+        }
+    }
+
+    #[test]
+    fn the_peer_cache_keeps_the_last_full_list_for_unchanged_answers() {
+        let list = vec![peer("n2", [10, 0, 0, 2], "10.20.7.0/24", true)];
+        let mut cache = PeerCache::default();
+        assert_eq!(
+            cache.version(),
+            None,
+            "the first heartbeat asks for the list"
+        );
+        let got = cache.absorb(&mut answer(list.clone(), Some(41), false));
+        assert_eq!(got.as_ref(), Some(&list));
+        assert_eq!(cache.version(), Some(41));
+        let got = cache.absorb(&mut answer(Vec::new(), Some(41), true));
+        assert_eq!(
+            got.as_ref(),
+            Some(&list),
+            "unchanged: route by the held list"
+        );
+        let newer = vec![peer("n2", [10, 0, 0, 2], "10.20.7.0/24", false)];
+        let got = cache.absorb(&mut answer(newer.clone(), Some(42), false));
+        assert_eq!(got.as_ref(), Some(&newer));
+        assert_eq!(cache.version(), Some(42));
+    }
+
+    #[test]
+    fn the_peer_cache_never_routes_by_a_list_it_does_not_hold() {
+        let list = vec![peer("n2", [10, 0, 0, 2], "10.20.7.0/24", true)];
+        let mut cache = PeerCache::default();
+        cache.absorb(&mut answer(list, Some(7), false));
+        assert_eq!(cache.absorb(&mut answer(Vec::new(), Some(8), true)), None);
+        assert_eq!(cache.version(), None, "the next heartbeat asks again");
+        // A control plane without versions: every answer is the full list.
+        let empty = cache.absorb(&mut answer(Vec::new(), None, false));
+        assert_eq!(empty, Some(Vec::new()));
+        assert_eq!(cache.version(), None);
     }
 
     type FakeReconciler = Reconciler<FakeJails, FakeZfs, FakeNet, FakeMounts>;
@@ -1033,18 +1127,21 @@ mod tests {
                 name: "placed".into(),
                 epoch: 4,
                 running: true,
+                address: None,
             },
             // Reported with epoch 8, re-placed here with 9 since.
             PlacedJail {
                 name: "moved-back".into(),
                 epoch: 8,
                 running: true,
+                address: None,
             },
             // The control plane cannot fence a local jail, whatever it says.
             PlacedJail {
                 name: "local".into(),
                 epoch: 1,
                 running: true,
+                address: None,
             },
         ];
         let outcome = apply_heartbeat(&mut r, pod, &[], &fence);

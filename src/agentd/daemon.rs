@@ -17,18 +17,18 @@
 use std::fmt;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::mpsc;
+use std::sync::{Arc, RwLock};
 
 use crate::agentd::api::AgentApi;
 use crate::agentd::cli::Options;
 use crate::agentd::cluster::{self, ClusterError, Membership, SignedApi};
 use crate::agentd::reconciler::{AgentState, NodeNetwork, Reconciler, STATE_FILE};
 use crate::agentd::worker;
-use crate::common::auth::Verifier;
+use crate::common::auth::{Signer, Verifier};
 use crate::common::backoff::SystemClock;
 use crate::common::cmd::SystemRunner;
-use crate::common::config::Config;
+use crate::common::config::{Config, ConfigSource};
 use crate::common::http::{
     Handler, HttpError, Server, ServerLimits, ShutdownSignal, bind_unix_socket,
 };
@@ -111,10 +111,14 @@ pub fn run(options: Options) -> Result<(), RunError> {
 
     let (store, state): (Store<AgentState>, Option<AgentState>) =
         Store::open(&cfg.agent.state_dir, STATE_FILE).map_err(RunError::Store)?;
-    let layout = ZfsLayout {
-        pool: cfg.zfs.pool.clone(),
-        jails_dir: cfg.zfs.jails_dir.clone(),
-        volumes_dir: cfg.zfs.volumes_dir.clone(),
+    let layout = if options.simulate {
+        simulated_layout(&cfg, &options.source.cwd)
+    } else {
+        ZfsLayout {
+            pool: cfg.zfs.pool.clone(),
+            jails_dir: cfg.zfs.jails_dir.clone(),
+            volumes_dir: cfg.zfs.volumes_dir.clone(),
+        }
     };
     let cluster = membership(&cfg, options.simulate)?;
     let persisted = state.as_ref().and_then(|s| s.node_subnet);
@@ -138,7 +142,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
         );
         let group = (cfg.agent.socket_group != DEFAULT_SOCKET_GROUP)
             .then_some(cfg.agent.socket_group.as_str());
-        return serve(reconciler, &cfg, group, cluster);
+        return serve(reconciler, &cfg, &options.source, group, cluster);
     }
 
     let runner = Arc::new(SystemRunner);
@@ -166,9 +170,59 @@ pub fn run(options: Options) -> Result<(), RunError> {
     serve(
         reconciler,
         &cfg,
+        &options.source,
         Some(cfg.agent.socket_group.as_str()),
         cluster,
     )
+}
+
+/// Simulate mode's datasets. Several simulated nodes of one cluster usually
+/// run in one directory, each with its own `--state-dir`; a replica that moves
+/// from one to another must not find (or, when fenced, delete) the other's
+/// rootfs, so a node with its own state directory keeps its simulated
+/// datasets there unless the config names dataset directories itself.
+fn simulated_layout(cfg: &Config, cwd: &std::path::Path) -> ZfsLayout {
+    let mut defaults = Config::default();
+    defaults.apply_simulate_defaults(cwd);
+    let own_state_dir = cfg.agent.state_dir != defaults.agent.state_dir;
+    let pick = |configured: &std::path::PathBuf, default: &std::path::PathBuf, leaf: &str| {
+        if own_state_dir && configured == default {
+            cfg.agent.state_dir.join(leaf)
+        } else {
+            configured.clone()
+        }
+    };
+    ZfsLayout {
+        pool: cfg.zfs.pool.clone(),
+        jails_dir: pick(&cfg.zfs.jails_dir, &defaults.zfs.jails_dir, "jails"),
+        volumes_dir: pick(&cfg.zfs.volumes_dir, &defaults.zfs.volumes_dir, "volumes"),
+    }
+}
+
+/// SIGHUP: a node-key rotation. keel.toml and the key files it names are read
+/// again and the TCP listener's accepted keys and the signing key replaced;
+/// nothing else is reloaded. A single node has no keys, so nothing happens.
+fn reload_keys(
+    source: &ConfigSource,
+    verifier: Option<&Verifier>,
+    signer: Option<&Arc<RwLock<Signer>>>,
+) {
+    let (Some(verifier), Some(signer)) = (verifier, signer) else {
+        log::info!("SIGHUP: nothing to reload on a node without a control plane");
+        return;
+    };
+    let reloaded = source
+        .load()
+        .map_err(|e| e.to_string())
+        .and_then(|cfg| cluster::load_key_material(&cfg).map_err(|e| e.to_string()));
+    match reloaded {
+        Ok((new_signer, keyring)) => {
+            log::info!("reloaded keys (signing with {})", new_signer.key_id());
+            verifier.replace_keyring(keyring);
+            *signer.write().unwrap_or_else(|p| p.into_inner()) = new_signer;
+        }
+        Err(e) => log::error!("key reload failed, keeping the previous keys: {e}"),
+    }
 }
 
 /// What the cluster thread needs, when `agent.controlplane` is set: the node
@@ -201,7 +255,7 @@ fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifi
         advertise_addr,
         capacity,
         heartbeat_interval: a.heartbeat_interval.0,
-        signer,
+        signer: Arc::new(RwLock::new(signer)),
     };
     Ok(Some((membership, verifier)))
 }
@@ -230,6 +284,7 @@ fn preflight(capacity: &impl Capacity) {
 fn serve<J, Z, N, M>(
     reconciler: Reconciler<J, Z, N, M>,
     cfg: &Config,
+    source: &ConfigSource,
     group: Option<&str>,
     cluster: Option<(Membership, Verifier)>,
 ) -> Result<(), RunError>
@@ -258,14 +313,17 @@ where
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
     ])
     .map_err(setup)?;
 
     let (worker, worker_thread) = worker::spawn(reconciler).map_err(setup)?;
     let shutdown = ShutdownSignal::new();
     let api = AgentApi::new(worker.clone());
-    let handler: Arc<dyn Handler> = match verifier {
-        Some(v) => Arc::new(SignedApi::new(api, v)),
+    let verifier = verifier.map(Arc::new);
+    let signer = membership.as_ref().map(|m| m.signer.clone());
+    let handler: Arc<dyn Handler> = match &verifier {
+        Some(v) => Arc::new(SignedApi::new(api, v.clone())),
         None => Arc::new(api),
     };
     let server = Server::new(handler, ServerLimits::default(), shutdown.clone());
@@ -298,11 +356,13 @@ where
         cfg.agent.reconcile_interval
     );
 
-    let signal = signals.forever().next();
-    log::info!(
-        "stopping on signal {}; jails keep running",
-        signal.unwrap_or_default()
-    );
+    for signal in signals.forever() {
+        if signal != signal_hook::consts::SIGHUP {
+            log::info!("stopping on signal {signal}; jails keep running");
+            break;
+        }
+        reload_keys(source, verifier.as_deref(), signer.as_ref());
+    }
     shutdown.trigger();
     drop(stop_timer);
     drop(stop_cluster);

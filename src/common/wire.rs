@@ -114,6 +114,9 @@ pub struct PlacedJail {
     pub epoch: u64,
     /// Whether its workload was running at the agent's last pass.
     pub running: bool,
+    /// The jail's address (the proxy routes a service's traffic to it).
+    #[serde(default)]
+    pub address: Option<std::net::Ipv4Addr>,
 }
 
 /// `POST /nodes/{id}/heartbeat`.
@@ -126,6 +129,12 @@ pub struct HeartbeatRequest {
     /// Jails the control plane placed here, with their epochs.
     #[serde(default)]
     pub placed: Vec<PlacedJail>,
+    /// [`HeartbeatResponse::peers_version`] of the last peer list this agent
+    /// received in full: when it is still current the control plane answers
+    /// [`HeartbeatResponse::peers_unchanged`] instead of resending every peer
+    /// (5,000 peers are about 450 KB of JSON). `None`: always send the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers_version: Option<u64>,
 }
 
 /// One cluster member as peers see it.
@@ -166,6 +175,17 @@ pub struct HeartbeatResponse {
     /// Every service, for the node's proxy.
     #[serde(default)]
     pub services: Vec<ServiceEndpoints>,
+    /// Identifies the current peer list (any change to a node's record or
+    /// liveness gives a new value; a restarted control plane starts from a
+    /// random one, below 2^53 so JSON tools read it exactly). `None` from a
+    /// control plane that does not version its peer list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers_version: Option<u64>,
+    /// True when the request's `peers_version` is current: `peers` is then
+    /// empty and the agent keeps the list it has. Never true for a request
+    /// without `peers_version`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub peers_unchanged: bool,
 }
 
 /// Liveness of a node, computed on read from its last heartbeat.
@@ -207,4 +227,59 @@ pub struct NodeStatus {
     /// Seconds since its last heartbeat; `None` when not heard from since the
     /// control plane started.
     pub last_seen_secs: Option<u64>,
+}
+
+/// `PUT /services/{name}` as keelctl sends it. The control plane never parses
+/// specs, so keelctl, which validated the document, states what the control
+/// plane needs to know about it; the document itself travels untouched to the
+/// agents, which expand the template into each replica's jail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceApply {
+    /// The Service document (YAML, `kind: Service`).
+    pub document: String,
+    /// `spec.replicas`.
+    pub replicas: u32,
+    /// `spec.port`.
+    pub port: u16,
+    /// The template declares volumes: replicas are pinned to their nodes.
+    pub stateful: bool,
+    /// Hex SHA-256 of the template in canonical JSON: the template is
+    /// immutable once the service exists, and this is how the control plane
+    /// tells a change without reading it.
+    pub template_digest: String,
+}
+
+/// One replica of a service, as `GET /services/{name}` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    /// `{service}-{index}`.
+    pub name: String,
+    /// Node it is placed on.
+    pub node: String,
+    /// Its address, once its node reported it.
+    pub address: Option<std::net::Ipv4Addr>,
+    /// `Running`, `NotRunning` (its node reports the workload down),
+    /// `Pending` (not reported yet) or `NodeDead`.
+    pub state: String,
+    /// Counts towards the VIP's replica list (Alive node, running).
+    pub ready: bool,
+}
+
+/// A service, as `GET /services` and `GET /services/{name}` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    /// Service name.
+    pub name: String,
+    /// Virtual IP, fixed for the service's life.
+    pub vip: std::net::Ipv4Addr,
+    /// Port, fixed for the service's life.
+    pub port: u16,
+    /// Desired replicas.
+    pub desired: u32,
+    /// Replicas on Alive nodes whose workload runs.
+    pub ready: u32,
+    /// Template has volumes: replicas are pinned to their nodes.
+    pub stateful: bool,
+    /// Every placed replica.
+    pub replicas: Vec<ReplicaStatus>,
 }

@@ -8,6 +8,7 @@
 //! | `GET /nodes/{id}/jails` | operator | forwarded to that node's `GET /jails` |
 //! | `PUT/GET/DELETE /nodes/{id}/jails/{name}` | operator | forwarded to that node |
 //! | `PUT/GET/DELETE /jails/{name}` | operator | scheduled: sticky placement, recorded after success |
+//! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs |
 //! | `GET /metrics` | operator | Prometheus text |
 //! | `GET /healthz` | none | liveness of the control plane itself, nothing else |
 //!
@@ -21,7 +22,7 @@
 //! the worker how it went so it can record or forget the placement.
 
 use std::net::SocketAddr;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -29,8 +30,10 @@ use serde::Serialize;
 use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
 use crate::common::http::{Client, Endpoint, Handler, Request, Response};
 use crate::common::names::validate_name;
-use crate::common::wire::{EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest};
-use crate::controlplane::registry::{Refusal, Target};
+use crate::common::wire::{
+    EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest, ServiceApply,
+};
+use crate::controlplane::registry::{HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::worker::{WorkerGone, WorkerHandle};
 
 /// How long a forwarded request may take: an apply runs zfs clone and jail
@@ -41,8 +44,15 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct ControlPlaneApi {
     worker: WorkerHandle,
     verifier: Verifier,
-    // Replaced on SIGHUP during a key rotation; handlers only read it.
-    signer: RwLock<Signer>,
+    forwarder: Forwarder,
+}
+
+/// Sends requests to agents, signed with the control plane's node key.
+/// Cloneable so heals can run on their own thread.
+#[derive(Clone)]
+pub struct Forwarder {
+    // Replaced on SIGHUP during a key rotation; senders only read it.
+    signer: Arc<RwLock<Signer>>,
 }
 
 impl ControlPlaneApi {
@@ -52,7 +62,9 @@ impl ControlPlaneApi {
         ControlPlaneApi {
             worker,
             verifier,
-            signer: RwLock::new(signer),
+            forwarder: Forwarder {
+                signer: Arc::new(RwLock::new(signer)),
+            },
         }
     }
 
@@ -60,7 +72,11 @@ impl ControlPlaneApi {
     /// old ones, the next ones use the new; the replay cache is kept.
     pub fn reload_keys(&self, keyring: Keyring, signer: Signer) {
         self.verifier.replace_keyring(keyring);
-        *self.signer.write().unwrap_or_else(|p| p.into_inner()) = signer;
+        *self
+            .forwarder
+            .signer
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = signer;
     }
 
     fn route(&self, req: &Request) -> Result<Response, WorkerGone> {
@@ -88,18 +104,54 @@ impl ControlPlaneApi {
             },
             ("POST", ["nodes", id, "heartbeat"]) => match parse_json::<HeartbeatRequest>(req) {
                 Err(r) => r,
-                Ok(body) => reply(self.worker.heartbeat(id, body)?),
+                Ok(body) => {
+                    let answer = match self.worker.heartbeat(id, body)? {
+                        Err(r) => refused(&r),
+                        Ok(answer) => heartbeat_response(&answer, id),
+                    };
+                    self.heal_in_background()?;
+                    answer
+                }
+            },
+            ("GET", ["services"]) => Response::json(200, &self.worker.services()?),
+            ("GET", ["services", name]) => match self.worker.service(name)? {
+                Some(status) => Response::json(200, &status),
+                None => Response::error(404, &format!("no service named {name}"), None),
+            },
+            ("PUT", ["services", name]) => match parse_json::<ServiceApply>(req) {
+                Err(r) => r,
+                Ok(body) => self.put_service(name, body)?,
+            },
+            ("DELETE", ["services", name]) => match self.worker.remove_service(name)? {
+                Err(r) => refused(&r),
+                Ok(removals) => {
+                    let failures = heal(&self.worker, &self.forwarder, removals);
+                    if failures.is_empty() {
+                        Response::json(200, &serde_json::json!({ "deleted": name }))
+                    } else {
+                        Response::error(
+                            500,
+                            &format!(
+                                "service {name} is deleted and its VIP released, but some replicas could not be removed yet (their nodes remove them when they come back): {}",
+                                failures.join("; ")
+                            ),
+                            None,
+                        )
+                    }
+                }
             },
             ("GET", ["nodes"]) => Response::json(200, &self.worker.nodes()?),
             ("GET", ["metrics"]) => self.metrics()?,
             ("GET", ["nodes", id, "jails"]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
-                Ok(addr) => self.forward(id, addr, req, "/jails", None),
+                Ok(addr) => self.forwarder.forward(id, addr, req, "/jails", None),
             },
             ("PUT", ["nodes", id, "jails", name]) => self.apply(name, Some(id), req)?,
             ("GET", ["nodes", id, "jails", name]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
-                Ok(addr) => self.forward(id, addr, req, &format!("/jails/{name}"), None),
+                Ok(addr) => self
+                    .forwarder
+                    .forward(id, addr, req, &format!("/jails/{name}"), None),
             },
             ("DELETE", ["nodes", id, "jails", name]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
@@ -108,7 +160,10 @@ impl ControlPlaneApi {
             ("PUT", ["jails", name]) => self.apply(name, None, req)?,
             ("GET", ["jails", name]) => match self.worker.resolve_placed(name)? {
                 Err(r) => refused(&r),
-                Ok(t) => self.forward(&t.node, t.addr, req, &format!("/jails/{name}"), None),
+                Ok(t) => self
+                    .forwarder
+                    .forward(&t.node, t.addr, req, &format!("/jails/{name}"), None)
+                    .with_header("X-Keel-Node", &t.node),
             },
             ("DELETE", ["jails", name]) => match self.worker.resolve_placed(name)? {
                 Err(r) => refused(&r),
@@ -120,9 +175,10 @@ impl ControlPlaneApi {
             (_, ["nodes"]) | (_, ["metrics"]) | (_, ["nodes", _, "jails"]) => {
                 method_not_allowed("GET")
             }
-            (_, ["jails", _]) | (_, ["nodes", _, "jails", _]) => {
+            (_, ["jails", _]) | (_, ["nodes", _, "jails", _]) | (_, ["services", _]) => {
                 method_not_allowed("GET, PUT, DELETE")
             }
+            (_, ["services"]) => method_not_allowed("GET"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
         })
     }
@@ -133,7 +189,7 @@ impl ControlPlaneApi {
             Err(r) => return Ok(refused(&r)),
             Ok(t) => t,
         };
-        let response = self.forward(
+        let response = self.forwarder.forward(
             &target.node,
             target.addr,
             req,
@@ -154,6 +210,51 @@ impl ControlPlaneApi {
         }
     }
 
+    /// Records the service, then places or removes replicas before answering,
+    /// so `keelctl apply` returns with the replicas placed.
+    fn put_service(&self, name: &str, body: ServiceApply) -> Result<Response, WorkerGone> {
+        let actions = match self.worker.put_service(name, body)? {
+            Err(r) => return Ok(refused(&r)),
+            Ok(a) => a,
+        };
+        let failures = heal(&self.worker, &self.forwarder, actions);
+        let status = self.worker.service(name)?;
+        Ok(match (status, failures.is_empty()) {
+            (Some(status), true) => Response::json(200, &status),
+            (_, _) => Response::error(
+                503,
+                &format!(
+                    "service {name} is recorded; some replicas are not placed yet and are retried on every heartbeat: {}",
+                    failures.join("; ")
+                ),
+                None,
+            ),
+        })
+    }
+
+    /// Self-healing rides on heartbeats: the worker plans (no network), a
+    /// short-lived thread carries the plan out so the heartbeat is answered
+    /// at once. A service being healed is skipped by later plans until its
+    /// heal is done, so heals never pile up.
+    fn heal_in_background(&self) -> Result<(), WorkerGone> {
+        let actions = self.worker.plan_heal()?;
+        if actions.is_empty() {
+            return Ok(());
+        }
+        let (worker, forwarder) = (self.worker.clone(), self.forwarder.clone());
+        let spawned = std::thread::Builder::new()
+            .name("keel-heal".into())
+            .spawn(move || {
+                for failure in heal(&worker, &forwarder, actions) {
+                    log::warn!("self-healing: {failure}");
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!("cannot start a heal thread: {e}");
+        }
+        Ok(())
+    }
+
     fn delete(
         &self,
         name: &str,
@@ -161,7 +262,9 @@ impl ControlPlaneApi {
         addr: SocketAddr,
         req: &Request,
     ) -> Result<Response, WorkerGone> {
-        let response = self.forward(node, addr, req, &format!("/jails/{name}"), None);
+        let response = self
+            .forwarder
+            .forward(node, addr, req, &format!("/jails/{name}"), None);
         // 404 from the node: the jail is gone there, so is the placement.
         if (200..300).contains(&response.status) || response.status == 404 {
             if let Err(r) = self.worker.remove_placement(name, node)? {
@@ -169,6 +272,117 @@ impl ControlPlaneApi {
             }
         }
         Ok(response)
+    }
+
+    fn metrics(&self) -> Result<Response, WorkerGone> {
+        let nodes = self.worker.nodes()?;
+        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
+        let text = format!(
+            "# HELP keel_nodes Registered nodes by liveness.\n\
+             # TYPE keel_nodes gauge\n\
+             keel_nodes{{status=\"alive\"}} {alive}\n\
+             keel_nodes{{status=\"dead\"}} {}\n",
+            nodes.len() - alive
+        );
+        Ok(Response::text(200, text)
+            .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
+    }
+}
+
+/// Carries out heal actions: replica applies forwarded with the service
+/// document and the new epoch, removals forwarded as deletes. Returns what
+/// failed; every touched service is reported done to the worker.
+fn heal(worker: &WorkerHandle, forwarder: &Forwarder, actions: Vec<HealAction>) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut services: Vec<String> = Vec::new();
+    for action in actions {
+        match action {
+            HealAction::Place {
+                service,
+                replica,
+                target,
+            } => {
+                if !services.contains(&service) {
+                    services.push(service.clone());
+                }
+                let outcome = match worker.service_document(&service) {
+                    Ok(Some(doc)) => {
+                        let r = forwarder.send(
+                            &target.node,
+                            target.addr,
+                            "PUT",
+                            &format!("/jails/{replica}"),
+                            doc.as_bytes(),
+                            Some(target.epoch),
+                        );
+                        (200..300)
+                            .contains(&r.status)
+                            .then_some(())
+                            .ok_or_else(|| String::from_utf8_lossy(&r.body).into_owned())
+                    }
+                    Ok(None) => Err("the service was deleted meanwhile".into()),
+                    Err(e) => Err(e.to_string()),
+                };
+                if let Err(e) = &outcome {
+                    failures.push(format!("{replica} on {}: {e}", target.node));
+                }
+                let _ = worker.finish_apply(&replica, target, outcome.is_ok());
+            }
+            HealAction::Remove {
+                service,
+                replica,
+                node,
+                addr,
+            } => {
+                if !services.contains(&service) {
+                    services.push(service.clone());
+                }
+                if let Some(addr) = addr {
+                    let r = forwarder.send(
+                        &node,
+                        addr,
+                        "DELETE",
+                        &format!("/jails/{replica}"),
+                        b"",
+                        None,
+                    );
+                    if !(200..300).contains(&r.status) && r.status != 404 {
+                        failures.push(format!(
+                            "{replica} on {node}: {}",
+                            String::from_utf8_lossy(&r.body)
+                        ));
+                        continue;
+                    }
+                }
+                let _ = worker.remove_placement(&replica, &node);
+            }
+        }
+    }
+    worker.heal_done(services);
+    failures
+}
+
+impl Forwarder {
+    /// Sends a request of the control plane's own (a heal) to an agent.
+    fn send(
+        &self,
+        node: &str,
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        epoch: Option<u64>,
+    ) -> Response {
+        let req = Request {
+            method: method.to_string(),
+            path: path.to_string(),
+            raw_path: path.to_string(),
+            query: None,
+            headers: Vec::new(),
+            body: body.to_vec(),
+            peer: "keel-controlplane".into(),
+        };
+        self.forward(node, addr, &req, path, epoch)
     }
 
     /// Relays `req` to the agent at `addr` as `node_path`, signed with the
@@ -212,20 +426,6 @@ impl ControlPlaneApi {
             ),
         }
     }
-
-    fn metrics(&self) -> Result<Response, WorkerGone> {
-        let nodes = self.worker.nodes()?;
-        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
-        let text = format!(
-            "# HELP keel_nodes Registered nodes by liveness.\n\
-             # TYPE keel_nodes gauge\n\
-             keel_nodes{{status=\"alive\"}} {alive}\n\
-             keel_nodes{{status=\"dead\"}} {}\n",
-            nodes.len() - alive
-        );
-        Ok(Response::text(200, text)
-            .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
-    }
 }
 
 impl Handler for ControlPlaneApi {
@@ -247,7 +447,7 @@ fn names_in<'a>(segments: &[&'a str]) -> Vec<&'a str> {
             }
             v
         }
-        ["jails", name] => vec![*name],
+        ["jails", name] | ["services", name] => vec![*name],
         _ => vec![],
     }
 }
@@ -266,6 +466,22 @@ fn reply<T: Serialize>(result: Result<T, Refusal>) -> Response {
     match result {
         Ok(body) => Response::json(200, &body),
         Err(r) => refused(&r),
+    }
+}
+
+/// The peer list is spliced in here, on the handler thread, not on the worker.
+fn heartbeat_response(answer: &HeartbeatAnswer, node_id: &str) -> Response {
+    match answer.body(node_id) {
+        Ok(body) => Response::raw(
+            200,
+            vec![("Content-Type".into(), "application/json".into())],
+            body,
+        ),
+        Err(e) => Response::error(
+            500,
+            &format!("cannot encode the heartbeat answer: {e}"),
+            None,
+        ),
     }
 }
 

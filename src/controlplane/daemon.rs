@@ -103,7 +103,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
         state.placements.len(),
         c.state_dir.display()
     );
-    let cluster = Cluster::new(state, c.cluster_cidr, c.dead_after.0);
+    let cluster = Cluster::new(state, c.cluster_cidr, c.service_cidr, c.dead_after.0);
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,

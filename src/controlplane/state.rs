@@ -51,6 +51,27 @@ pub struct ClusterState {
     pub placements: BTreeMap<String, Placement>,
     /// The highest epoch ever handed out; the next placement gets more.
     pub last_epoch: u64,
+    /// Services by name, with their VIPs.
+    #[serde(default)]
+    pub services: BTreeMap<String, ServiceRecord>,
+}
+
+/// A replicated service. Its replicas are ordinary placements named
+/// `{name}-{index}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceRecord {
+    /// The Service document, forwarded untouched to the agents.
+    pub document: String,
+    /// Desired replicas.
+    pub replicas: u32,
+    /// Port; immutable.
+    pub port: u16,
+    /// The template declares volumes (replicas pinned to their nodes).
+    pub stateful: bool,
+    /// SHA-256 of the template; immutable.
+    pub template_digest: String,
+    /// Virtual IP from `service_cidr`; never changes.
+    pub vip: std::net::Ipv4Addr,
 }
 
 /// One change to [`ClusterState`].
@@ -75,6 +96,18 @@ pub enum Op {
         /// Jail name.
         name: String,
     },
+    /// A service was created or scaled.
+    PutService {
+        /// Service name.
+        name: String,
+        /// Its record.
+        record: ServiceRecord,
+    },
+    /// A service was deleted (its VIP is free again).
+    RemoveService {
+        /// Service name.
+        name: String,
+    },
 }
 
 impl Replay<Op> for ClusterState {
@@ -89,6 +122,12 @@ impl Replay<Op> for ClusterState {
             }
             Op::RemovePlacement { name } => {
                 self.placements.remove(name);
+            }
+            Op::PutService { name, record } => {
+                self.services.insert(name.clone(), record.clone());
+            }
+            Op::RemoveService { name } => {
+                self.services.remove(name);
             }
         }
     }

@@ -20,9 +20,9 @@ use std::time::Instant;
 
 use crate::common::journal::{Journal, JournalError};
 use crate::common::wire::{
-    HeartbeatRequest, HeartbeatResponse, NodeStatus, RegisterRequest, RegisterResponse,
+    HeartbeatRequest, NodeStatus, RegisterRequest, RegisterResponse, ServiceApply, ServiceStatus,
 };
-use crate::controlplane::registry::{Cluster, Refusal, Target};
+use crate::controlplane::registry::{Cluster, HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::state::{ClusterState, Op, STATE_NAME};
 
 /// Most commands handled (and journaled) together.
@@ -35,7 +35,7 @@ pub enum Command {
     /// `POST /nodes/register`.
     Register(RegisterRequest, Reply<RegisterResponse>),
     /// `POST /nodes/{id}/heartbeat`.
-    Heartbeat(String, HeartbeatRequest, Reply<HeartbeatResponse>),
+    Heartbeat(String, HeartbeatRequest, Reply<HeartbeatAnswer>),
     /// `GET /nodes`.
     Nodes(Sender<Vec<NodeStatus>>),
     /// Address of an Alive node (named routes).
@@ -71,6 +71,27 @@ pub enum Command {
         /// Answered once durable.
         reply: Reply<()>,
     },
+    /// `PUT /services/{name}`: create or scale; answers the heal to carry out.
+    PutService {
+        /// Service name.
+        name: String,
+        /// What keelctl sent.
+        apply: ServiceApply,
+        /// Answered once the record is durable.
+        reply: Reply<Vec<HealAction>>,
+    },
+    /// `DELETE /services/{name}`: answers the replicas to remove.
+    RemoveService(String, Reply<Vec<HealAction>>),
+    /// `GET /services/{name}`.
+    Service(String, Sender<Option<ServiceStatus>>),
+    /// `GET /services`.
+    Services(Sender<Vec<ServiceStatus>>),
+    /// The service document, to forward with a replica apply.
+    ServiceDocument(String, Sender<Option<String>>),
+    /// Heal every service not already healing (after a heartbeat).
+    PlanHeal(Sender<Vec<HealAction>>),
+    /// A heal is over.
+    HealDone(Vec<String>),
     /// Stop the loop.
     Shutdown,
 }
@@ -116,7 +137,7 @@ impl WorkerHandle {
         &self,
         id: &str,
         req: HeartbeatRequest,
-    ) -> Result<Result<HeartbeatResponse, Refusal>, WorkerGone> {
+    ) -> Result<Result<HeartbeatAnswer, Refusal>, WorkerGone> {
         self.ask(|r| Command::Heartbeat(id.to_string(), req, r))
     }
 
@@ -181,6 +202,58 @@ impl WorkerHandle {
             node: node.to_string(),
             reply,
         })
+    }
+
+    /// See [`Command::PutService`].
+    pub fn put_service(
+        &self,
+        name: &str,
+        apply: ServiceApply,
+    ) -> Result<Result<Vec<HealAction>, Refusal>, WorkerGone> {
+        self.ask(|reply| Command::PutService {
+            name: name.to_string(),
+            apply,
+            reply,
+        })
+    }
+
+    /// See [`Command::RemoveService`].
+    pub fn remove_service(
+        &self,
+        name: &str,
+    ) -> Result<Result<Vec<HealAction>, Refusal>, WorkerGone> {
+        self.ask(|r| Command::RemoveService(name.to_string(), r))
+    }
+
+    fn get<T>(&self, make: impl FnOnce(Sender<T>) -> Command) -> Result<T, WorkerGone> {
+        let (reply, rx) = mpsc::channel();
+        self.tx.send(make(reply)).map_err(|_| WorkerGone)?;
+        rx.recv().map_err(|_| WorkerGone)
+    }
+
+    /// See [`Command::Service`].
+    pub fn service(&self, name: &str) -> Result<Option<ServiceStatus>, WorkerGone> {
+        self.get(|r| Command::Service(name.to_string(), r))
+    }
+
+    /// See [`Command::Services`].
+    pub fn services(&self) -> Result<Vec<ServiceStatus>, WorkerGone> {
+        self.get(Command::Services)
+    }
+
+    /// See [`Command::ServiceDocument`].
+    pub fn service_document(&self, name: &str) -> Result<Option<String>, WorkerGone> {
+        self.get(|r| Command::ServiceDocument(name.to_string(), r))
+    }
+
+    /// See [`Command::PlanHeal`].
+    pub fn plan_heal(&self) -> Result<Vec<HealAction>, WorkerGone> {
+        self.get(Command::PlanHeal)
+    }
+
+    /// See [`Command::HealDone`].
+    pub fn heal_done(&self, services: Vec<String>) {
+        let _ = self.tx.send(Command::HealDone(services));
     }
 
     /// Asks the loop to stop after what is queued.
@@ -340,6 +413,44 @@ impl Worker {
                     let _ = reply.send(r);
                 }));
             }
+            Command::PutService { name, apply, reply } => {
+                match self.cluster.put_service(&name, &apply) {
+                    Ok(new_ops) => {
+                        ops.extend(new_ops);
+                        let heal = self.cluster.plan_heal(Some(&name), now);
+                        deferred.push(Box::new(move |r| {
+                            let _ = reply.send(r.map(|()| heal));
+                        }));
+                    }
+                    Err(refusal) => {
+                        let _ = reply.send(Err(refusal));
+                    }
+                }
+            }
+            Command::RemoveService(name, reply) => match self.cluster.remove_service(&name, now) {
+                Ok((new_ops, removals)) => {
+                    ops.extend(new_ops);
+                    deferred.push(Box::new(move |r| {
+                        let _ = reply.send(r.map(|()| removals));
+                    }));
+                }
+                Err(refusal) => {
+                    let _ = reply.send(Err(refusal));
+                }
+            },
+            Command::Service(name, reply) => {
+                let _ = reply.send(self.cluster.service_status(&name, now));
+            }
+            Command::Services(reply) => {
+                let _ = reply.send(self.cluster.service_statuses(now));
+            }
+            Command::ServiceDocument(name, reply) => {
+                let _ = reply.send(self.cluster.service_document(&name));
+            }
+            Command::PlanHeal(reply) => {
+                let _ = reply.send(self.cluster.plan_heal(None, now));
+            }
+            Command::HealDone(services) => self.cluster.heal_done(&services),
             Command::Shutdown => {}
         }
     }

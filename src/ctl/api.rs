@@ -1,18 +1,40 @@
-//! The agent's jail API (DESIGN.md section 5) as keelctl calls it: one method
-//! per route, JSON answers decoded into [`crate::common::wire`] types, error
-//! bodies into [`ErrorBody`].
+//! The jail API as keelctl calls it, on one agent's Unix socket (DESIGN.md
+//! section 5) or through keel-controlplane: one method per route, JSON answers
+//! decoded into [`crate::common::wire`] types, error bodies into [`ErrorBody`].
 //!
-//! This file owns request paths and the decoding of answers. It never prints,
-//! never reads specs from disk and never decides an exit status; it must never
-//! import `host` or `agentd` (everything the agent says is in `common::wire`).
+//! Through the control plane every request is signed with the operator key
+//! over the exact target sent ([`crate::common::auth::sign_headers`]); jail
+//! routes are the scheduled `/jails/{name}`, or `/nodes/{id}/jails/{name}`
+//! when a node is named. The agent's own routes are the same without a
+//! prefix, so one [`Route`] decides every path. Services exist only on the
+//! control plane (`/services/{name}`): keelctl describes each one in a
+//! [`ServiceApply`] ([`service_apply`]) because the control plane never
+//! parses specs.
+//!
+//! This file owns request paths, signing and the decoding of answers. It never
+//! prints, never reads specs or keys from disk and never decides an exit
+//! status; it must never import `host`, `agentd` or `controlplane` (everything
+//! the daemons say is in `common::wire`).
 
 use std::fmt;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
 
+use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
-use crate::common::spec::Jail;
-use crate::common::wire::{ErrorBody, JailStatus};
+use crate::common::spec::{Jail, Service};
+use crate::common::wire::{ErrorBody, JailStatus, NodeStatus, ServiceApply, ServiceStatus};
+
+/// Header the control plane adds to an apply's answer: the node the jail
+/// landed on.
+pub const NODE_HEADER: &str = "X-Keel-Node";
+
+/// How long keelctl waits for the control plane: longer than the control
+/// plane's own 120 s bound on a forwarded apply, so its answer (a 503 naming
+/// the node that did not answer) arrives rather than a bare timeout here.
+pub const CONTROLPLANE_TIMEOUT: Duration = Duration::from_secs(130);
 
 /// Why a call to the agent did not succeed.
 #[derive(Debug)]
@@ -29,6 +51,8 @@ pub enum ApiError {
         /// Its error body (or, if it sent none, its body as text).
         body: ErrorBody,
     },
+    /// The request could not be signed (the system's random source failed).
+    Sign(AuthError),
     /// The daemon answered success with a body keelctl cannot decode.
     BadResponse {
         /// Who answered.
@@ -48,9 +72,13 @@ impl ApiError {
                 endpoint,
                 status,
                 body,
-            } => Some(match &body.field {
-                Some(field) => format!("field {field}; {endpoint} answered HTTP {status}"),
-                None => format!("{endpoint} answered HTTP {status}"),
+            } => Some(match (&body.field, status) {
+                (Some(field), _) => format!("field {field}; {endpoint} answered HTTP {status}"),
+                (None, 401) => format!(
+                    "{endpoint} answered HTTP 401: the control plane must list the operator key \
+                     in auth.operator_keys (see docs/security.md)"
+                ),
+                (None, _) => format!("{endpoint} answered HTTP {status}"),
             }),
             _ => None,
         }
@@ -61,6 +89,7 @@ impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ApiError::Http(e) => write!(f, "{e}"),
+            ApiError::Sign(e) => write!(f, "cannot sign the request: {e}"),
             ApiError::Refused { body, .. } => f.write_str(&body.error),
             ApiError::BadResponse {
                 endpoint,
@@ -79,53 +108,157 @@ impl std::error::Error for ApiError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ApiError::Http(e) => Some(e),
+            ApiError::Sign(e) => Some(e),
             _ => None,
         }
     }
 }
 
-/// A client of one agent's jail routes.
+/// Which jail routes requests use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// The agent's own `/jails/{name}`.
+    Agent,
+    /// The control plane's scheduled `/jails/{name}`: it picks the node
+    /// (sticky once placed).
+    Scheduled,
+    /// The control plane's `/nodes/{id}/jails/{name}`.
+    Node(String),
+}
+
+/// A jail's status and, through the control plane, the node it is on when
+/// the answer says so ([`NODE_HEADER`]) or the route named it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Located {
+    /// What the agent answered.
+    pub status: JailStatus,
+    /// The node, when known.
+    pub node: Option<String>,
+}
+
+/// A client of the jail routes of one agent, or of a control plane.
 #[derive(Debug, Clone)]
 pub struct Api {
     client: Client,
+    signer: Option<Signer>,
+    route: Route,
 }
 
 impl Api {
-    /// Talks to the daemon at `endpoint`.
+    /// Talks to the agent at `endpoint` (its Unix socket), unsigned.
     pub fn new(endpoint: Endpoint) -> Api {
         Api {
             client: Client::new(endpoint),
+            signer: None,
+            route: Route::Agent,
         }
     }
 
-    /// `PUT /jails/{name}` with the jail as YAML; the agent reconciles it
-    /// before answering with its status.
-    pub fn apply_jail(&self, jail: &Jail) -> Result<JailStatus, ApiError> {
-        let path = jail_path(&jail.metadata.name);
-        let headers = [("Content-Type".to_string(), "application/yaml".to_string())];
-        let body = jail.to_yaml();
-        decode(
-            self.call("PUT", &path, &headers, body.as_bytes())?,
-            &self.client,
-        )
+    /// Talks to the control plane at `addr` (`HOST:PORT`), signing every
+    /// request with `signer`; jail requests go to `node` when given, else to
+    /// the scheduled routes.
+    pub fn controlplane(addr: &str, signer: Signer, node: Option<String>) -> Api {
+        Api {
+            client: Client::new(Endpoint::Tcp(addr.to_string())).with_timeout(CONTROLPLANE_TIMEOUT),
+            signer: Some(signer),
+            route: node.map_or(Route::Scheduled, Route::Node),
+        }
     }
 
-    /// `GET /jails`.
+    /// The routes this client's jail requests use.
+    pub fn route(&self) -> &Route {
+        &self.route
+    }
+
+    /// `PUT` the jail as YAML; the node reconciles it before answering with
+    /// its status.
+    pub fn apply_jail(&self, jail: &Jail) -> Result<Located, ApiError> {
+        let path = self.jail_path(&jail.metadata.name);
+        let headers = [("Content-Type".to_string(), "application/yaml".to_string())];
+        let body = jail.to_yaml();
+        self.located(self.call("PUT", &path, &headers, body.as_bytes())?)
+    }
+
+    /// `GET /jails` on an agent. The control plane has no such list; through
+    /// it, use [`Api::list_nodes`] and [`Api::list_jails_on`].
     pub fn list_jails(&self) -> Result<Vec<JailStatus>, ApiError> {
         decode(self.call("GET", "/jails", &[], b"")?, &self.client)
     }
 
-    /// `GET /jails/{name}`; an unknown name is the agent's 404.
-    pub fn get_jail(&self, name: &str) -> Result<JailStatus, ApiError> {
-        decode(self.call("GET", &jail_path(name), &[], b"")?, &self.client)
+    /// `GET /nodes/{id}/jails` on the control plane.
+    pub fn list_jails_on(&self, node: &str) -> Result<Vec<JailStatus>, ApiError> {
+        let path = format!("/nodes/{node}/jails");
+        decode(self.call("GET", &path, &[], b"")?, &self.client)
     }
 
-    /// `DELETE /jails/{name}`; returns once the agent has removed it.
+    /// `GET /nodes` on the control plane: every node, liveness computed when
+    /// asked.
+    pub fn list_nodes(&self) -> Result<Vec<NodeStatus>, ApiError> {
+        decode(self.call("GET", "/nodes", &[], b"")?, &self.client)
+    }
+
+    /// One jail; an unknown name is a 404.
+    pub fn get_jail(&self, name: &str) -> Result<Located, ApiError> {
+        self.located(self.call("GET", &self.jail_path(name), &[], b"")?)
+    }
+
+    /// `DELETE` one jail; returns once the node has removed it.
     pub fn delete_jail(&self, name: &str) -> Result<(), ApiError> {
-        self.call("DELETE", &jail_path(name), &[], b"").map(drop)
+        self.call("DELETE", &self.jail_path(name), &[], b"")
+            .map(drop)
     }
 
-    /// Sends one request; any status outside 2xx becomes [`ApiError::Refused`].
+    /// `PUT /services/{name}` on the control plane with [`service_apply`];
+    /// it answers once the replicas are placed, with the service's status.
+    pub fn apply_service(&self, service: &Service) -> Result<ServiceStatus, ApiError> {
+        let path = format!("/services/{}", service.metadata.name);
+        // Strings, integers and a bool: serde_json cannot fail on them (were it
+        // to, the empty body would be refused as invalid JSON, not misread).
+        let body = serde_json::to_vec(&service_apply(service)).unwrap_or_default();
+        let headers = [("Content-Type".to_string(), "application/json".to_string())];
+        decode(self.call("PUT", &path, &headers, &body)?, &self.client)
+    }
+
+    /// `GET /services` on the control plane.
+    pub fn list_services(&self) -> Result<Vec<ServiceStatus>, ApiError> {
+        decode(self.call("GET", "/services", &[], b"")?, &self.client)
+    }
+
+    /// `GET /services/{name}`; an unknown name is a 404.
+    pub fn get_service(&self, name: &str) -> Result<ServiceStatus, ApiError> {
+        let path = format!("/services/{name}");
+        decode(self.call("GET", &path, &[], b"")?, &self.client)
+    }
+
+    /// `DELETE /services/{name}`: the service, its replicas and its VIP.
+    pub fn delete_service(&self, name: &str) -> Result<(), ApiError> {
+        self.call("DELETE", &format!("/services/{name}"), &[], b"")
+            .map(drop)
+    }
+
+    /// Names reaching here are DNS labels (checked when parsed), so they need
+    /// no escaping in a path.
+    fn jail_path(&self, name: &str) -> String {
+        match &self.route {
+            Route::Agent | Route::Scheduled => format!("/jails/{name}"),
+            Route::Node(id) => format!("/nodes/{id}/jails/{name}"),
+        }
+    }
+
+    fn located(&self, response: ClientResponse) -> Result<Located, ApiError> {
+        let node = match (response.header(NODE_HEADER), &self.route) {
+            (Some(node), _) => Some(node.to_string()),
+            (None, Route::Node(id)) => Some(id.clone()),
+            (None, _) => None,
+        };
+        Ok(Located {
+            status: decode(response, &self.client)?,
+            node,
+        })
+    }
+
+    /// Sends one request, signed when this client has a key; any status
+    /// outside 2xx becomes [`ApiError::Refused`].
     fn call(
         &self,
         method: &str,
@@ -133,9 +266,16 @@ impl Api {
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<ClientResponse, ApiError> {
+        let mut headers = headers.to_vec();
+        if let Some(signer) = &self.signer {
+            headers.extend(
+                auth::sign_headers(signer, method, path, body, auth::unix_now())
+                    .map_err(ApiError::Sign)?,
+            );
+        }
         let response = self
             .client
-            .request(method, path, headers, body)
+            .request(method, path, &headers, body)
             .map_err(ApiError::Http)?;
         if (200..300).contains(&response.status) {
             return Ok(response);
@@ -146,12 +286,6 @@ impl Api {
             body: error_body(&response.body),
         })
     }
-}
-
-/// Names reaching here are DNS labels (checked when parsed), so they need no
-/// escaping in a path.
-fn jail_path(name: &str) -> String {
-    format!("/jails/{name}")
 }
 
 /// The error body of a refusal. A body that is not Keel's JSON shape (a
@@ -169,6 +303,32 @@ fn error_body(body: &[u8]) -> ErrorBody {
             field: None,
         }
     })
+}
+
+/// What the control plane needs to know of a validated Service: the document
+/// itself (for the agents), replicas and port, whether its template has
+/// volumes, and [`template_digest`] so it can refuse a template change
+/// without parsing the template.
+pub fn service_apply(service: &Service) -> ServiceApply {
+    ServiceApply {
+        document: service.to_yaml(),
+        replicas: service.spec.replicas,
+        port: service.spec.port,
+        stateful: service.spec.template.has_volumes(),
+        template_digest: template_digest(service),
+    }
+}
+
+/// Lowercase hex SHA-256 of the template as serde_json writes the typed
+/// value: canonical because it is the parsed template (field order fixed by
+/// the type, maps sorted, sizes as byte counts), not the user's text, so
+/// reformatting the file or reordering its keys does not change it.
+pub fn template_digest(service: &Service) -> String {
+    // The template has string keys only and no values serde_json refuses
+    // (the same reason `spec::to_yaml` cannot fail); an empty input digest
+    // would still differ from every real template's.
+    let json = serde_json::to_vec(&service.spec.template).unwrap_or_default();
+    format!("{:x}", Sha256::digest(&json))
 }
 
 fn decode<T: DeserializeOwned>(response: ClientResponse, client: &Client) -> Result<T, ApiError> {
@@ -198,6 +358,58 @@ mod tests {
             refused.detail().as_deref(),
             Some("field spec.network.address; /s.sock answered HTTP 409")
         );
+    }
+
+    fn service(start: &str) -> Service {
+        let text = format!(
+            "kind: Service\nmetadata: {{name: web}}\nspec:\n  replicas: 3\n  port: 8080\n  \
+             template:\n    base: 14.2-RELEASE\n    env: {{B: '2', A: '1'}}\n    \
+             exec: {{start: [{start}]}}\n"
+        );
+        crate::common::spec::parse_service(&text).expect("valid service")
+    }
+
+    #[test]
+    fn equal_templates_have_equal_digests_and_a_changed_start_another() {
+        let a = service("/bin/sleep, '300'");
+        let same = service("/bin/sleep, '300'");
+        let mut scaled = same.clone();
+        scaled.spec.replicas = 5;
+        let other = service("/bin/sleep, '301'");
+        let digest = template_digest(&a);
+        assert_eq!(digest.len(), 64, "{digest}");
+        assert!(
+            digest.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')),
+            "{digest}"
+        );
+        assert_eq!(template_digest(&same), digest);
+        assert_eq!(
+            template_digest(&scaled),
+            digest,
+            "replicas are not the template"
+        );
+        assert_ne!(template_digest(&other), digest);
+    }
+
+    #[test]
+    fn a_service_apply_states_what_the_control_plane_needs() {
+        let mut web = service("/bin/true");
+        let body = service_apply(&web);
+        assert_eq!((body.replicas, body.port, body.stateful), (3, 8080, false));
+        assert_eq!(body.template_digest, template_digest(&web));
+        let back = crate::common::spec::parse_service(&body.document).expect("document parses");
+        assert_eq!(back, web);
+        web.spec
+            .template
+            .volumes
+            .push(crate::common::spec::VolumeSpec {
+                name: "data".into(),
+                mount_path: "/var/db".into(),
+                size: None,
+            });
+        let stateful = service_apply(&web);
+        assert!(stateful.stateful);
+        assert_ne!(stateful.template_digest, body.template_digest);
     }
 
     #[test]

@@ -28,6 +28,14 @@ pub enum FlagId {
     Socket,
     /// `-c, --config PATH`.
     Config,
+    /// `--controlplane HOST:PORT`.
+    ControlPlane,
+    /// `--node ID`.
+    Node,
+    /// `--key-file PATH`.
+    KeyFile,
+    /// `--id ID` (`key generate`).
+    Id,
     /// `-h, --help`.
     Help,
     /// `-V, --version`.
@@ -73,11 +81,39 @@ pub const FLAGS: &[Flag] = &[
         help: "keel-agentd's socket (default $KEEL_SOCKET, else agent.socket of keel.toml)",
     },
     Flag {
+        id: FlagId::ControlPlane,
+        short: None,
+        long: "controlplane",
+        value: Some("HOST:PORT"),
+        help: "use keel-controlplane (default $KEEL_CONTROLPLANE, else ctl.controlplane)",
+    },
+    Flag {
+        id: FlagId::Node,
+        short: None,
+        long: "node",
+        value: Some("ID"),
+        help: "with a control plane: this node instead of the scheduler's pick",
+    },
+    Flag {
+        id: FlagId::KeyFile,
+        short: None,
+        long: "key-file",
+        value: Some("PATH"),
+        help: "operator key for the control plane (default ctl.key_file)",
+    },
+    Flag {
         id: FlagId::Config,
         short: Some('c'),
         long: "config",
         value: Some("PATH"),
         help: "keel.toml to read (default /usr/local/etc/keel.toml, if it exists)",
+    },
+    Flag {
+        id: FlagId::Id,
+        short: None,
+        long: "id",
+        value: Some("ID"),
+        help: "id of the new key (key generate; default: PATH's name without .key)",
     },
     Flag {
         id: FlagId::Help,
@@ -99,15 +135,31 @@ pub const FLAGS: &[Flag] = &[
 pub const COMMANDS: &[(&str, &str)] = &[
     (
         "apply -f FILE|-",
-        "validate every document of FILE, then apply them in order",
+        "validate every document of FILE (jails, services), then apply them in order",
     ),
     ("get jails [NAME]", "list the jails, or show one"),
+    (
+        "get services [NAME]",
+        "list the services, or one's replicas (with --controlplane)",
+    ),
+    (
+        "get nodes",
+        "list the cluster's nodes (with --controlplane)",
+    ),
     ("delete jail NAME...", "delete jails by name"),
     (
+        "delete service NAME...",
+        "delete services and their replicas (with --controlplane)",
+    ),
+    (
         "delete -f FILE|-",
-        "delete the jails of FILE, last one first",
+        "delete the jails and services of FILE, last one first",
     ),
     ("validate -f FILE|-", "check FILE without sending anything"),
+    (
+        "key generate [--id ID] PATH",
+        "write a new signing key to PATH (mode 0600)",
+    ),
 ];
 
 /// Where a spec comes from.
@@ -119,11 +171,16 @@ pub enum Input {
     File(PathBuf),
 }
 
-/// What `get` lists. (`get nodes` joins with the control plane.)
+/// What `get` lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resource {
     /// `get jails` (also `get jail`).
     Jails,
+    /// `get nodes` (also `get node`): the control plane's members.
+    Nodes,
+    /// `get services` (also `get service`, `get svc`): the control plane's
+    /// replicated services.
+    Services,
 }
 
 /// How `get` prints.
@@ -156,6 +213,12 @@ pub struct GlobalOptions {
     pub socket: Option<PathBuf>,
     /// `--config PATH`.
     pub config: Option<PathBuf>,
+    /// `--controlplane HOST:PORT`.
+    pub controlplane: Option<String>,
+    /// `--node ID`, a DNS label (checked when parsed).
+    pub node: Option<String>,
+    /// `--key-file PATH`.
+    pub key_file: Option<PathBuf>,
 }
 
 /// A command to run.
@@ -166,7 +229,7 @@ pub enum Command {
         /// The spec file.
         input: Input,
     },
-    /// `get jails [NAME] [-o FORMAT]`.
+    /// `get jails|services [NAME] [-o FORMAT]`, `get nodes [-o FORMAT]`.
     Get {
         /// What to list.
         resource: Resource,
@@ -180,15 +243,27 @@ pub enum Command {
         /// Jails to delete, in the order given.
         names: Vec<String>,
     },
+    /// `delete service NAME...`.
+    DeleteServices {
+        /// Services to delete, in the order given.
+        names: Vec<String>,
+    },
     /// `delete -f FILE|-`.
     DeleteFile {
-        /// The spec file whose jails are deleted.
+        /// The spec file whose jails and services are deleted.
         input: Input,
     },
     /// `validate -f FILE|-`.
     Validate {
         /// The spec file.
         input: Input,
+    },
+    /// `key generate [--id ID] PATH`.
+    KeyGenerate {
+        /// `--id`; `None` means PATH's file name without `.key`.
+        id: Option<String>,
+        /// Where the new key file goes (it must not exist).
+        path: PathBuf,
     },
 }
 
@@ -231,7 +306,7 @@ fn usage(message: impl Into<String>) -> UsageError {
 /// `--help`: usage forms, commands, flags and exit statuses.
 pub fn help_text() -> String {
     let mut out = format!(
-        "keelctl {}: apply, inspect and delete Keel jails\n\n\
+        "keelctl {}: apply, inspect and delete Keel jails and services\n\n\
          Usage: keelctl [OPTIONS] COMMAND\n\nCommands:\n",
         env!("CARGO_PKG_VERSION")
     );
@@ -250,7 +325,9 @@ pub fn help_text() -> String {
         out.push_str(&format!("  {:width$}  {}\n", left(flag), flag.help));
     }
     out.push_str(
-        "\nExit status: 0 success, 1 request failed (agent unreachable or refused), \
+        "\nWhere requests go, first match wins: --socket, --controlplane, $KEEL_CONTROLPLANE,\n\
+         $KEEL_SOCKET, ctl.controlplane, agent.socket (keel.toml).\n\
+         \nExit status: 0 success, 1 request failed (daemon unreachable or refused), \
          2 usage or validation error.\n",
     );
     out
@@ -266,6 +343,7 @@ pub fn version_text() -> String {
 struct Seen {
     filename: Option<OsString>,
     output: Option<String>,
+    id: Option<String>,
     global: GlobalOptions,
 }
 
@@ -322,6 +400,32 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
                     return Err(twice());
                 }
             }
+            FlagId::KeyFile => {
+                let v = PathBuf::from(parser.value().map_err(lex)?);
+                if seen.global.key_file.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::ControlPlane => {
+                let v = utf8_value(&mut parser, flag)?;
+                if seen.global.controlplane.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::Node => {
+                let v = utf8_value(&mut parser, flag)?;
+                // The id becomes a request path, like a jail name.
+                spec::validate_name(&v).map_err(|why| usage(format!("--node {v:?}: {why}")))?;
+                if seen.global.node.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::Id => {
+                let v = utf8_value(&mut parser, flag)?;
+                if seen.id.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
         }
     }
     let command = command(&words, &mut seen)?;
@@ -331,12 +435,20 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
     }))
 }
 
+fn utf8_value(parser: &mut lexopt::Parser, flag: &Flag) -> Result<String, UsageError> {
+    parser
+        .value()
+        .map_err(|e| usage(e.to_string()))?
+        .into_string()
+        .map_err(|v| usage(format!("--{}: {v:?} is not valid UTF-8", flag.long)))
+}
+
 /// Turns the command words and the flags seen into a [`Command`], refusing
 /// flags the command does not use.
 fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let Some((verb, rest)) = words.split_first() else {
         return Err(usage(
-            "no command given; use apply, get, delete or validate",
+            "no command given; use apply, get, delete, validate or key",
         ));
     };
     let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
@@ -344,6 +456,10 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let output = seen.output.take();
     if output.is_some() && verb != "get" {
         return Err(not_for("--output"));
+    }
+    let id = seen.id.take();
+    if id.is_some() && verb != "key" {
+        return Err(not_for("--id"));
     }
     let extra = |word: &String| usage(format!("unexpected argument {word:?} for `{verb}`"));
     let file_only = |filename: Option<OsString>| -> Result<Input, UsageError> {
@@ -367,13 +483,36 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 return Err(not_for("--filename"));
             }
             let Some((kind, names)) = rest.split_first() else {
-                return Err(usage("`get` needs what to list: get jails [NAME]"));
+                return Err(usage(
+                    "`get` needs what to list: get jails [NAME], get services [NAME] or get nodes",
+                ));
             };
             let resource = resource(kind)?;
             if let Some(word) = names.get(1) {
                 return Err(extra(word));
             }
-            let name = names.first().map(|n| jail_name(n)).transpose()?;
+            let name = match resource {
+                Resource::Jails => names.first().map(|n| jail_name(n)).transpose()?,
+                Resource::Services => {
+                    if seen.global.node.is_some() {
+                        return Err(usage(
+                            "--node does not apply to services: the control plane places their replicas",
+                        ));
+                    }
+                    names.first().map(|n| service_name(n)).transpose()?
+                }
+                Resource::Nodes => {
+                    if let Some(word) = names.first() {
+                        return Err(usage(format!(
+                            "unexpected argument {word:?}: `get nodes` lists every node"
+                        )));
+                    }
+                    if seen.global.node.is_some() {
+                        return Err(usage("--node does not apply to `get nodes`"));
+                    }
+                    None
+                }
+            };
             let output = match output.as_deref() {
                 None | Some("table") => OutputFormat::Table,
                 Some("json") => OutputFormat::Json,
@@ -400,24 +539,67 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             None => {
                 let Some((kind, names)) = rest.split_first() else {
                     return Err(usage(
-                        "`delete` needs jail NAME... or -f FILE (or -f - for stdin)",
+                        "`delete` needs jail NAME..., service NAME... or -f FILE (or -f - for stdin)",
                     ));
                 };
-                match resource(kind)? {
-                    Resource::Jails => {}
-                }
+                let resource = resource(kind)?;
                 if names.is_empty() {
-                    return Err(usage("`delete jail` needs at least one NAME"));
+                    return Err(usage(format!("`delete {kind}` needs at least one NAME")));
                 }
-                let names = names
-                    .iter()
-                    .map(|n| jail_name(n))
-                    .collect::<Result<_, _>>()?;
-                Ok(Command::DeleteJails { names })
+                match resource {
+                    Resource::Jails => Ok(Command::DeleteJails {
+                        names: names
+                            .iter()
+                            .map(|n| jail_name(n))
+                            .collect::<Result<_, _>>()?,
+                    }),
+                    Resource::Services => {
+                        if seen.global.node.is_some() {
+                            return Err(usage(
+                                "--node does not apply to services: the control plane removes every replica",
+                            ));
+                        }
+                        Ok(Command::DeleteServices {
+                            names: names
+                                .iter()
+                                .map(|n| service_name(n))
+                                .collect::<Result<_, _>>()?,
+                        })
+                    }
+                    Resource::Nodes => Err(usage(
+                        "nodes are not deleted with keelctl: stop the node's keel-agentd",
+                    )),
+                }
             }
         },
+        "key" => {
+            if filename.is_some() {
+                return Err(not_for("--filename"));
+            }
+            for (given, flag) in [
+                (seen.global.node.is_some(), "--node"),
+                (seen.global.key_file.is_some(), "--key-file"),
+            ] {
+                if given {
+                    return Err(not_for(flag));
+                }
+            }
+            match rest {
+                [sub, path] if sub == "generate" => Ok(Command::KeyGenerate {
+                    id,
+                    path: PathBuf::from(path),
+                }),
+                [sub] if sub == "generate" => {
+                    Err(usage("`key generate` needs the PATH of the new key file"))
+                }
+                [sub, _, word, ..] if sub == "generate" => Err(extra(word)),
+                _ => Err(usage(
+                    "`key` knows one command: key generate [--id ID] PATH",
+                )),
+            }
+        }
         other => Err(usage(format!(
-            "unknown command {other:?}; use apply, get, delete or validate"
+            "unknown command {other:?}; use apply, get, delete, validate or key"
         ))),
     }
 }
@@ -433,8 +615,10 @@ fn input(f: OsString) -> Input {
 fn resource(word: &str) -> Result<Resource, UsageError> {
     match word {
         "jails" | "jail" => Ok(Resource::Jails),
+        "nodes" | "node" => Ok(Resource::Nodes),
+        "services" | "service" | "svc" => Ok(Resource::Services),
         other => Err(usage(format!(
-            "unknown resource {other:?}; keelctl knows jails"
+            "unknown resource {other:?}; keelctl knows jails, services and nodes"
         ))),
     }
 }
@@ -445,6 +629,13 @@ fn jail_name(name: &str) -> Result<String, UsageError> {
     spec::validate_name(name)
         .map(|()| name.to_string())
         .map_err(|why| usage(format!("jail name {name:?}: {why}")))
+}
+
+/// As [`jail_name`]: a service name is a DNS label too, and becomes a path.
+fn service_name(name: &str) -> Result<String, UsageError> {
+    spec::validate_name(name)
+        .map(|()| name.to_string())
+        .map_err(|why| usage(format!("service name {name:?}: {why}")))
 }
 
 #[cfg(test)]
@@ -552,7 +743,7 @@ mod tests {
             }
         );
         assert!(err(&["delete", "jail"]).contains("at least one NAME"));
-        assert!(err(&["delete"]).contains("jail NAME... or -f FILE"));
+        assert!(err(&["delete"]).contains("jail NAME..., service NAME... or -f FILE"));
         assert!(err(&["delete", "jail", "a", "-f", "x"]).contains("not both"));
         assert!(err(&["delete", "jail", "a", "-o", "json"]).contains("--output does not apply"));
     }
@@ -564,12 +755,118 @@ mod tests {
             inv.global,
             GlobalOptions {
                 socket: Some("/s.sock".into()),
-                config: Some("/k.toml".into())
+                config: Some("/k.toml".into()),
+                ..GlobalOptions::default()
             }
         );
         let inv = run(&["--socket=/t.sock", "get", "jails"]);
         assert_eq!(inv.global.socket, Some("/t.sock".into()));
         assert!(err(&["--socket", "a", "--socket", "b", "get", "jails"]).contains("twice"));
+    }
+
+    #[test]
+    fn cluster_flags_go_anywhere_and_node_ids_are_labels() {
+        let inv = run(&[
+            "apply",
+            "-f",
+            "w.yaml",
+            "--controlplane",
+            "127.0.0.1:7440",
+            "--node=n2",
+            "--key-file",
+            "/ops.key",
+        ]);
+        assert_eq!(
+            inv.global,
+            GlobalOptions {
+                controlplane: Some("127.0.0.1:7440".into()),
+                node: Some("n2".into()),
+                key_file: Some("/ops.key".into()),
+                ..GlobalOptions::default()
+            }
+        );
+        assert!(err(&["get", "jails", "--node", "N_1"]).contains("--node \"N_1\""));
+        assert!(err(&["get", "jails", "--node", "a", "--node", "b"]).contains("twice"));
+    }
+
+    #[test]
+    fn get_nodes_takes_no_name_and_no_node() {
+        assert_eq!(
+            cmd(&["get", "nodes", "-o", "yaml"]),
+            Command::Get {
+                resource: Resource::Nodes,
+                name: None,
+                output: OutputFormat::Yaml
+            }
+        );
+        assert_eq!(
+            cmd(&["get", "node"]),
+            Command::Get {
+                resource: Resource::Nodes,
+                name: None,
+                output: OutputFormat::Table
+            }
+        );
+        assert!(err(&["get", "nodes", "n1"]).contains("lists every node"));
+        assert!(err(&["get", "nodes", "--node", "n1"]).contains("--node does not apply"));
+        assert!(err(&["delete", "node", "n1"]).contains("stop the node's keel-agentd"));
+    }
+
+    #[test]
+    fn services_are_listed_shown_and_deleted_by_label_names() {
+        assert_eq!(
+            cmd(&["get", "services", "-o", "json"]),
+            Command::Get {
+                resource: Resource::Services,
+                name: None,
+                output: OutputFormat::Json
+            }
+        );
+        for word in ["service", "svc"] {
+            assert_eq!(
+                cmd(&["get", word, "web"]),
+                Command::Get {
+                    resource: Resource::Services,
+                    name: Some("web".into()),
+                    output: OutputFormat::Table
+                }
+            );
+        }
+        assert_eq!(
+            cmd(&["delete", "service", "web", "db"]),
+            Command::DeleteServices {
+                names: vec!["web".into(), "db".into()]
+            }
+        );
+        assert!(err(&["get", "service", "We_b"]).contains("service name \"We_b\""));
+        assert!(err(&["delete", "svc", "../x"]).contains("service name \"../x\""));
+        assert!(err(&["delete", "service"]).contains("`delete service` needs at least one NAME"));
+        assert!(err(&["get", "services", "--node", "n1"]).contains("--node does not apply"));
+        assert!(err(&["delete", "service", "a", "--node", "n1"]).contains("--node does not"));
+    }
+
+    #[test]
+    fn key_generate_takes_a_path_and_an_optional_id() {
+        assert_eq!(
+            cmd(&["key", "generate", "keys/node.key"]),
+            Command::KeyGenerate {
+                id: None,
+                path: "keys/node.key".into()
+            }
+        );
+        assert_eq!(
+            cmd(&["key", "generate", "--id", "ops-2026-11", "/k/ops.key"]),
+            Command::KeyGenerate {
+                id: Some("ops-2026-11".into()),
+                path: "/k/ops.key".into()
+            }
+        );
+        assert!(err(&["key", "generate"]).contains("needs the PATH"));
+        assert!(err(&["key", "generate", "a", "b"]).contains("\"b\""));
+        assert!(err(&["key", "rotate", "a"]).contains("key generate [--id ID] PATH"));
+        assert!(err(&["key", "generate", "a", "--node", "n1"]).contains("--node does not apply"));
+        assert!(err(&["key", "generate", "a", "--key-file", "b"]).contains("--key-file does not"));
+        assert!(err(&["get", "jails", "--id", "x"]).contains("--id does not apply"));
     }
 
     #[test]
@@ -619,6 +916,8 @@ mod tests {
             }
             if flag.id == FlagId::Filename {
                 args.push("validate".into());
+            } else if flag.id == FlagId::Id {
+                args.extend(["key".to_string(), "generate".to_string(), "p".to_string()]);
             } else {
                 args.extend(["get".to_string(), "jails".to_string()]);
             }

@@ -6,19 +6,32 @@
 //! nothing; requests then go one at a time and the first failure stops the
 //! rest (what was already applied stays applied, and was printed).
 //!
+//! Services live only on the control plane: a file holding one, or a `get`
+//! or `delete` of services, with requests going to an agent stops before
+//! anything is sent. Jails and services of one file are applied in the
+//! file's order, each to its own route.
+//!
+//! Through the control plane, `get jails` is assembled here: the node list,
+//! then each Alive node's jails, merged by name with the node alongside; Dead
+//! nodes cannot answer and are named on stderr rather than silently missing.
+//!
 //! This file decides what happens and in which order; it never formats (that
 //! is `output.rs`), never builds a request path (`api.rs`) and never chooses an
 //! exit status (`CtlError::exit_code`).
 
 use std::io::{self, Read, Write};
+use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::common::auth::{self, KeyFilePolicy, Signer};
 use crate::common::http::Endpoint;
-use crate::common::spec::{self, Document, Jail};
+use crate::common::spec::{self, Document, Jail, Service};
+use crate::common::wire::Liveness;
 
-use super::api::Api;
+use super::api::{Api, Route};
 use super::args::{Command, Input, Invocation, OutputFormat, Resource};
-use super::{CtlError, Env, agent_socket, output};
+use super::output::NodeJail;
+use super::{CONTROLPLANE_ENV, CtlError, Env, Target, output, target};
 
 /// stdout as commands use it: a reader that went away (`| head`) silently
 /// ends the output without ending the command (an apply half printed must
@@ -83,78 +96,320 @@ pub fn execute(
     out: &mut Out<'_>,
     stderr: &mut dyn Write,
 ) -> Result<(), CtlError> {
-    let connect = || -> Result<Api, CtlError> {
-        Ok(Api::new(Endpoint::Unix(agent_socket(
-            &invocation.global,
-            env,
-        )?)))
-    };
+    let resolve = || connect(&target(&invocation.global, env)?);
     match &invocation.command {
         Command::Validate { input } => {
             let (source, text) = read_input(input, stdin)?;
             let docs = parse(&source, &text, false)?;
             out.line(&output::valid_line(docs.len()));
         }
+        Command::KeyGenerate { id, path } => {
+            let id = match id {
+                Some(id) => id.clone(),
+                None => default_key_id(path)?,
+            };
+            let failed = |error| CtlError::KeyGenerate {
+                path: path.clone(),
+                error,
+            };
+            let key = auth::generate_key(&id).map_err(failed)?;
+            auth::write_key_file(path, &key).map_err(failed)?;
+            out.line(&output::key_written_line(&id, path));
+        }
         Command::Apply { input } => {
-            let jails = read_jails(input, stdin)?;
-            let api = connect()?;
-            for jail in &jails {
-                let status = api.apply_jail(jail).map_err(|error| CtlError::Request {
-                    action: format!("apply jail/{}", jail.metadata.name),
+            let (source, objects) = read_objects(input, stdin)?;
+            let target = target(&invocation.global, env)?;
+            services_need_controlplane(&source, &objects, &target)?;
+            let api = connect(&target)?;
+            for object in &objects {
+                let failed = |error| CtlError::Request {
+                    action: format!("apply {}", object.label()),
                     error,
-                })?;
-                out.line(&output::applied_line(&status));
+                };
+                match object {
+                    Object::Jail(jail) => {
+                        let placed = api.apply_jail(jail).map_err(failed)?;
+                        out.line(&output::applied_line(
+                            &placed.status,
+                            placed.node.as_deref(),
+                        ));
+                    }
+                    Object::Service(service) => {
+                        let status = api.apply_service(service).map_err(failed)?;
+                        out.line(&output::service_applied_line(&status));
+                    }
+                }
+            }
+        }
+        Command::Get {
+            resource: Resource::Services,
+            name,
+            output: format,
+        } => {
+            let api = controlplane_only(invocation, env, "`get services`")?;
+            match name {
+                None => {
+                    let services = api.list_services().map_err(|error| CtlError::Request {
+                        action: "get services".into(),
+                        error,
+                    })?;
+                    if *format == OutputFormat::Table && services.is_empty() {
+                        let _ = writeln!(stderr, "No services found.");
+                    } else {
+                        show(out, *format, &services, || output::service_table(&services))?;
+                    }
+                }
+                Some(name) => {
+                    let service = api.get_service(name).map_err(|error| CtlError::Request {
+                        action: format!("get service/{name}"),
+                        error,
+                    })?;
+                    if *format == OutputFormat::Table && service.replicas.is_empty() {
+                        let _ = writeln!(
+                            stderr,
+                            "Service {} has no replicas placed ({}/{} ready).",
+                            output::one_line(&service.name),
+                            service.ready,
+                            service.desired
+                        );
+                    } else {
+                        show(out, *format, &service, || output::replica_table(&service))?;
+                    }
+                }
+            }
+        }
+        Command::Get {
+            resource: Resource::Nodes,
+            output: format,
+            ..
+        } => {
+            let api = resolve()?;
+            if *api.route() == Route::Agent {
+                return Err(CtlError::Usage(format!(
+                    "`get nodes` lists a cluster's nodes: give --controlplane HOST:PORT (or set \
+                     ${CONTROLPLANE_ENV} or ctl.controlplane)"
+                )));
+            }
+            let nodes = api.list_nodes().map_err(|error| CtlError::Request {
+                action: "get nodes".into(),
+                error,
+            })?;
+            if *format == OutputFormat::Table && nodes.is_empty() {
+                let _ = writeln!(stderr, "No nodes found.");
+            } else {
+                show(out, *format, &nodes, || output::node_table(&nodes))?;
             }
         }
         Command::Get {
             resource: Resource::Jails,
-            name,
+            name: None,
             output: format,
         } => {
-            let api = connect()?;
-            match name {
-                None => {
-                    let jails = api.list_jails().map_err(|error| CtlError::Request {
-                        action: "get jails".into(),
-                        error,
+            let api = resolve()?;
+            let failed = |error| CtlError::Request {
+                action: "get jails".into(),
+                error,
+            };
+            if *api.route() == Route::Agent {
+                let jails = api.list_jails().map_err(failed)?;
+                if *format == OutputFormat::Table && jails.is_empty() {
+                    // kubectl's convention: the note on stderr, stdout empty.
+                    let _ = writeln!(stderr, "No jails found.");
+                } else {
+                    show(out, *format, &jails, || {
+                        output::jail_table(&jails, now_unix())
                     })?;
-                    if *format == OutputFormat::Table && jails.is_empty() {
-                        // kubectl's convention: the note on stderr, stdout empty.
-                        let _ = writeln!(stderr, "No jails found.");
-                    } else {
-                        show(out, *format, &jails, || {
-                            output::jail_table(&jails, now_unix())
-                        })?;
-                    }
                 }
-                Some(name) => {
-                    let jail = api.get_jail(name).map_err(|error| CtlError::Request {
-                        action: format!("get jail/{name}"),
-                        error,
-                    })?;
-                    show(out, *format, &jail, || {
-                        output::jail_table(std::slice::from_ref(&jail), now_unix())
+            } else {
+                let jails = cluster_jails(&api, stderr)?;
+                if *format == OutputFormat::Table && jails.is_empty() {
+                    let _ = writeln!(stderr, "No jails found.");
+                } else {
+                    show(out, *format, &jails, || {
+                        output::cluster_jail_table(&jails, now_unix())
                     })?;
                 }
             }
         }
+        Command::Get {
+            resource: Resource::Jails,
+            name: Some(name),
+            output: format,
+        } => {
+            let api = resolve()?;
+            let found = api.get_jail(name).map_err(|error| CtlError::Request {
+                action: format!("get jail/{name}"),
+                error,
+            })?;
+            if *api.route() == Route::Agent {
+                show(out, *format, &found.status, || {
+                    output::jail_table(std::slice::from_ref(&found.status), now_unix())
+                })?;
+            } else {
+                let jail = NodeJail {
+                    node: found.node,
+                    status: found.status,
+                };
+                show(out, *format, &jail, || {
+                    output::cluster_jail_table(std::slice::from_ref(&jail), now_unix())
+                })?;
+            }
+        }
         Command::DeleteJails { names } => {
-            let api = connect()?;
+            let api = resolve()?;
             for name in names {
                 delete(&api, name, out)?;
             }
         }
+        Command::DeleteServices { names } => {
+            let api = controlplane_only(invocation, env, "`delete service`")?;
+            for name in names {
+                delete_service(&api, name, out)?;
+            }
+        }
         Command::DeleteFile { input } => {
-            let jails = read_jails(input, stdin)?;
-            let api = connect()?;
+            let (source, objects) = read_objects(input, stdin)?;
+            let target = target(&invocation.global, env)?;
+            services_need_controlplane(&source, &objects, &target)?;
+            let api = connect(&target)?;
             // Reverse order: what was applied last (and may lean on what came
             // before it) goes first.
-            for jail in jails.iter().rev() {
-                delete(&api, &jail.metadata.name, out)?;
+            for object in objects.iter().rev() {
+                match object {
+                    Object::Jail(jail) => delete(&api, &jail.metadata.name, out)?,
+                    Object::Service(service) => delete_service(&api, &service.metadata.name, out)?,
+                }
             }
         }
     }
     Ok(())
+}
+
+/// The client for `target`; through a control plane this reads the operator
+/// key, so a missing or unsafe key file stops the command before anything is
+/// sent.
+fn connect(target: &Target) -> Result<Api, CtlError> {
+    match target {
+        Target::Agent(socket) => Ok(Api::new(Endpoint::Unix(socket.clone()))),
+        Target::ControlPlane(remote) => {
+            let key = auth::load_key(&remote.key_file, KeyFilePolicy::for_current_process())
+                .map_err(CtlError::Key)?;
+            Ok(Api::controlplane(
+                &remote.addr,
+                Signer::new(key),
+                remote.node.clone(),
+            ))
+        }
+    }
+}
+
+/// The client of the control plane, for a command that means nothing to an
+/// agent (`what` names it in the message).
+fn controlplane_only(invocation: &Invocation, env: &Env, what: &str) -> Result<Api, CtlError> {
+    match target(&invocation.global, env)? {
+        Target::Agent(socket) => Err(CtlError::NeedsControlPlane {
+            what: what.to_string(),
+            socket,
+        }),
+        remote => connect(&remote),
+    }
+}
+
+/// Refuses, before anything is sent, a file with a Service when requests go
+/// to an agent (which has no services), or with `--node` (the control plane
+/// places replicas itself; a jail-only flag must not be silently ignored).
+fn services_need_controlplane(
+    source: &str,
+    objects: &[Object],
+    target: &Target,
+) -> Result<(), CtlError> {
+    let Some((i, service)) = objects.iter().enumerate().find_map(|(i, o)| match o {
+        Object::Service(s) => Some((i, s)),
+        Object::Jail(_) => None,
+    }) else {
+        return Ok(());
+    };
+    let what = format!(
+        "{source}: document {} is kind: Service ({})",
+        i + 1,
+        service.metadata.name
+    );
+    match target {
+        Target::Agent(socket) => Err(CtlError::NeedsControlPlane {
+            what,
+            socket: socket.clone(),
+        }),
+        Target::ControlPlane(remote) if remote.node.is_some() => Err(CtlError::Usage(format!(
+            "{what}, whose replicas the control plane places: --node applies to jails only; \
+             apply services without it"
+        ))),
+        Target::ControlPlane(_) => Ok(()),
+    }
+}
+
+/// Every jail of the cluster: `GET /nodes`, then each Alive node's jails
+/// (only the named one's with `--node`), sorted by name then node. A node
+/// that is Dead, or dies between the two requests, is named on stderr.
+fn cluster_jails(api: &Api, stderr: &mut dyn Write) -> Result<Vec<NodeJail>, CtlError> {
+    let failed = |error| CtlError::Request {
+        action: "get jails".into(),
+        error,
+    };
+    let nodes = api.list_nodes().map_err(failed)?;
+    let nodes: Vec<_> = match api.route() {
+        Route::Node(id) => {
+            let Some(node) = nodes.into_iter().find(|n| &n.node_id == id) else {
+                // Let the control plane say it (404 no node named ...).
+                api.list_jails_on(id).map_err(failed)?;
+                return Ok(Vec::new());
+            };
+            vec![node]
+        }
+        _ => nodes,
+    };
+    let mut jails = Vec::new();
+    for node in nodes {
+        if node.status == Liveness::Dead {
+            let _ = writeln!(
+                stderr,
+                "node {} is Dead: its jails are not listed",
+                output::one_line(&node.node_id)
+            );
+            continue;
+        }
+        match api.list_jails_on(&node.node_id) {
+            Ok(list) => jails.extend(list.into_iter().map(|status| NodeJail {
+                node: Some(node.node_id.clone()),
+                status,
+            })),
+            Err(super::api::ApiError::Refused {
+                status: 503, body, ..
+            }) => {
+                let _ = writeln!(
+                    stderr,
+                    "node {}: {}; its jails are not listed",
+                    output::one_line(&node.node_id),
+                    output::one_line(&body.error)
+                );
+            }
+            Err(error) => return Err(failed(error)),
+        }
+    }
+    jails.sort_by(|a, b| (&a.status.name, &a.node).cmp(&(&b.status.name, &b.node)));
+    Ok(jails)
+}
+
+/// `key generate PATH` without `--id`: the file's name without `.key`.
+fn default_key_id(path: &Path) -> Result<String, CtlError> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let id = name.strip_suffix(".key").unwrap_or(name);
+    if id.is_empty() {
+        return Err(CtlError::Usage(format!(
+            "cannot take a key id from {}; give --id ID",
+            path.display()
+        )));
+    }
+    Ok(id.to_string())
 }
 
 fn delete(api: &Api, name: &str, out: &mut Out<'_>) -> Result<(), CtlError> {
@@ -163,6 +418,16 @@ fn delete(api: &Api, name: &str, out: &mut Out<'_>) -> Result<(), CtlError> {
         error,
     })?;
     out.line(&output::deleted_line(name));
+    Ok(())
+}
+
+fn delete_service(api: &Api, name: &str, out: &mut Out<'_>) -> Result<(), CtlError> {
+    api.delete_service(name)
+        .map_err(|error| CtlError::Request {
+            action: format!("delete service/{name}"),
+            error,
+        })?;
+    out.line(&output::service_deleted_line(name));
     Ok(())
 }
 
@@ -224,14 +489,32 @@ fn parse(source: &str, text: &str, would_send: bool) -> Result<Vec<Document>, Ct
     Ok(docs)
 }
 
-/// The jails of `input`, once every document is valid and a Jail.
-fn read_jails(input: &Input, stdin: &mut dyn Read) -> Result<Vec<Jail>, CtlError> {
+/// A document keelctl sends.
+enum Object {
+    Jail(Jail),
+    Service(Service),
+}
+
+impl Object {
+    /// `jail/NAME` or `service/NAME`, as messages name it.
+    fn label(&self) -> String {
+        match self {
+            Object::Jail(j) => format!("jail/{}", j.metadata.name),
+            Object::Service(s) => format!("service/{}", s.metadata.name),
+        }
+    }
+}
+
+/// The jails and services of `input` in file order, once every document is
+/// valid and of a kind keelctl sends; and the input's name for messages.
+fn read_objects(input: &Input, stdin: &mut dyn Read) -> Result<(String, Vec<Object>), CtlError> {
     let (source, text) = read_input(input, stdin)?;
-    parse(&source, &text, true)?
+    let objects = parse(&source, &text, true)?
         .into_iter()
         .enumerate()
         .map(|(i, doc)| match doc {
-            Document::Jail(jail) => Ok(jail),
+            Document::Jail(jail) => Ok(Object::Jail(jail)),
+            Document::Service(service) => Ok(Object::Service(service)),
             other => Err(CtlError::UnsupportedKind {
                 source: source.clone(),
                 document: i + 1,
@@ -239,5 +522,6 @@ fn read_jails(input: &Input, stdin: &mut dyn Read) -> Result<Vec<Jail>, CtlError
                 name: other.name().to_string(),
             }),
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((source, objects))
 }

@@ -1,17 +1,20 @@
 //! `keelctl`, the command-line client: apply, get, delete and validate jail
-//! specs against one node's `keel-agentd` over its Unix socket.
+//! specs against one node's `keel-agentd` over its Unix socket, or against a
+//! cluster through `keel-controlplane` over TCP with every request signed by
+//! the operator key; apply, list and delete the cluster's services (control
+//! plane only); list the cluster's nodes; generate signing keys.
 //!
 //! - [`args`]: the flag and command tables, `--help`, parsing argv.
 //! - [`commands`]: running one parsed command (read the spec, validate all of
 //!   it, then talk to the agent).
-//! - [`api`]: the agent's jail routes as typed calls over
+//! - [`api`]: the jail, node and service routes as typed calls over
 //!   [`crate::common::http::Client`].
 //! - [`output`]: the table, ages and result lines, as pure functions.
 //!
 //! This module owns keelctl's behaviour towards the user: where requests go
-//! (`--socket`, else `$KEEL_SOCKET`, else `agent.socket` of `keel.toml`), what
-//! is printed, and the exit status: 0 success, 1 a request failed (agent
-//! unreachable or it refused), 2 usage or validation error. Errors are one line
+//! ([`target`]), what is printed, and the exit status: 0 success, 1 a request
+//! failed (daemon unreachable or it refused, a key file not written), 2 usage,
+//! configuration or validation error. Errors are one line
 //! `keelctl: ...` plus, when there is more to say, an indented detail line. A
 //! closed stdout (`keelctl get jails | head -1`) is not an error.
 //!
@@ -29,6 +32,7 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
+use crate::common::auth::AuthError;
 use crate::common::config::{Config, ConfigError, DEFAULT_CONFIG_PATH};
 use crate::common::spec::SpecError;
 
@@ -39,12 +43,18 @@ use self::args::{GlobalOptions, Parsed};
 /// `keel.toml`.
 pub const SOCKET_ENV: &str = "KEEL_SOCKET";
 
+/// Environment variable naming the control plane (`HOST:PORT`), below
+/// `--controlplane` and above `keel.toml`.
+pub const CONTROLPLANE_ENV: &str = "KEEL_CONTROLPLANE";
+
 /// What keelctl reads from its environment, gathered once so commands and
 /// tests do not reach for process globals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Env {
     /// `$KEEL_SOCKET`; empty counts as unset.
     pub socket: Option<OsString>,
+    /// `$KEEL_CONTROLPLANE`; empty counts as unset.
+    pub controlplane: Option<OsString>,
 }
 
 impl Env {
@@ -52,8 +62,30 @@ impl Env {
     pub fn from_process() -> Env {
         Env {
             socket: std::env::var_os(SOCKET_ENV),
+            controlplane: std::env::var_os(CONTROLPLANE_ENV),
         }
     }
+}
+
+/// Where keelctl's requests go, resolved by [`target`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// One node's keel-agentd over its Unix socket, unsigned (the socket's
+    /// mode and group guard it).
+    Agent(PathBuf),
+    /// keel-controlplane over TCP, every request signed.
+    ControlPlane(Remote),
+}
+
+/// A control plane and how to talk to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    /// `HOST:PORT`, checked.
+    pub addr: String,
+    /// The operator key file to sign with (read when a request is made).
+    pub key_file: PathBuf,
+    /// `--node`: the named route to this node instead of the scheduled one.
+    pub node: Option<String>,
 }
 
 /// Why a keelctl command failed. Display is the one-line summary;
@@ -62,8 +94,18 @@ impl Env {
 pub enum CtlError {
     /// The command line is wrong.
     Usage(String),
-    /// `keel.toml` could not be loaded to find the socket.
+    /// `keel.toml` could not be loaded to find the socket, the control plane
+    /// or the key file.
     Config(ConfigError),
+    /// The operator key could not be loaded, so nothing was sent.
+    Key(AuthError),
+    /// `key generate` could not create the key file.
+    KeyGenerate {
+        /// The file asked for.
+        path: PathBuf,
+        /// Why.
+        error: AuthError,
+    },
     /// The spec file (or stdin) could not be read.
     Read {
         /// The file as the user named it, or `stdin`.
@@ -86,7 +128,15 @@ pub enum CtlError {
         /// The file as the user named it, or `stdin`.
         source: String,
     },
-    /// A document is of a kind a single agent does not take.
+    /// Services exist only on a control plane, but requests go to an agent;
+    /// nothing was sent.
+    NeedsControlPlane {
+        /// What needed one: a command (`` `get services` ``) or a document.
+        what: String,
+        /// The agent's socket requests would have gone to.
+        socket: PathBuf,
+    },
+    /// A document is of a kind keelctl does not send.
     UnsupportedKind {
         /// The file as the user named it, or `stdin`.
         source: String,
@@ -125,8 +175,17 @@ impl CtlError {
             | CtlError::Read { .. }
             | CtlError::Invalid { .. }
             | CtlError::Empty { .. }
-            | CtlError::UnsupportedKind { .. } => 2,
-            CtlError::Request { .. } | CtlError::Encode { .. } | CtlError::Output(_) => 1,
+            | CtlError::UnsupportedKind { .. }
+            | CtlError::NeedsControlPlane { .. }
+            | CtlError::Key(_) => 2,
+            CtlError::KeyGenerate {
+                error: AuthError::InvalidKeyId { .. },
+                ..
+            } => 2,
+            CtlError::Request { .. }
+            | CtlError::KeyGenerate { .. }
+            | CtlError::Encode { .. }
+            | CtlError::Output(_) => 1,
         }
     }
 
@@ -135,16 +194,24 @@ impl CtlError {
         match self {
             CtlError::Usage(_) => Some("try 'keelctl --help'".into()),
             CtlError::Config(_) => Some(format!(
-                "--socket PATH or ${SOCKET_ENV} avoids reading keel.toml"
+                "--socket PATH or ${SOCKET_ENV} (an agent), or --controlplane HOST:PORT with \
+                 --key-file PATH (a cluster) avoid reading keel.toml"
             )),
+            CtlError::Key(_) => Some(
+                "keelctl signs control-plane requests with --key-file PATH, else ctl.key_file \
+                 of keel.toml; nothing was sent"
+                    .into(),
+            ),
             CtlError::Invalid {
                 would_send: true, ..
             } => Some("nothing was sent".into()),
-            CtlError::UnsupportedKind { .. } => Some(
-                "Services and Ingresses are placed by keel-controlplane, which a later keelctl \
-                 reaches with --controlplane; nothing was sent"
-                    .into(),
-            ),
+            CtlError::UnsupportedKind { .. } => {
+                Some("keelctl does not send Ingresses yet; nothing was sent".into())
+            }
+            CtlError::NeedsControlPlane { .. } => Some(format!(
+                "give --controlplane HOST:PORT (or set ${CONTROLPLANE_ENV} or ctl.controlplane); \
+                 nothing was sent"
+            )),
             CtlError::Request { error, .. } => error.detail(),
             _ => None,
         }
@@ -156,6 +223,10 @@ impl fmt::Display for CtlError {
         match self {
             CtlError::Usage(message) => f.write_str(message),
             CtlError::Config(e) => write!(f, "cannot load the configuration: {e}"),
+            CtlError::Key(e) => write!(f, "cannot load the operator key: {e}"),
+            CtlError::KeyGenerate { path, error } => {
+                write!(f, "cannot generate a key at {}: {error}", path.display())
+            }
             CtlError::Read { source, error } => write!(f, "cannot read {source}: {error}"),
             CtlError::Invalid { source, error, .. } => write!(f, "{source} is invalid: {error}"),
             CtlError::Empty { source } => write!(f, "{source} holds no document"),
@@ -166,8 +237,14 @@ impl fmt::Display for CtlError {
                 name,
             } => write!(
                 f,
-                "{source}: document {document} is kind: {kind} ({name}); keel-agentd on its own \
-                 accepts only kind: Jail"
+                "{source}: document {document} is kind: {kind} ({name}); keelctl sends only \
+                 kind: Jail and kind: Service"
+            ),
+            CtlError::NeedsControlPlane { what, socket } => write!(
+                f,
+                "{what}: services live on keel-controlplane, but requests go to the agent's \
+                 socket {}",
+                socket.display()
             ),
             CtlError::Request { action, error } => write!(f, "{action} failed: {error}"),
             CtlError::Encode { format, reason } => {
@@ -182,6 +259,7 @@ impl std::error::Error for CtlError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             CtlError::Config(e) => Some(e),
+            CtlError::Key(e) | CtlError::KeyGenerate { error: e, .. } => Some(e),
             CtlError::Read { error, .. } | CtlError::Output(error) => Some(error),
             CtlError::Invalid { error, .. } => Some(error),
             CtlError::Request { error, .. } => Some(error),
@@ -190,23 +268,99 @@ impl std::error::Error for CtlError {
     }
 }
 
-/// The agent's socket: `--socket`, else a non-empty `$KEEL_SOCKET`, else
-/// `agent.socket` of `keel.toml` (`--config PATH`, which must exist, or
-/// [`DEFAULT_CONFIG_PATH`], where a missing file means the defaults). The file
-/// is read only when it is needed.
-pub fn agent_socket(global: &GlobalOptions, env: &Env) -> Result<PathBuf, CtlError> {
-    if let Some(socket) = &global.socket {
-        return Ok(socket.clone());
+/// Where requests go. By level, flags first, then the environment, then
+/// `keel.toml` (`--config PATH`, which must exist, or [`DEFAULT_CONFIG_PATH`],
+/// where a missing file means the defaults; read only when needed):
+///
+/// 1. `--socket PATH`: that agent (with `--controlplane` too: a usage error);
+/// 2. `--controlplane HOST:PORT`: that control plane;
+/// 3. a non-empty `$KEEL_CONTROLPLANE`, then a non-empty `$KEEL_SOCKET`;
+/// 4. `ctl.controlplane` if set, else the agent at `agent.socket`.
+///
+/// Through a control plane the key file is `--key-file`, else `ctl.key_file`.
+/// `--node` and `--key-file` only make sense with a control plane: given for
+/// an agent they are usage errors rather than silently ignored.
+pub fn target(global: &GlobalOptions, env: &Env) -> Result<Target, CtlError> {
+    let set = |v: &Option<OsString>| v.clone().filter(|s| !s.is_empty());
+    if global.socket.is_some() && global.controlplane.is_some() {
+        return Err(CtlError::Usage(
+            "--socket and --controlplane both say where requests go; give one".into(),
+        ));
     }
-    if let Some(socket) = env.socket.as_ref().filter(|s| !s.is_empty()) {
-        return Ok(PathBuf::from(socket));
+    let mut config = None;
+    let addr = if let Some(socket) = &global.socket {
+        return agent(global, socket.clone());
+    } else if let Some(addr) = &global.controlplane {
+        (addr.clone(), "--controlplane".to_string())
+    } else if let Some(addr) = set(&env.controlplane) {
+        let addr = addr.into_string().map_err(|v| {
+            CtlError::Usage(format!("${CONTROLPLANE_ENV} {v:?} is not valid UTF-8"))
+        })?;
+        (addr, format!("${CONTROLPLANE_ENV}"))
+    } else if let Some(socket) = set(&env.socket) {
+        return agent(global, PathBuf::from(socket));
+    } else {
+        let loaded = load_config(global)?;
+        let Some(addr) = loaded.ctl.controlplane.clone() else {
+            return agent(global, loaded.agent.socket);
+        };
+        config = Some(loaded);
+        (addr, "ctl.controlplane".to_string())
+    };
+    let (addr, source) = addr;
+    check_controlplane(&addr, &source)?;
+    let key_file = match (&global.key_file, config) {
+        (Some(path), _) => path.clone(),
+        (None, Some(config)) => config.ctl.key_file,
+        (None, None) => load_config(global)?.ctl.key_file,
+    };
+    Ok(Target::ControlPlane(Remote {
+        addr,
+        key_file,
+        node: global.node.clone(),
+    }))
+}
+
+fn agent(global: &GlobalOptions, socket: PathBuf) -> Result<Target, CtlError> {
+    if global.node.is_some() {
+        return Err(CtlError::Usage(format!(
+            "--node picks a node through a control plane, but requests go to the agent's \
+             socket {}; give --controlplane HOST:PORT (or set ${CONTROLPLANE_ENV})",
+            socket.display()
+        )));
     }
-    let config = match &global.config {
+    if global.key_file.is_some() {
+        return Err(CtlError::Usage(format!(
+            "--key-file signs requests to a control plane, but requests go to the agent's \
+             socket {}, which takes none; give --controlplane HOST:PORT too",
+            socket.display()
+        )));
+    }
+    Ok(Target::Agent(socket))
+}
+
+fn load_config(global: &GlobalOptions) -> Result<Config, CtlError> {
+    match &global.config {
         Some(path) => Config::load(path),
         None => Config::load_or_default(Path::new(DEFAULT_CONFIG_PATH)),
     }
-    .map_err(CtlError::Config)?;
-    Ok(config.agent.socket)
+    .map_err(CtlError::Config)
+}
+
+/// `addr` is `HOST:PORT` by the rule `keel.toml`'s `ctl.controlplane`
+/// follows; `source` names where it came from in the message.
+fn check_controlplane(addr: &str, source: &str) -> Result<(), CtlError> {
+    let mut probe = Config::default();
+    let checked = probe
+        .set_key("ctl.controlplane", addr)
+        .and_then(|()| probe.validate());
+    match checked {
+        Ok(()) => Ok(()),
+        Err(ConfigError::Invalid { message, .. }) => {
+            Err(CtlError::Usage(format!("{source}: {message}")))
+        }
+        Err(e) => Err(CtlError::Usage(format!("{source}: {e}"))),
+    }
 }
 
 /// keelctl with explicit arguments (without the program name), environment
@@ -270,12 +424,21 @@ mod tests {
         GlobalOptions {
             socket: socket.map(PathBuf::from),
             config: config.map(Path::to_path_buf),
+            ..GlobalOptions::default()
         }
     }
 
     fn env(socket: Option<&str>) -> Env {
         Env {
             socket: socket.map(OsString::from),
+            controlplane: None,
+        }
+    }
+
+    fn agent_socket(global: &GlobalOptions, env: &Env) -> Result<PathBuf, CtlError> {
+        match target(global, env)? {
+            Target::Agent(socket) => Ok(socket),
+            other => panic!("not an agent: {other:?}"),
         }
     }
 
@@ -302,6 +465,100 @@ mod tests {
         assert_eq!(e.exit_code(), 2);
         assert!(e.to_string().contains("/nonexistent/keel.toml"), "{e}");
         assert!(agent_socket(&global(Some("/s"), Some(missing)), &env(None)).is_ok());
+    }
+
+    fn remote(addr: &str, key_file: &str, node: Option<&str>) -> Target {
+        Target::ControlPlane(Remote {
+            addr: addr.into(),
+            key_file: key_file.into(),
+            node: node.map(str::to_string),
+        })
+    }
+
+    #[test]
+    fn a_control_plane_comes_from_the_flag_then_the_environment_then_keel_toml() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let toml = dir.path().join("keel.toml");
+        std::fs::write(
+            &toml,
+            "[agent]\nsocket = \"/from/toml.sock\"\n[ctl]\ncontrolplane = \"cp.example.org:7440\"\n\
+             key_file = \"/toml/operator.key\"\n",
+        )
+        .expect("writes");
+        let with = |flag: Option<&str>, key: Option<&str>, node: Option<&str>, var: Env| {
+            let global = GlobalOptions {
+                controlplane: flag.map(str::to_string),
+                key_file: key.map(PathBuf::from),
+                node: node.map(str::to_string),
+                ..global(None, Some(&toml))
+            };
+            target(&global, &var)
+        };
+        let both = Env {
+            socket: Some("/env.sock".into()),
+            controlplane: Some("192.0.2.1:7440".into()),
+        };
+        assert_eq!(
+            with(Some("127.0.0.1:9"), Some("/k"), Some("n1"), both.clone()).expect("flag"),
+            remote("127.0.0.1:9", "/k", Some("n1"))
+        );
+        // The environment's control plane beats its socket; the key comes
+        // from keel.toml when --key-file is not given.
+        assert_eq!(
+            with(None, None, None, both).expect("env"),
+            remote("192.0.2.1:7440", "/toml/operator.key", None)
+        );
+        assert_eq!(
+            with(None, None, None, env(Some("/env.sock"))).expect("socket"),
+            Target::Agent("/env.sock".into())
+        );
+        assert_eq!(
+            with(None, None, None, env(None)).expect("toml"),
+            remote("cp.example.org:7440", "/toml/operator.key", None)
+        );
+        // --socket wins over the environment's and keel.toml's control plane.
+        let socket = GlobalOptions {
+            socket: Some("/flag.sock".into()),
+            ..global(None, Some(&toml))
+        };
+        let cp_env = Env {
+            socket: None,
+            controlplane: Some("192.0.2.1:7440".into()),
+        };
+        assert_eq!(
+            target(&socket, &cp_env).expect("socket flag"),
+            Target::Agent("/flag.sock".into())
+        );
+    }
+
+    #[test]
+    fn node_and_key_file_without_a_control_plane_are_usage_errors() {
+        let usage = |global: GlobalOptions| {
+            let e = target(&global, &env(Some("/s.sock"))).expect_err("usage error");
+            assert_eq!(e.exit_code(), 2, "{e}");
+            e.to_string()
+        };
+        let node = GlobalOptions {
+            node: Some("n1".into()),
+            ..GlobalOptions::default()
+        };
+        assert!(usage(node).contains("--node picks a node through a control plane"));
+        let key = GlobalOptions {
+            key_file: Some("/k".into()),
+            ..GlobalOptions::default()
+        };
+        assert!(usage(key).contains("--key-file signs requests to a control plane"));
+        let both = GlobalOptions {
+            socket: Some("/s".into()),
+            controlplane: Some("127.0.0.1:1".into()),
+            ..GlobalOptions::default()
+        };
+        assert!(usage(both).contains("give one"));
+        let bad = GlobalOptions {
+            controlplane: Some("no-port".into()),
+            ..GlobalOptions::default()
+        };
+        assert!(usage(bad).starts_with("--controlplane: `no-port` is not HOST:PORT"));
     }
 
     fn run_with(args: &[&str], stdin: &str) -> (i32, String, String) {
@@ -347,10 +604,11 @@ mod tests {
         let (code, _, err) = run_with(&["apply", "-f", "-"], "kind: Jail\nmetadata: {name: x}\n");
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("nothing was sent"), "{err}");
-        let service = "kind: Service\nmetadata: {name: web}\nspec:\n  replicas: 1\n  port: 80\n  template:\n    base: 14.2-RELEASE\n    exec: {start: [/bin/true]}\n";
-        let (code, _, err) = run_with(&["apply", "-f", "-"], &format!("{JAIL}---\n{service}"));
+        let ingress = "kind: Ingress\nmetadata: {name: www}\nspec:\n  host: www.example.com\n  service: web\n";
+        let (code, _, err) = run_with(&["apply", "-f", "-"], &format!("{JAIL}---\n{ingress}"));
         assert_eq!(code, 2, "{err}");
-        assert!(err.contains("document 2 is kind: Service (web)"), "{err}");
+        assert!(err.contains("document 2 is kind: Ingress (www)"), "{err}");
+        assert!(err.contains("nothing was sent"), "{err}");
         let (code, _, err) = run_with(&["delete", "-f", "-"], "# nothing\n");
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("stdin holds no document"), "{err}");
@@ -375,7 +633,7 @@ mod tests {
         assert_eq!(code, 2);
         assert_eq!(
             err,
-            "keelctl: unknown command \"frobnicate\"; use apply, get, delete or validate\n  try 'keelctl --help'\n"
+            "keelctl: unknown command \"frobnicate\"; use apply, get, delete, validate or key\n  try 'keelctl --help'\n"
         );
         let (code, _, err) = run_with(&["apply", "-f", "/nonexistent/web.yaml"], "");
         assert_eq!(code, 2);
@@ -383,6 +641,129 @@ mod tests {
             err.starts_with("keelctl: cannot read /nonexistent/web.yaml: "),
             "{err}"
         );
+    }
+
+    #[test]
+    fn cluster_only_commands_and_flags_need_a_control_plane() {
+        let (code, _, err) = run_with(&["get", "nodes"], "");
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("`get nodes` lists a cluster's nodes"), "{err}");
+        let (code, _, err) = run_with(&["get", "jails", "--node", "n1"], "");
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("--node picks a node"), "{err}");
+    }
+
+    const SERVICE: &str = "kind: Service\nmetadata: {name: web}\nspec:\n  replicas: 1\n  port: 80\n  template:\n    base: 14.2-RELEASE\n    exec: {start: [/bin/true]}\n";
+
+    #[test]
+    fn services_without_a_control_plane_stop_before_anything_is_sent() {
+        // The socket does not exist: reaching for it would exit 1, not 2.
+        for verb in ["apply", "delete"] {
+            let (code, out, err) = run_with(&[verb, "-f", "-"], &format!("{JAIL}---\n{SERVICE}"));
+            assert_eq!((code, out.as_str()), (2, ""), "{verb}: {err}");
+            assert!(
+                err.starts_with(
+                    "keelctl: stdin: document 2 is kind: Service (web): services live on \
+                     keel-controlplane, but requests go to the agent's socket \
+                     /nonexistent/keel-test.sock\n"
+                ),
+                "{err}"
+            );
+            assert!(err.contains("give --controlplane HOST:PORT"), "{err}");
+            assert!(err.contains("nothing was sent"), "{err}");
+        }
+        for args in [
+            &["get", "services"][..],
+            &["get", "service", "web"],
+            &["delete", "service", "web"],
+        ] {
+            let (code, _, err) = run_with(args, "");
+            assert_eq!(code, 2, "{args:?}: {err}");
+            assert!(err.contains("services live on keel-controlplane"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_service_document_with_node_is_refused_before_anything_is_sent() {
+        // No key file exists: reaching for it would fail differently.
+        let (code, _, err) = run_with(
+            &[
+                "--controlplane",
+                "127.0.0.1:9",
+                "--key-file",
+                "/nonexistent/ops.key",
+                "--node",
+                "n1",
+                "apply",
+                "-f",
+                "-",
+            ],
+            SERVICE,
+        );
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("--node applies to jails only"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_operator_key_stops_before_anything_is_sent() {
+        let (code, _, err) = run_with(
+            &[
+                "get",
+                "nodes",
+                "--controlplane",
+                "127.0.0.1:9",
+                "--key-file",
+                "/nonexistent/operator.key",
+            ],
+            "",
+        );
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.starts_with("keelctl: cannot load the operator key: cannot open key file /nonexistent/operator.key"),
+            "{err}"
+        );
+        assert!(err.contains("nothing was sent"), "{err}");
+    }
+
+    #[test]
+    fn key_generate_writes_a_0600_key_once_named_after_its_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ops-2026-11.key");
+        let path_arg = path.to_str().expect("utf-8");
+        let (code, out, err) = run_with(&["key", "generate", path_arg], "");
+        assert_eq!((code, err.as_str()), (0, ""));
+        assert!(out.starts_with("key ops-2026-11 written to "), "{out}");
+        let mode = std::fs::metadata(&path)
+            .expect("written")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let key = crate::common::auth::load_key(
+            &path,
+            crate::common::auth::KeyFilePolicy::for_current_process(),
+        )
+        .expect("loads back");
+        assert_eq!(key.id(), "ops-2026-11");
+        let before = std::fs::read(&path).expect("read");
+        let (code, _, err) = run_with(&["key", "generate", "--id", "other", path_arg], "");
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("refusing to overwrite"), "{err}");
+        assert_eq!(std::fs::read(&path).expect("read"), before, "left alone");
+        let other = dir.path().join("x.key");
+        let (code, _, err) = run_with(
+            &[
+                "key",
+                "generate",
+                "--id",
+                "bad id",
+                other.to_str().expect("utf-8"),
+            ],
+            "",
+        );
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("key id \"bad id\" is not usable"), "{err}");
+        assert!(!other.exists());
     }
 
     #[test]

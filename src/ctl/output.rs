@@ -1,6 +1,7 @@
-//! What keelctl prints: the jail table, ages, the one-line results of apply and
-//! delete, and JSON/YAML encodings, all as pure functions of their inputs (the
-//! current time is a parameter) so they are tested without a daemon.
+//! What keelctl prints: the jail, node, service and replica tables, ages, the one-line results of
+//! apply, delete and key generate, and JSON/YAML encodings, all as pure
+//! functions of their inputs (the current time is a parameter) so they are
+//! tested without a daemon.
 //!
 //! This file never writes to a stream, reads the clock or talks to a daemon;
 //! `commands.rs` does that and hands the strings out.
@@ -11,9 +12,13 @@
 //! table at all (the caller says "No jails found." on stderr, so a script
 //! reading stdout sees nothing).
 
-use serde::Serialize;
+use std::path::Path;
 
-use crate::common::wire::JailStatus;
+use serde::{Deserialize, Serialize};
+
+use std::collections::BTreeSet;
+
+use crate::common::wire::{JailStatus, NodeStatus, ServiceStatus};
 
 use super::args::OutputFormat;
 
@@ -22,6 +27,49 @@ const COLUMN_GAP: usize = 3;
 
 /// Column headers of `get jails`.
 pub const JAIL_COLUMNS: [&str; 6] = ["NAME", "STATE", "ADDRESS", "RESTARTS", "AGE", "LAST ERROR"];
+
+/// Column headers of `get jails` through the control plane: NODE follows NAME.
+pub const CLUSTER_JAIL_COLUMNS: [&str; 7] = [
+    "NAME",
+    "NODE",
+    "STATE",
+    "ADDRESS",
+    "RESTARTS",
+    "AGE",
+    "LAST ERROR",
+];
+
+/// Column headers of `get nodes`.
+pub const NODE_COLUMNS: [&str; 8] = [
+    "NAME",
+    "STATUS",
+    "ADDRESS",
+    "POD CIDR",
+    "CPU",
+    "MEM",
+    "JAILS",
+    "LAST SEEN",
+];
+
+/// Column headers of `get services`.
+pub const SERVICE_COLUMNS: [&str; 4] = ["NAME", "VIP:PORT", "READY/DESIRED", "NODES"];
+
+/// Column headers of `get service NAME`: its replicas.
+pub const REPLICA_COLUMNS: [&str; 4] = ["NAME", "NODE", "ADDRESS", "STATE"];
+
+/// A jail as `get jails` shows it through the control plane: the agent's
+/// status with the node it runs on. JSON and YAML put `node` first, then the
+/// status's own fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeJail {
+    /// The node's id; absent when the answer did not say (a scheduled
+    /// `get jails NAME` whose control plane does not send `X-Keel-Node`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// What the node's agent reported.
+    #[serde(flatten)]
+    pub status: JailStatus,
+}
 
 /// Aligns `rows` (the first is the header) into columns. Widths count
 /// characters, trailing spaces are trimmed, every line ends with `\n`.
@@ -53,7 +101,11 @@ pub fn table(rows: &[Vec<String>]) -> String {
 /// under a minute in seconds, under an hour in minutes, under a day in hours,
 /// then days. A time in the future (clock skew between hosts) is `0s`.
 pub fn format_age(then_unix: u64, now_unix: u64) -> String {
-    let secs = now_unix.saturating_sub(then_unix);
+    format_secs(now_unix.saturating_sub(then_unix))
+}
+
+/// A duration in seconds in the largest unit that fits, as [`format_age`].
+pub fn format_secs(secs: u64) -> String {
     match secs {
         s if s < 60 => format!("{s}s"),
         s if s < 3600 => format!("{}m", s / 60),
@@ -78,25 +130,159 @@ pub fn jail_table(jails: &[JailStatus], now_unix: u64) -> String {
         return String::new();
     }
     let mut rows = vec![JAIL_COLUMNS.iter().map(|h| h.to_string()).collect()];
-    rows.extend(jails.iter().map(|j| {
+    rows.extend(jails.iter().map(|j| jail_row(j, None, now_unix)));
+    table(&rows)
+}
+
+/// The `get jails` table through the control plane (a NODE column, `-` where
+/// the node is not known), or `""` when there is no jail.
+pub fn cluster_jail_table(jails: &[NodeJail], now_unix: u64) -> String {
+    if jails.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![CLUSTER_JAIL_COLUMNS.iter().map(|h| h.to_string()).collect()];
+    rows.extend(
+        jails
+            .iter()
+            .map(|j| jail_row(&j.status, Some(j.node.as_deref().unwrap_or("-")), now_unix)),
+    );
+    table(&rows)
+}
+
+fn jail_row(j: &JailStatus, node: Option<&str>, now_unix: u64) -> Vec<String> {
+    let mut row = vec![one_line(&j.name)];
+    row.extend(node.map(one_line));
+    row.extend([
+        j.state.to_string(),
+        j.address.to_string(),
+        j.restarts.to_string(),
+        format_age(j.created_unix, now_unix),
+        j.last_error.as_deref().map(one_line).unwrap_or_default(),
+    ]);
+    row
+}
+
+/// The `get nodes` table, or `""` when there is no node. CPU and MEM are
+/// `committed/capacity`; LAST SEEN is how long ago the last heartbeat was,
+/// `never` for a node not heard from since the control plane started.
+pub fn node_table(nodes: &[NodeStatus]) -> String {
+    if nodes.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![NODE_COLUMNS.iter().map(|h| h.to_string()).collect()];
+    rows.extend(nodes.iter().map(|n| {
         vec![
-            one_line(&j.name),
-            j.state.to_string(),
-            j.address.to_string(),
-            j.restarts.to_string(),
-            format_age(j.created_unix, now_unix),
-            j.last_error.as_deref().map(one_line).unwrap_or_default(),
+            one_line(&n.node_id),
+            n.status.to_string(),
+            n.address.to_string(),
+            one_line(&n.pod_cidr),
+            format!("{}/{}", cores(n.committed.cpu), cores(n.capacity.cpu)),
+            format!(
+                "{}/{}",
+                approx_size(n.committed.memory),
+                approx_size(n.capacity.memory)
+            ),
+            n.jails.to_string(),
+            n.last_seen_secs
+                .map_or_else(|| "never".to_string(), format_secs),
         ]
     }));
     table(&rows)
 }
 
+/// The `get services` table, or `""` when there is no service. NODES is the
+/// distinct nodes its replicas are placed on, sorted, `-` when none is.
+pub fn service_table(services: &[ServiceStatus]) -> String {
+    if services.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![SERVICE_COLUMNS.iter().map(|h| h.to_string()).collect()];
+    rows.extend(services.iter().map(|s| {
+        let nodes: BTreeSet<String> = s.replicas.iter().map(|r| one_line(&r.node)).collect();
+        let nodes = nodes.into_iter().collect::<Vec<_>>().join(",");
+        vec![
+            one_line(&s.name),
+            format!("{}:{}", s.vip, s.port),
+            format!("{}/{}", s.ready, s.desired),
+            if nodes.is_empty() { "-".into() } else { nodes },
+        ]
+    }));
+    table(&rows)
+}
+
+/// The `get service NAME` table: one row per placed replica, ADDRESS `-`
+/// until its node reported it; `""` when none is placed.
+pub fn replica_table(service: &ServiceStatus) -> String {
+    if service.replicas.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![REPLICA_COLUMNS.iter().map(|h| h.to_string()).collect()];
+    rows.extend(service.replicas.iter().map(|r| {
+        vec![
+            one_line(&r.name),
+            one_line(&r.node),
+            r.address.map_or_else(|| "-".to_string(), |a| a.to_string()),
+            one_line(&r.state),
+        ]
+    }));
+    table(&rows)
+}
+
+/// The line `apply` prints for one applied service:
+/// `service/web applied (VIP 127.128.0.1:8080, 3/3 ready)`.
+pub fn service_applied_line(status: &ServiceStatus) -> String {
+    format!(
+        "service/{} applied (VIP {}:{}, {}/{} ready)",
+        one_line(&status.name),
+        status.vip,
+        status.port,
+        status.ready,
+        status.desired
+    )
+}
+
+/// The line `delete` prints for one deleted service.
+pub fn service_deleted_line(name: &str) -> String {
+    format!("service/{} deleted", one_line(name))
+}
+
+/// CPU cores with at most two decimals and no trailing zeros: `2`, `0.5`,
+/// `1.25`.
+pub fn cores(cpu: f64) -> String {
+    let text = format!("{cpu:.2}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text == "-0" {
+        "0".into()
+    } else {
+        text.into()
+    }
+}
+
+/// Bytes rounded to one decimal in the largest unit (K, M, G, T, powers of
+/// 1024 as in specs) that keeps the number at 1 or more: `512M`, `1.5G`,
+/// `15.6G`, `800`. Specs use [`crate::common::spec::format_size`], which is
+/// exact; a host's memory is rarely a round number, so a table rounds.
+pub fn approx_size(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 4] = [("T", 40), ("G", 30), ("M", 20), ("K", 10)];
+    for (unit, shift) in UNITS {
+        let scale = (1u64 << shift) as f64;
+        let value = bytes as f64 / scale;
+        if value >= 1.0 {
+            let text = format!("{value:.1}");
+            return format!("{}{unit}", text.trim_end_matches(".0"));
+        }
+    }
+    bytes.to_string()
+}
+
 /// The line `apply` prints for one applied jail:
-/// `jail/web-1 applied (Running, 10.20.0.2)`, plus the last error when the
-/// agent recorded one.
-pub fn applied_line(status: &JailStatus) -> String {
+/// `jail/web-1 applied (Running, 10.20.0.2)`, or through the control plane
+/// `jail/web-1 applied on node n2 (Running, 127.64.1.2)`, plus the last error
+/// when the agent recorded one.
+pub fn applied_line(status: &JailStatus, node: Option<&str>) -> String {
+    let on = node.map_or(String::new(), |n| format!(" on node {}", one_line(n)));
     let mut line = format!(
-        "jail/{} applied ({}, {})",
+        "jail/{} applied{on} ({}, {})",
         one_line(&status.name),
         status.state,
         status.address
@@ -110,6 +296,14 @@ pub fn applied_line(status: &JailStatus) -> String {
 /// The line `delete` prints for one deleted jail.
 pub fn deleted_line(name: &str) -> String {
     format!("jail/{} deleted", one_line(name))
+}
+
+/// The line `key generate` prints.
+pub fn key_written_line(id: &str, path: &Path) -> String {
+    format!(
+        "key {id} written to {} (mode 0600); list it in [auth] operator_keys or node_keys of the daemons that should accept it",
+        path.display()
+    )
 }
 
 /// The line `validate` prints: `1 document valid`, `3 documents valid`.
@@ -137,7 +331,7 @@ pub fn encode(format: OutputFormat, value: &impl Serialize) -> Result<String, St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::common::wire::Phase;
+    use crate::common::wire::{Liveness, Phase, ReplicaStatus, Resources};
 
     fn status(name: &str, state: Phase, addr: [u8; 4], restarts: u32, created: u64) -> JailStatus {
         JailStatus {
@@ -223,16 +417,165 @@ database-primary   CrashLoop   10.20.0.12   12         2h    jail -c failed: exi
     #[test]
     fn result_lines_name_kind_state_and_address() {
         let mut s = status("web-1", Phase::Running, [10, 20, 0, 2], 0, 0);
-        assert_eq!(applied_line(&s), "jail/web-1 applied (Running, 10.20.0.2)");
+        assert_eq!(
+            applied_line(&s, None),
+            "jail/web-1 applied (Running, 10.20.0.2)"
+        );
+        assert_eq!(
+            applied_line(&s, Some("n2")),
+            "jail/web-1 applied on node n2 (Running, 10.20.0.2)"
+        );
         s.state = Phase::Failed;
         s.last_error = Some("zfs clone failed\n".into());
         assert_eq!(
-            applied_line(&s),
+            applied_line(&s, None),
             "jail/web-1 applied (Failed, 10.20.0.2): last error: zfs clone failed"
         );
         assert_eq!(deleted_line("web-1"), "jail/web-1 deleted");
         assert_eq!(valid_line(1), "1 document valid");
         assert_eq!(valid_line(3), "3 documents valid");
+    }
+
+    fn node(
+        id: &str,
+        status: Liveness,
+        committed: (f64, u64),
+        last_seen: Option<u64>,
+    ) -> NodeStatus {
+        NodeStatus {
+            node_id: id.into(),
+            status,
+            address: ([127, 0, 0, 1], 7441).into(),
+            pod_cidr: "127.64.3.0/24".into(),
+            capacity: Resources {
+                cpu: 2.0,
+                memory: 16 << 30,
+            },
+            committed: Resources {
+                cpu: committed.0,
+                memory: committed.1,
+            },
+            jails: 2,
+            last_seen_secs: last_seen,
+        }
+    }
+
+    #[test]
+    fn the_node_table_shows_used_over_capacity_and_when_each_node_was_heard() {
+        let nodes = [
+            node("n1", Liveness::Alive, (1.5, 512 << 20), Some(0)),
+            node("node-two", Liveness::Dead, (0.25, 0), Some(125)),
+            node("n3", Liveness::Dead, (0.0, 3 << 29), None),
+        ];
+        let want = "\
+NAME       STATUS   ADDRESS          POD CIDR        CPU      MEM        JAILS   LAST SEEN
+n1         Alive    127.0.0.1:7441   127.64.3.0/24   1.5/2    512M/16G   2       0s
+node-two   Dead     127.0.0.1:7441   127.64.3.0/24   0.25/2   0/16G      2       2m
+n3         Dead     127.0.0.1:7441   127.64.3.0/24   0/2      1.5G/16G   2       never
+";
+        assert_eq!(node_table(&nodes), want);
+        assert_eq!(node_table(&[]), "");
+    }
+
+    fn replica(name: &str, node: &str, address: Option<[u8; 4]>, state: &str) -> ReplicaStatus {
+        ReplicaStatus {
+            name: name.into(),
+            node: node.into(),
+            address: address.map(Into::into),
+            state: state.into(),
+            ready: state == "Running",
+        }
+    }
+
+    fn web() -> ServiceStatus {
+        ServiceStatus {
+            name: "web".into(),
+            vip: [127, 128, 0, 7].into(),
+            port: 8080,
+            desired: 3,
+            ready: 2,
+            stateful: false,
+            replicas: vec![
+                replica("web-0", "n2", Some([127, 64, 2, 2]), "Running"),
+                replica("web-1", "n1", Some([127, 64, 1, 2]), "Running"),
+                replica("web-2", "n2", None, "Pending"),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_service_table_shows_vip_readiness_and_the_distinct_nodes() {
+        let mut empty = web();
+        empty.name = "db".into();
+        empty.port = 5432;
+        empty.desired = 0;
+        empty.ready = 0;
+        empty.replicas.clear();
+        let want = "\
+NAME   VIP:PORT           READY/DESIRED   NODES
+web    127.128.0.7:8080   2/3             n1,n2
+db     127.128.0.7:5432   0/0             -
+";
+        assert_eq!(service_table(&[web(), empty.clone()]), want);
+        assert_eq!(service_table(&[]), "");
+        assert_eq!(replica_table(&empty), "");
+    }
+
+    #[test]
+    fn the_replica_table_shows_each_replica_where_it_is() {
+        let want = "\
+NAME    NODE   ADDRESS      STATE
+web-0   n2     127.64.2.2   Running
+web-1   n1     127.64.1.2   Running
+web-2   n2     -            Pending
+";
+        assert_eq!(replica_table(&web()), want);
+        assert_eq!(
+            service_applied_line(&web()),
+            "service/web applied (VIP 127.128.0.7:8080, 2/3 ready)"
+        );
+        assert_eq!(service_deleted_line("web"), "service/web deleted");
+    }
+
+    #[test]
+    fn cores_and_sizes_are_short_and_rounded() {
+        assert_eq!(cores(2.0), "2");
+        assert_eq!(cores(0.5), "0.5");
+        assert_eq!(cores(1.0 / 3.0), "0.33");
+        assert_eq!(cores(0.0), "0");
+        assert_eq!(approx_size(0), "0");
+        assert_eq!(approx_size(800), "800");
+        assert_eq!(approx_size(1536), "1.5K");
+        assert_eq!(approx_size(16_734_502_912), "15.6G");
+        assert_eq!(approx_size(3 << 40), "3T");
+    }
+
+    #[test]
+    fn the_cluster_jail_table_adds_the_node_after_the_name() {
+        let now = 1_000;
+        let jails = [
+            NodeJail {
+                node: Some("n2".into()),
+                status: status("a", Phase::Running, [127, 64, 7, 2], 0, now - 5),
+            },
+            NodeJail {
+                node: None,
+                status: status("bb", Phase::Pending, [127, 64, 9, 2], 1, now),
+            },
+        ];
+        let want = "\
+NAME   NODE   STATE     ADDRESS      RESTARTS   AGE   LAST ERROR
+a      n2     Running   127.64.7.2   0          5s
+bb     -      Pending   127.64.9.2   1          0s
+";
+        assert_eq!(cluster_jail_table(&jails, now), want);
+        let json = encode(OutputFormat::Json, &jails).expect("json");
+        let back: Vec<NodeJail> = serde_json::from_str(&json).expect("parses");
+        assert_eq!(back, jails);
+        let value: serde_json::Value = serde_json::from_str(&json).expect("parses");
+        assert_eq!(value[0]["node"], "n2");
+        assert_eq!(value[0]["name"], "a");
+        assert!(value[1].get("node").is_none(), "{json}");
     }
 
     #[test]

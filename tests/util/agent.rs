@@ -53,6 +53,11 @@ impl Agent {
         agent
     }
 
+    /// The agent's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The agent's working directory (the README's "checkout").
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -218,9 +223,9 @@ impl Drop for Agent {
     }
 }
 
-/// SIGTERM to one process (the agent, our own child).
+/// SIGTERM to one process (a daemon the tests spawned, our own child).
 #[allow(unsafe_code)]
-fn terminate(pid: u32) -> std::io::Result<()> {
+pub fn terminate(pid: u32) -> std::io::Result<()> {
     let pid = libc::pid_t::try_from(pid)
         .ok()
         .filter(|&p| p > 1)

@@ -3,4 +3,6 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod cluster;
+pub mod controlplane;
 pub mod golden;

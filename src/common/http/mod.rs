@@ -35,7 +35,7 @@ pub mod socket;
 pub use client::{Client, ClientResponse, Endpoint, read_response};
 pub use request::Request;
 pub use response::Response;
-pub use server::{Handler, Server, ServerLimits, ShutdownSignal};
+pub use server::{Handler, Server, ServerLimits, ShutdownSignal, parse_request_head};
 pub use socket::bind_unix_socket;
 
 use std::fmt;

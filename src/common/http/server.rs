@@ -477,30 +477,20 @@ fn read_request<S: Conn>(
             Err(_) => return Err(ReadFailure::Gone),
         }
     };
-    let (path, query) = split_target(&head.target).map_err(|m| refuse(400, m))?;
-    let content_length = body_length(&head.headers)?;
-    let max_body = shared
-        .handler
-        .max_body_bytes(&head.method, &path)
-        .unwrap_or(limits.max_body_bytes);
-    if content_length > max_body {
-        return Err(refuse(
-            413,
-            format!("the body is {content_length} bytes; this route accepts at most {max_body}"),
-        ));
-    }
-    let tokens = connection_tokens(&head.headers);
-    let (close, keep_alive_header) = if head.http10 {
-        let keep = tokens.iter().any(|t| t == "keep-alive");
-        (!keep, keep)
-    } else {
-        (tokens.iter().any(|t| t == "close"), false)
-    };
-    let expects_continue = match header(&head.headers, "expect") {
-        None => false,
-        Some(v) if v.eq_ignore_ascii_case("100-continue") => true,
-        Some(v) => return Err(refuse(417, format!("unsupported expectation {v:?}"))),
-    };
+    let checked = check_head(&head, |method, path| {
+        shared
+            .handler
+            .max_body_bytes(method, path)
+            .unwrap_or(limits.max_body_bytes)
+    })?;
+    let Checked {
+        path,
+        query,
+        content_length,
+        close,
+        keep_alive_header,
+        expects_continue,
+    } = checked;
     // Only now, with the body accepted, invite the client to send it.
     if expects_continue
         && content_length > buf.len() - head.len
@@ -569,6 +559,89 @@ fn parse_head(buf: &[u8], max_header_bytes: usize) -> Result<Option<Head>, ReadF
         http10: version == 0,
         headers,
         len,
+    }))
+}
+
+/// What the checks after parsing decided about a request head.
+struct Checked {
+    path: String,
+    query: Option<String>,
+    content_length: usize,
+    close: bool,
+    keep_alive_header: bool,
+    expects_continue: bool,
+}
+
+/// The checks every parsed head goes through before its body is read: the
+/// target, the framing, the body limit (`max_body` for a method and path),
+/// keep-alive and `Expect`.
+fn check_head(head: &Head, max_body: impl Fn(&str, &str) -> usize) -> Result<Checked, ReadFailure> {
+    let (path, query) = split_target(&head.target).map_err(|m| refuse(400, m))?;
+    let content_length = body_length(&head.headers)?;
+    let max_body = max_body(&head.method, &path);
+    if content_length > max_body {
+        return Err(refuse(
+            413,
+            format!("the body is {content_length} bytes; this route accepts at most {max_body}"),
+        ));
+    }
+    let tokens = connection_tokens(&head.headers);
+    let (close, keep_alive_header) = if head.http10 {
+        let keep = tokens.iter().any(|t| t == "keep-alive");
+        (!keep, keep)
+    } else {
+        (tokens.iter().any(|t| t == "close"), false)
+    };
+    let expects_continue = match header(&head.headers, "expect") {
+        None => false,
+        Some(v) if v.eq_ignore_ascii_case("100-continue") => true,
+        Some(v) => return Err(refuse(417, format!("unsupported expectation {v:?}"))),
+    };
+    Ok(Checked {
+        path,
+        query,
+        content_length,
+        close,
+        keep_alive_header,
+        expects_continue,
+    })
+}
+
+/// The fuzzing entry point (`fuzz/fuzz_targets/http_request.rs`): frames the
+/// first request in `buf` exactly as a connection does, with the same head
+/// parser and the same checks, but without a socket, a handler or timeouts.
+///
+/// `Ok(None)` means `buf` does not yet hold a whole request (a connection
+/// would read more); `Err((status, message))` is the 4xx the server would
+/// answer before closing; `Ok(Some(request))` is what a handler would get,
+/// with `peer` set to `"buffer"`. The body limit is
+/// `limits.max_body_bytes` for every route.
+pub fn parse_request_head(
+    buf: &[u8],
+    limits: &ServerLimits,
+) -> Result<Option<Request>, (u16, String)> {
+    let as_pair = |f: ReadFailure| match f {
+        ReadFailure::Refuse(status, message) => (status, message),
+        ReadFailure::Gone => (400, "the request was abandoned".to_string()),
+    };
+    let Some(head) = parse_head(buf, limits.max_header_bytes).map_err(as_pair)? else {
+        return Ok(None);
+    };
+    let checked = check_head(&head, |_, _| limits.max_body_bytes).map_err(as_pair)?;
+    let Some(end) = head.len.checked_add(checked.content_length) else {
+        return Ok(None);
+    };
+    let Some(body) = buf.get(head.len..end) else {
+        return Ok(None);
+    };
+    Ok(Some(Request {
+        method: head.method,
+        path: checked.path,
+        raw_path: head.target,
+        query: checked.query,
+        headers: head.headers,
+        body: body.to_vec(),
+        peer: "buffer".to_string(),
     }))
 }
 

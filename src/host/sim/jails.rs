@@ -15,6 +15,14 @@
 //! - The workload runs as the agent's user, with the agent's environment
 //!   plus the jail's, and sees the whole host filesystem.
 //!
+//! A jail being created is saved as `starting` (name and directory) before
+//! its process is spawned and replaced by its record right after, so an
+//! agent killed in between leaves no workload nobody knows of: the next
+//! [`SimJails::new`] kills every process group leader started for that name
+//! in that directory (found through `/proc` on Linux; elsewhere such a
+//! process can survive, see [`super::process::orphan_leaders`]). Without
+//! this, the restarted agent would start the jail a second time.
+//!
 //! This file must never signal a process it cannot prove it started. A pid
 //! alone is not proof (pids are reused); on Linux the pid's start time from
 //! `/proc/<pid>/stat` must match the one recorded at spawn. Elsewhere only the
@@ -31,7 +39,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::process::{
-    Output, POLL, Target, exit_code, group_alive, jail_command, proc_info, run_in, signal,
+    Output, POLL, Target, exit_code, group_alive, jail_command, orphan_leaders, proc_info, run_in,
+    signal,
 };
 use super::{SimError, create_dir, is_plain_name, read_state, write_state};
 use crate::common::cmd::{CmdError, CmdOutput, render_argv};
@@ -72,6 +81,9 @@ struct LimitsRecord {
 struct StateFile {
     jails: BTreeMap<String, JailRecord>,
     limits: BTreeMap<String, LimitsRecord>,
+    /// Jails whose process may have been spawned but not recorded: name ->
+    /// the jail's directory (see the module docs).
+    starting: BTreeMap<String, PathBuf>,
 }
 
 #[derive(Debug)]
@@ -89,6 +101,7 @@ struct Jail {
 struct Table {
     jails: BTreeMap<String, Jail>,
     limits: BTreeMap<String, Limits>,
+    starting: BTreeMap<String, PathBuf>,
 }
 
 /// The state of a jail's exec.start process.
@@ -147,12 +160,32 @@ impl SimJails {
                     (name, limits)
                 })
                 .collect(),
+            starting: BTreeMap::new(),
         };
-        Ok(SimJails {
+        let jails = SimJails {
             table: Arc::new(Mutex::new(table)),
             file,
             logs,
-        })
+        };
+        if !saved.starting.is_empty() {
+            // An agent died between spawning a jail's process and recording
+            // it: that process is nobody's, and the jail is absent.
+            for (name, path) in &saved.starting {
+                if lock(&jails.table).jails.contains_key(name) {
+                    continue;
+                }
+                for pid in orphan_leaders(name, path) {
+                    jails.note(
+                        name,
+                        &format!("killing unrecorded exec.start (pid {pid}) left by a crash"),
+                    );
+                    let _ = signal(Target::Group(pid), libc::SIGKILL);
+                }
+            }
+            // Failing to forget them only means looking again next start.
+            let _ = jails.save(&lock(&jails.table));
+        }
+        Ok(jails)
     }
 
     /// `{state_dir}/logs/{name}.log`: the jail's stdout and stderr, and lines
@@ -184,6 +217,7 @@ impl SimJails {
                     (n.clone(), record)
                 })
                 .collect(),
+            starting: table.starting.clone(),
         };
         write_state(&self.file, &state).map_err(|e| JailError::WriteConf {
             path: self.file.clone(),
@@ -383,6 +417,11 @@ impl JailRuntime for SimJails {
             .unwrap_or_default();
         env.insert("KEEL_JAIL_ADDRESS".into(), address);
 
+        table.starting.insert(name.clone(), params.path.clone());
+        if let Err(e) = self.save(&table) {
+            table.starting.remove(name);
+            return Err(e);
+        }
         self.note(name, &format!("starting {command}"));
         let log = self.open_log(name)?;
         let log_err = log.try_clone().map_err(|e| JailError::WriteConf {
@@ -416,6 +455,7 @@ impl JailRuntime for SimJails {
             end_logged: false,
         };
         table.jails.insert(name.clone(), jail);
+        table.starting.remove(name);
         if let Err(e) = self.save(&table) {
             // A jail we could not record would be started again after a
             // restart: take it back down.

@@ -100,6 +100,38 @@ fn parse_stat(text: &str) -> Option<Stat> {
     })
 }
 
+/// Live process group leaders started for jail `name` in `dir`: the
+/// `KEEL_JAIL_NAME` of their environment is `name` and their working
+/// directory is `dir`. Used only for jails the table says were being started
+/// when an agent died, so any such process is an unrecorded leftover.
+#[cfg(target_os = "linux")]
+pub(super) fn orphan_leaders(name: &str, dir: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let marker = format!("KEEL_JAIL_NAME={name}");
+    // /proc shows the working directory with symlinks resolved.
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .filter(|pid| read_stat(*pid).is_some_and(|s| s.pgrp == *pid && !s.zombie))
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()))
+        })
+        .collect()
+}
+
+/// Without /proc a process's environment and directory cannot be read
+/// cheaply, so an unrecorded leftover cannot be found: it keeps running
+/// until stopped by hand (documented on [`super::SimJails`]).
+#[cfg(not(target_os = "linux"))]
+pub(super) fn orphan_leaders(_name: &str, _dir: &Path) -> Vec<u32> {
+    Vec::new()
+}
+
 /// Whom a signal goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Target {
@@ -294,7 +326,13 @@ mod tests {
     fn run_in_uses_the_directory_and_environment() {
         let dir = tempfile::tempdir().expect("tempdir");
         let env = BTreeMap::from([("KEEL_T".to_string(), "v".to_string())]);
-        let argv = crate::common::cmd::argv(&["/bin/sh", "-c", "pwd; echo $KEEL_T; exit 4"]);
+        // The simulated workload is a script of the test's own; Keel execs it
+        // directly, as it does every exec.start.
+        let script = dir.path().join("workload");
+        std::fs::write(&script, "#!/bin/sh\npwd\necho $KEEL_T\nexit 4\n").expect("script");
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let argv = vec![script.display().to_string()];
         let out = run_in(
             &argv,
             dir.path(),

@@ -1,0 +1,491 @@
+//! A simulated cluster end to end, with the real binaries on loopback: one
+//! keel-controlplane and three keel-agentd --simulate (`util::cluster`),
+//! driven only through keelctl and observed through what the agents leave on
+//! disk (their simulated network table). Heartbeats every 200 ms and
+//! `dead_after` 1 s keep it quick; every wait polls a condition with a
+//! deadline.
+//!
+//! Also runs the README's "A simulated cluster on one machine" word for word.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use keel::common::cidr::Ipv4Net;
+use keel::common::wire::{Liveness, NodeStatus};
+use keel::controlplane::scheduler::{Candidate, pick_node};
+
+use crate::util::cluster::{Cluster, Run, free_port};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Polls `f` until it returns `Some`, or panics naming `what` with the logs.
+fn wait_for<T>(cluster: &Cluster, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "timed out waiting for {what}\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn ok(cluster: &Cluster, run: Run, what: &str) -> String {
+    assert_eq!(run.code, 0, "{what}: {run:?}\n{}", cluster.logs());
+    run.stdout
+}
+
+/// `keelctl get nodes -o json`, by node id.
+fn nodes(cluster: &Cluster) -> BTreeMap<String, NodeStatus> {
+    let out = ok(
+        cluster,
+        cluster.keelctl(&["get", "nodes", "-o", "json"]),
+        "get nodes",
+    );
+    let list: Vec<NodeStatus> = serde_json::from_str(&out).expect("get nodes -o json");
+    list.into_iter().map(|n| (n.node_id.clone(), n)).collect()
+}
+
+fn wait_status(cluster: &Cluster, ids: &[&str], status: Liveness) -> BTreeMap<String, NodeStatus> {
+    wait_for(cluster, &format!("{ids:?} {status}"), || {
+        let nodes = nodes(cluster);
+        ids.iter()
+            .all(|id| nodes.get(*id).is_some_and(|n| n.status == status))
+            .then_some(nodes)
+    })
+}
+
+fn jail(name: &str, cpu: f64) -> String {
+    format!(
+        "kind: Jail\nmetadata: {{name: {name}}}\nspec:\n  base: 14.2-RELEASE\n  \
+         resources: {{cpu: {cpu}}}\n  exec: {{start: [/bin/sleep, '300']}}\n"
+    )
+}
+
+/// `keelctl apply -f -`: the node and the address of the applied line
+/// `jail/NAME applied on node N (STATE, ADDR)`.
+fn apply(cluster: &Cluster, spec: &str) -> (String, Ipv4Addr) {
+    let out = ok(
+        cluster,
+        cluster.keelctl_with(&["apply", "-f", "-"], Some(spec)),
+        "apply",
+    );
+    let rest = out
+        .split_once(" applied on node ")
+        .unwrap_or_else(|| panic!("no node in {out:?}"))
+        .1;
+    let (node, rest) = rest.split_once(" (").expect("node then (state, address)");
+    let addr = rest
+        .split_once(", ")
+        .and_then(|(_, a)| a.split_once(')'))
+        .expect("(state, address)")
+        .0;
+    (node.to_string(), addr.parse().expect("an IPv4 address"))
+}
+
+fn candidates(nodes: &BTreeMap<String, NodeStatus>) -> Vec<Candidate<'_>> {
+    nodes
+        .values()
+        .filter(|n| n.status == Liveness::Alive)
+        .map(|n| Candidate {
+            node_id: &n.node_id,
+            capacity: n.capacity,
+            committed: n.committed,
+        })
+        .collect()
+}
+
+fn pod_cidr(node: &NodeStatus) -> Ipv4Net {
+    node.pod_cidr.parse().expect("pod_cidr is a CIDR")
+}
+
+/// The routes of node `id`'s simulated network table, destination to gateway.
+fn routes(cluster: &Cluster, id: &str) -> BTreeMap<String, String> {
+    let file = cluster.state_dir(id).join("sim").join("sim-net.json");
+    let Ok(text) = std::fs::read_to_string(&file) else {
+        return BTreeMap::new();
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).expect("sim-net.json is JSON");
+    value["routes"]
+        .as_object()
+        .map(|r| {
+            r.iter()
+                .map(|(dst, gw)| (dst.clone(), gw.as_str().unwrap_or_default().to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until every Alive node's table routes exactly the other Alive
+/// nodes' pod_cidrs via their advertise addresses.
+fn wait_routes(cluster: &Cluster, nodes: &BTreeMap<String, NodeStatus>) {
+    let alive: Vec<&NodeStatus> = nodes
+        .values()
+        .filter(|n| n.status == Liveness::Alive)
+        .collect();
+    for me in &alive {
+        let want: BTreeMap<String, String> = alive
+            .iter()
+            .filter(|peer| peer.node_id != me.node_id)
+            .map(|peer| (peer.pod_cidr.clone(), peer.address.ip().to_string()))
+            .collect();
+        wait_for(
+            cluster,
+            &format!("{}'s routes {want:?}", me.node_id),
+            || (routes(cluster, &me.node_id) == want).then_some(()),
+        );
+    }
+}
+
+/// Scenarios 1-6 of issue 4 as one story on one cluster: registration and
+/// subnets, spreading by headroom, sticky re-apply, routes, a node's death,
+/// and a control plane restart.
+#[test]
+fn a_three_node_simulated_cluster_schedules_routes_fails_over_nothing_and_survives_a_restart() {
+    let mut cluster = Cluster::standard(3);
+
+    // 1. Every node registers and is Alive, with distinct pod CIDRs inside
+    // the simulated cluster range.
+    let before = wait_status(&cluster, &["n1", "n2", "n3"], Liveness::Alive);
+    assert_eq!(before.len(), 3, "{before:?}");
+    let cluster_cidr: Ipv4Net = "127.64.0.0/10".parse().expect("cidr");
+    let cidrs: Vec<Ipv4Net> = before.values().map(pod_cidr).collect();
+    for (i, c) in cidrs.iter().enumerate() {
+        assert!(
+            cluster_cidr.contains(c.network()),
+            "{c} outside {cluster_cidr}"
+        );
+        assert_eq!(c.prefix_len(), 24);
+        assert!(cidrs[i + 1..].iter().all(|o| !o.overlaps(c)), "{cidrs:?}");
+    }
+
+    // 6. Each node routes the other two nodes' subnets via their addresses.
+    wait_routes(&cluster, &before);
+
+    // 2. Applies spread by headroom, one at a time, each after the previous
+    // node's heartbeat reported what it committed; pick_node predicts each.
+    let mut placed: BTreeMap<String, String> = BTreeMap::new();
+    for (name, cpu) in [("j1", 0.5), ("j2", 0.5), ("j3", 0.5), ("j4", 0.25)] {
+        let now = nodes(&cluster);
+        let predicted = pick_node(&candidates(&now))
+            .expect("a candidate")
+            .to_string();
+        let (node, addr) = apply(&cluster, &jail(name, cpu));
+        assert_eq!(node, predicted, "{name}: pick_node over {now:?}");
+        // Jails take addresses from their own node's subnet.
+        assert!(
+            pod_cidr(&now[&node]).contains(addr),
+            "{name} at {addr} outside {node}'s {}",
+            now[&node].pod_cidr
+        );
+        let want = now[&node].committed.cpu + cpu;
+        wait_for(&cluster, &format!("{node} to commit {want} cpu"), || {
+            let n = &nodes(&cluster)[&node];
+            ((n.committed.cpu - want).abs() < 1e-9).then_some(())
+        });
+        placed.insert(name.to_string(), node);
+    }
+    // Equal nodes: the first three land on three different nodes, in id order.
+    assert_eq!(
+        ["j1", "j2", "j3"].map(|j| placed[j].as_str()),
+        ["n1", "n2", "n3"],
+        "{placed:?}"
+    );
+
+    // 3. A re-apply sticks to the jail's node, though the scheduler would now
+    // pick another.
+    let now = nodes(&cluster);
+    let fresh = pick_node(&candidates(&now)).expect("a candidate");
+    assert_ne!(
+        fresh, placed["j1"],
+        "the test needs j1's node not to be the pick"
+    );
+    assert_eq!(apply(&cluster, &jail("j1", 0.5)).0, placed["j1"]);
+
+    // The merged list shows every jail on its node.
+    let out = ok(
+        &cluster,
+        cluster.keelctl(&["get", "jails", "-o", "json"]),
+        "get jails",
+    );
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&out).expect("json");
+    let seen: BTreeMap<String, String> = listed
+        .iter()
+        .map(|j| {
+            let name = j["name"].as_str().expect("name").to_string();
+            (name, j["node"].as_str().expect("node").to_string())
+        })
+        .collect();
+    assert_eq!(seen, placed);
+
+    // 4. kill -9 of n3: Dead after dead_after; its jail answers 503 through
+    // keelctl for GET and PUT, naming the node; nothing is rescheduled.
+    let victim = placed["j3"].clone();
+    cluster.kill9_agent(&victim);
+    let after = wait_status(&cluster, &[&victim], Liveness::Dead);
+    for args in [
+        vec!["get", "jails", "j3"],
+        vec!["--node", &victim, "get", "jails", "j3"],
+    ] {
+        let run = cluster.keelctl(&args);
+        assert_eq!(run.code, 1, "{args:?}: {run:?}");
+        assert!(
+            run.stderr.contains(&format!("node {victim} is Dead")) && run.stderr.contains("503"),
+            "{args:?}: {}",
+            run.stderr
+        );
+    }
+    let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&jail("j3", 0.5)));
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(
+        run.stderr.starts_with(&format!(
+            "keelctl: apply jail/j3 failed: node {victim} is Dead"
+        )),
+        "{}",
+        run.stderr
+    );
+    let run = cluster.keelctl(&["get", "jails"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr
+            .contains(&format!("node {victim} is Dead: its jails are not listed")),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !run.stdout.lines().any(|l| l.starts_with("j3 ")),
+        "j3 was not moved to a live node: {}",
+        run.stdout
+    );
+    for survivor in after.keys().filter(|id| **id != victim) {
+        let run = cluster.keelctl(&["--node", survivor, "get", "jails", "j3"]);
+        assert_eq!(run.code, 1, "{survivor}: {run:?}");
+        assert!(
+            run.stderr.contains("HTTP 404"),
+            "{survivor}: {}",
+            run.stderr
+        );
+    }
+
+    // 6. The dead node's route is withdrawn on the others.
+    wait_routes(&cluster, &after);
+
+    // 5. kill -9 of the control plane and a restart: every placement resolves
+    // to the same node, no pod_cidr changes, and the dead node's jail still
+    // answers 503.
+    cluster.kill9_controlplane();
+    cluster.restart_controlplane();
+    let alive: Vec<&str> = after
+        .keys()
+        .filter(|id| **id != victim)
+        .map(String::as_str)
+        .collect();
+    let restarted = wait_status(&cluster, &alive, Liveness::Alive);
+    assert_eq!(restarted[&victim].status, Liveness::Dead);
+    for (id, node) in &before {
+        assert_eq!(restarted[id].pod_cidr, node.pod_cidr, "{id}'s pod_cidr");
+        assert_eq!(restarted[id].address, node.address, "{id}'s address");
+    }
+    for (name, node) in &placed {
+        if *node == victim {
+            let run = cluster.keelctl(&["get", "jails", name]);
+            assert_eq!(run.code, 1, "{run:?}");
+            assert!(
+                run.stderr.contains(&format!("node {victim} is Dead")),
+                "{run:?}"
+            );
+        } else {
+            let cpu = if name == "j4" { 0.25 } else { 0.5 };
+            assert_eq!(&apply(&cluster, &jail(name, cpu)).0, node, "{name}");
+        }
+    }
+}
+
+/// Scenario 7: a well-formed operator key the control plane does not list is
+/// refused with its 401 message, and nothing is placed.
+#[test]
+fn keelctl_with_an_unknown_operator_key_exits_1_with_the_401_message() {
+    let cluster = Cluster::standard(1);
+    wait_status(&cluster, &["n1"], Liveness::Alive);
+    let key = cluster.dir().join("intruder.key");
+    let key = key.to_str().expect("utf-8");
+    let run = cluster.keelctl_raw(&["key", "generate", "--id", "intruder", key], &[], None);
+    assert_eq!(run.code, 0, "{run:?}");
+    let addr = cluster.controlplane_addr().to_string();
+    let env = [("KEEL_CONTROLPLANE", addr.as_str())];
+    for (args, stdin) in [
+        (vec!["--key-file", key, "get", "nodes"], None),
+        (
+            vec!["--key-file", key, "apply", "-f", "-"],
+            Some(jail("j1", 0.5)),
+        ),
+    ] {
+        let run = cluster.keelctl_raw(&args, &env, stdin.as_deref());
+        assert_eq!(run.code, 1, "{args:?}: {run:?}");
+        assert!(
+            run.stderr.contains("unknown key id \"intruder\""),
+            "{args:?}: {}",
+            run.stderr
+        );
+        assert!(run.stderr.contains("HTTP 401"), "{}", run.stderr);
+        assert!(run.stdout.is_empty(), "{run:?}");
+    }
+    // The real operator key still works, and saw nothing placed.
+    let run = cluster.keelctl(&["get", "jails"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, ""), "{run:?}");
+    assert_eq!(run.stderr, "No jails found.\n");
+}
+
+/// The README's "A simulated cluster on one machine": its commands in order,
+/// as written, in a fresh directory. `$PWD` is that directory; each port
+/// the README names is swapped for a free one (tests run in parallel);
+/// `curl` is a plain HTTP GET.
+#[test]
+fn the_readme_simulated_cluster_works_word_for_word() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!(
+            "skipped: examples/sim-web.yaml serves HTTP with python3, which is not installed"
+        );
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("A simulated cluster on one machine"))
+        .expect("README has a simulated cluster section");
+    let mut cluster = Cluster::new();
+    let dir = cluster.dir().display().to_string();
+    // Ports in the README, each to a free one.
+    let mut ports: BTreeMap<String, String> = BTreeMap::new();
+    for word in section.split(|c: char| c.is_whitespace() || c == '`') {
+        if let Some((_, port)) = word.rsplit_once("127.0.0.1:") {
+            if !ports.contains_key(port) && port.parse::<u16>().is_ok() {
+                let free = free_port(Ipv4Addr::LOCALHOST).to_string();
+                ports.insert(port.to_string(), free);
+            }
+        }
+    }
+    let localize = |line: &str| {
+        let mut line = line.replace("$PWD", &dir);
+        for (from, to) in &ports {
+            line = line.replace(&format!("127.0.0.1:{from}"), &format!("127.0.0.1:{to}"));
+        }
+        line
+    };
+    let commands: Vec<String> = section
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|block| block.split("```").next())
+        .flat_map(str::lines)
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(localize)
+        .collect();
+
+    let examples = cluster.dir().join("examples");
+    std::fs::create_dir(&examples).expect("mkdir examples");
+    for entry in std::fs::read_dir(root.join("examples")).expect("examples/") {
+        let entry = entry.expect("dir entry");
+        std::fs::copy(entry.path(), examples.join(entry.file_name())).expect("copy example");
+    }
+
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut outputs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut fetched = false;
+    for line in &commands {
+        assert!(
+            !line.contains(['"', '\'', '|', ';', '&']),
+            "this test runs simple commands only; teach it: {line}"
+        );
+        let args =
+            |rest: &str| -> Vec<String> { rest.split_whitespace().map(str::to_string).collect() };
+        if let Some(rest) = line.strip_prefix("cargo run --release --bin keel-controlplane -- ") {
+            let args = args(rest);
+            cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        } else if let Some(rest) = line.strip_prefix("cargo run --release --bin keel-agentd -- ") {
+            let args = args(rest);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let id = args
+                .iter()
+                .position(|a| *a == "--node-id")
+                .and_then(|i| args.get(i + 1))
+                .expect("each agent names its node");
+            cluster.start_agent(id, &args);
+        } else if let Some(assignment) = line.strip_prefix("export ") {
+            let (name, value) = assignment.split_once('=').expect("NAME=VALUE");
+            env.push((name.to_string(), value.to_string()));
+        } else if let Some(rest) = line.strip_prefix("cargo run --release --bin keelctl -- ") {
+            let args = args(rest);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let env: Vec<(&str, &str)> =
+                env.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            // The README lists the nodes first: they may still be registering.
+            let run = if args.ends_with(&["get", "nodes"]) {
+                wait_for(&cluster, "three Alive nodes", || {
+                    let run = cluster.keelctl_raw(&args, &env, None);
+                    (run.code == 0 && run.stdout.matches(" Alive ").count() == 3).then_some(run)
+                })
+            } else {
+                cluster.keelctl_raw(&args, &env, None)
+            };
+            assert_eq!(run.code, 0, "{line}: {run:?}\n{}", cluster.logs());
+            // Outputs by command, without the leading `--flag VALUE` pairs.
+            let mut command: &[&str] = &args;
+            while command.first().is_some_and(|a| a.starts_with("--")) {
+                command = &command[2..];
+            }
+            let key = command.join(" ");
+            outputs.entry(key).or_default().push(run.stdout);
+        } else if let Some(url) = line.strip_prefix("curl ") {
+            assert!(!http_get(&cluster, url).is_empty(), "{url} answered");
+            fetched = true;
+        } else {
+            panic!("a cluster command this test does not know: {line}");
+        }
+    }
+    assert!(fetched, "the README fetches the jail's page");
+    let applied = &outputs["apply -f examples/sim-web.yaml"][0];
+    assert!(
+        applied.starts_with("jail/sim-web applied on node n1 (Running, "),
+        "{applied}"
+    );
+    let table = &outputs["get jails"][0];
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .is_some_and(|r| r.starts_with("sim-web ")
+                && r.contains(" n1 ")
+                && r.contains("Running")),
+        "{table}"
+    );
+    assert_eq!(outputs["delete jail sim-web"], ["jail/sim-web deleted\n"]);
+}
+
+/// `GET url` (`http://IP:PORT/...`), retried until the workload listens;
+/// returns the body of a 200.
+fn http_get(cluster: &Cluster, url: &str) -> String {
+    let rest = url.strip_prefix("http://").expect("an http:// URL");
+    let (authority, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
+    let addr: SocketAddr = authority.parse().expect("IP:PORT");
+    wait_for(cluster, url, || {
+        let mut stream = TcpStream::connect(addr).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: {authority}\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.0 200").then(|| body.to_string())
+    })
+}

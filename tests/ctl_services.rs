@@ -1,0 +1,175 @@
+//! keelctl's service commands against a real simulated cluster (one
+//! keel-controlplane, three keel-agentd on loopback): apply a 3-replica
+//! service, see it ready on three nodes, have a port change refused naming
+//! the field, scale it down by applying again, delete it; and a file mixing a
+//! jail and a service applied in order and deleted last one first.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use keel::common::wire::{Liveness, NodeStatus, ServiceStatus};
+
+use crate::util::cluster::{Cluster, Run};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn web(replicas: u32, port: u16) -> String {
+    format!(
+        "kind: Service
+metadata: {{name: web}}
+spec:
+  replicas: {replicas}
+  port: {port}
+  template:
+    base: 14.2-RELEASE
+    resources: {{cpu: 0.1}}
+    exec:
+      start: [/bin/sleep, '300']
+"
+    )
+}
+
+const MIXED: &str = "kind: Jail
+metadata: {name: solo}
+spec:
+  base: 14.2-RELEASE
+  exec: {start: [/bin/sleep, '300']}
+---
+kind: Service
+metadata: {name: api}
+spec:
+  replicas: 1
+  port: 9000
+  template:
+    base: 14.2-RELEASE
+    exec: {start: [/bin/sleep, '300']}
+";
+
+fn wait_for<T>(cluster: &Cluster, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "timed out waiting for {what}\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn ok(cluster: &Cluster, args: &[&str]) -> Run {
+    let run = cluster.keelctl(args);
+    assert_eq!(run.code, 0, "keelctl {args:?}: {run:?}\n{}", cluster.logs());
+    run
+}
+
+fn services(cluster: &Cluster) -> Vec<ServiceStatus> {
+    serde_json::from_str(&ok(cluster, &["get", "services", "-o", "json"]).stdout)
+        .expect("get services -o json is a list of services")
+}
+
+fn web_status(cluster: &Cluster) -> Option<ServiceStatus> {
+    services(cluster).into_iter().find(|s| s.name == "web")
+}
+
+#[test]
+fn keelctl_applies_lists_scales_and_deletes_a_service() {
+    let cluster = Cluster::standard(3);
+    wait_for(&cluster, "three Alive nodes", || {
+        let nodes: Vec<NodeStatus> =
+            serde_json::from_str(&ok(&cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
+        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
+        (alive == 3).then_some(())
+    });
+    let file = cluster.dir().join("web.yaml");
+    let file_arg = file.to_str().expect("utf-8 path");
+
+    std::fs::write(&file, web(3, 8080)).expect("write web.yaml");
+    let applied = ok(&cluster, &["apply", "-f", file_arg]);
+    assert!(
+        applied
+            .stdout
+            .starts_with("service/web applied (VIP 127.128.")
+            && applied.stdout.contains(":8080, ")
+            && applied.stdout.ends_with(" ready)\n"),
+        "{applied:?}"
+    );
+    let status = wait_for(&cluster, "3/3 ready", || {
+        web_status(&cluster).filter(|s| s.ready == 3 && s.desired == 3)
+    });
+    let nodes: BTreeSet<&str> = status.replicas.iter().map(|r| r.node.as_str()).collect();
+    assert_eq!(nodes, BTreeSet::from(["n1", "n2", "n3"]), "{status:?}");
+
+    let table = ok(&cluster, &["get", "services"]).stdout;
+    let want = format!("web    {}:8080   3/3             n1,n2,n3\n", status.vip);
+    assert!(
+        table.starts_with("NAME   VIP:PORT") && table.ends_with(&want),
+        "{table}"
+    );
+    let replicas = ok(&cluster, &["get", "service", "web"]).stdout;
+    let lines: Vec<&str> = replicas.lines().collect();
+    assert_eq!(lines.len(), 4, "{replicas}");
+    assert!(lines[0].starts_with("NAME    NODE   ADDRESS"), "{replicas}");
+    for (i, line) in lines[1..].iter().enumerate() {
+        assert!(line.starts_with(&format!("web-{i}   n")), "{replicas}");
+        assert!(line.ends_with("Running"), "{replicas}");
+    }
+    let one: ServiceStatus =
+        serde_yaml::from_str(&ok(&cluster, &["get", "service", "web", "-o", "yaml"]).stdout)
+            .expect("get service -o yaml is a service");
+    assert_eq!(one.vip, status.vip);
+
+    // The port is immutable: refused with the field named, exit 1.
+    std::fs::write(&file, web(3, 9090)).expect("write web.yaml");
+    let refused = cluster.keelctl(&["apply", "-f", file_arg]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(
+        refused
+            .stderr
+            .starts_with("keelctl: apply service/web failed: "),
+        "{refused:?}"
+    );
+    assert!(refused.stderr.contains("field spec.port; "), "{refused:?}");
+    assert_eq!(refused.stdout, "");
+
+    // Scale down by applying again with replicas: 1.
+    std::fs::write(&file, web(1, 8080)).expect("write web.yaml");
+    let scaled = ok(&cluster, &["apply", "-f", file_arg]);
+    assert!(scaled.stdout.contains(", 1/1 ready)"), "{scaled:?}");
+    wait_for(&cluster, "one replica left", || {
+        web_status(&cluster).filter(|s| s.replicas.len() == 1 && s.ready == 1)
+    });
+    assert_eq!(web_status(&cluster).map(|s| s.vip), Some(status.vip));
+
+    let deleted = ok(&cluster, &["delete", "service", "web"]);
+    assert_eq!(deleted.stdout, "service/web deleted\n");
+    let empty = ok(&cluster, &["get", "services"]);
+    assert_eq!(
+        (empty.stdout.as_str(), empty.stderr.as_str()),
+        ("", "No services found.\n")
+    );
+    let gone = cluster.keelctl(&["get", "service", "web"]);
+    assert_eq!(gone.code, 1, "{gone:?}");
+    assert!(gone.stderr.contains("no service named web"), "{gone:?}");
+
+    // A file of a jail and a service: applied in order, deleted in reverse.
+    let mixed = cluster.keelctl_with(&["apply", "-f", "-"], Some(MIXED));
+    assert_eq!(mixed.code, 0, "{mixed:?}\n{}", cluster.logs());
+    let lines: Vec<&str> = mixed.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{mixed:?}");
+    assert!(
+        lines[0].starts_with("jail/solo applied on node "),
+        "{mixed:?}"
+    );
+    assert!(
+        lines[1].starts_with("service/api applied (VIP "),
+        "{mixed:?}"
+    );
+    let removed = cluster.keelctl_with(&["delete", "-f", "-"], Some(MIXED));
+    assert_eq!(removed.code, 0, "{removed:?}\n{}", cluster.logs());
+    assert_eq!(removed.stdout, "service/api deleted\njail/solo deleted\n");
+    assert!(services(&cluster).is_empty());
+}

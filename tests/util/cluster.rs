@@ -1,0 +1,435 @@
+//! A simulated cluster for process tests: one real `keel-controlplane
+//! --simulate` and any number of real `keel-agentd --simulate` on loopback,
+//! all started in one temp dir (so they share `./keel-sim/keys`, where the
+//! control plane creates the node and operator keys), plus `keelctl` run
+//! against it with the operator key.
+//!
+//! Each agent gets its own `--state-dir` and `--socket`; their simulated
+//! datasets share `./keel-sim/jails`, which is safe because the control
+//! plane's placement table keeps jail names unique across the cluster (each
+//! rootfs is `jails/{name}`).
+//!
+//! On drop every daemon still running is stopped (SIGTERM, then SIGKILL), and
+//! only then every agent's simulated jails are removed through the simulated
+//! host's own [`SimJails`], which signals each workload's process group after
+//! proving it is the one that was started, as `util::agent` does. Agents
+//! killed with [`Cluster::kill9_agent`] leave their jails running until then,
+//! as a crashed agent would.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use keel::common::http::{Client, Endpoint};
+use keel::host::JailRuntime;
+use keel::host::sim::SimJails;
+
+use super::agent::terminate;
+
+/// The binaries under test.
+pub const CONTROLPLANE: &str = env!("CARGO_BIN_EXE_keel-controlplane");
+/// See [`CONTROLPLANE`].
+pub const AGENTD: &str = env!("CARGO_BIN_EXE_keel-agentd");
+/// See [`CONTROLPLANE`].
+pub const KEELCTL: &str = env!("CARGO_BIN_EXE_keelctl");
+
+/// How long a daemon gets to start, or to stop after SIGTERM.
+const STARTUP: Duration = Duration::from_secs(20);
+const STOP: Duration = Duration::from_secs(10);
+
+/// What one keelctl run did.
+#[derive(Debug)]
+pub struct Run {
+    /// Exit status.
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// A free TCP port on `ip` (bound and released; the daemon binds it next).
+pub fn free_port(ip: Ipv4Addr) -> u16 {
+    TcpListener::bind((ip, 0))
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// Loopback address number `n` (1-based) for a node: distinct addresses on
+/// Linux, where all of 127.0.0.0/8 answers, so routes name distinct
+/// gateways; 127.0.0.1 elsewhere.
+pub fn node_ip(n: u8) -> Ipv4Addr {
+    if cfg!(target_os = "linux") {
+        Ipv4Addr::new(127, 0, 0, 10 + n)
+    } else {
+        Ipv4Addr::LOCALHOST
+    }
+}
+
+struct Daemon {
+    program: &'static str,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    fn spawn(&mut self, dir: &Path) {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let child = Command::new(self.program)
+            .args(&self.args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.program));
+        self.child = Some(child);
+    }
+
+    /// Polls `ready` until it holds; panics with the log if the daemon exits
+    /// or the deadline passes.
+    fn wait(&mut self, what: &str, mut ready: impl FnMut() -> bool) {
+        let deadline = Instant::now() + STARTUP;
+        while !ready() {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                panic!(
+                    "{what} exited with {status} while starting:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} did not answer within {STARTUP:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reap");
+        }
+    }
+
+    fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if terminate(child.id()).is_ok() {
+            let deadline = Instant::now() + STOP;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+struct Node {
+    daemon: Daemon,
+    socket: PathBuf,
+    state_dir: PathBuf,
+}
+
+/// A control plane and its agents in one temp dir; see the module docs.
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    controlplane: Option<(Daemon, SocketAddr)>,
+    nodes: BTreeMap<String, Node>,
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster::new()
+    }
+}
+
+impl Cluster {
+    /// An empty cluster directory; start daemons with
+    /// [`Cluster::start_controlplane`] and [`Cluster::start_agent`].
+    pub fn new() -> Cluster {
+        Cluster {
+            dir: tempfile::tempdir().expect("tempdir"),
+            controlplane: None,
+            nodes: BTreeMap::new(),
+        }
+    }
+
+    /// The control plane of the process tests: `--listen` on a free port,
+    /// heartbeats every 200 ms, Dead after 1 s; then `agents` agents `n1`,
+    /// `n2`, ... on [`node_ip`] addresses, each with its own state dir and
+    /// socket, heartbeating and reconciling every 200 ms.
+    pub fn standard(agents: u8) -> Cluster {
+        let mut cluster = Cluster::new();
+        let port = free_port(Ipv4Addr::LOCALHOST);
+        cluster.start_controlplane(&[
+            "--simulate",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--heartbeat-interval",
+            "200ms",
+            "--dead-after",
+            "1s",
+        ]);
+        for n in 1..=agents {
+            cluster.start_standard_agent(n);
+        }
+        cluster
+    }
+
+    /// Starts agent `n{n}` of [`Cluster::standard`].
+    pub fn start_standard_agent(&mut self, n: u8) {
+        let ip = node_ip(n);
+        let id = format!("n{n}");
+        let dir = self.dir().to_path_buf();
+        let args = [
+            "--simulate".to_string(),
+            "--controlplane".into(),
+            self.controlplane_addr().to_string(),
+            "--node-id".into(),
+            id.clone(),
+            "--advertise-addr".into(),
+            format!("{ip}:{}", free_port(ip)),
+            "--state-dir".into(),
+            dir.join("keel-sim").join(&id).display().to_string(),
+            "--socket".into(),
+            dir.join("keel-sim")
+                .join(format!("{id}.sock"))
+                .display()
+                .to_string(),
+            "--heartbeat-interval".into(),
+            "200ms".into(),
+            "--reconcile-interval".into(),
+            "200ms".into(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.start_agent(&id, &args);
+    }
+
+    /// The directory every daemon runs in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts keel-controlplane with `args` (which must include `--simulate`
+    /// and `--listen IP:PORT`) and waits until it answers `GET /healthz`.
+    pub fn start_controlplane(&mut self, args: &[&str]) {
+        assert!(self.controlplane.is_none(), "one control plane");
+        let listen = flag_value(args, "--listen").expect("--listen IP:PORT");
+        let addr: SocketAddr = listen.parse().expect("--listen is IP:PORT");
+        let daemon = Daemon {
+            program: CONTROLPLANE,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            log: self.dir().join("controlplane.log"),
+            child: None,
+        };
+        self.controlplane = Some((daemon, addr));
+        self.launch_controlplane();
+    }
+
+    fn launch_controlplane(&mut self) {
+        let dir = self.dir.path().to_path_buf();
+        let (daemon, addr) = self.controlplane.as_mut().expect("a control plane");
+        let client = Client::new(Endpoint::Tcp(addr.to_string())).with_timeout(STOP);
+        daemon.spawn(&dir);
+        daemon.wait("keel-controlplane", || {
+            client
+                .request("GET", "/healthz", &[], b"")
+                .is_ok_and(|r| r.status == 200)
+        });
+    }
+
+    /// Starts keel-agentd as node `id` with `args` (which must include
+    /// `--simulate`, `--state-dir` and `--socket`) and waits until it answers
+    /// on its socket.
+    pub fn start_agent(&mut self, id: &str, args: &[&str]) {
+        let path = |flag| PathBuf::from(flag_value(args, flag).expect("state dir and socket"));
+        let socket = path("--socket");
+        let mut daemon = Daemon {
+            program: AGENTD,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            log: self.dir().join(format!("{id}.log")),
+            child: None,
+        };
+        daemon.spawn(self.dir());
+        let client = Client::new(Endpoint::Unix(socket.clone())).with_timeout(STOP);
+        daemon.wait(&format!("keel-agentd {id}"), || {
+            client
+                .request("GET", "/healthz", &[], b"")
+                .is_ok_and(|r| r.status == 200)
+        });
+        let node = Node {
+            daemon,
+            socket,
+            state_dir: path("--state-dir"),
+        };
+        assert!(
+            self.nodes.insert(id.to_string(), node).is_none(),
+            "{id} twice"
+        );
+    }
+
+    /// The control plane's `IP:PORT`.
+    pub fn controlplane_addr(&self) -> SocketAddr {
+        self.controlplane.as_ref().expect("a control plane").1
+    }
+
+    /// The operator key the simulated control plane created and accepts.
+    pub fn operator_key(&self) -> PathBuf {
+        self.dir().join("keel-sim/keys/operator.key")
+    }
+
+    /// Node `id`'s state directory.
+    pub fn state_dir(&self, id: &str) -> PathBuf {
+        self.nodes[id].state_dir.clone()
+    }
+
+    /// Node `id`'s API socket.
+    pub fn socket(&self, id: &str) -> PathBuf {
+        self.nodes[id].socket.clone()
+    }
+
+    /// `kill -9` of node `id`'s agent: its jails keep running.
+    pub fn kill9_agent(&mut self, id: &str) {
+        self.nodes.get_mut(id).expect("a node").daemon.kill9();
+    }
+
+    /// Starts node `id`'s agent again with the same arguments (after
+    /// [`Cluster::kill9_agent`]); its jails were left running.
+    pub fn restart_agent(&mut self, id: &str) {
+        let dir = self.dir().to_path_buf();
+        let node = self.nodes.get_mut(id).expect("a node");
+        node.daemon.spawn(&dir);
+        let client = Client::new(Endpoint::Unix(node.socket.clone())).with_timeout(STOP);
+        node.daemon.wait(&format!("keel-agentd {id}"), || {
+            client
+                .request("GET", "/healthz", &[], b"")
+                .is_ok_and(|r| r.status == 200)
+        });
+    }
+
+    /// `kill -9` of the control plane.
+    pub fn kill9_controlplane(&mut self) {
+        self.controlplane
+            .as_mut()
+            .expect("a control plane")
+            .0
+            .kill9();
+    }
+
+    /// Starts the control plane again with the same arguments and directory.
+    pub fn restart_controlplane(&mut self) {
+        self.launch_controlplane();
+    }
+
+    /// Every daemon's log, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        if let Some((cp, _)) = &self.controlplane {
+            out.push_str(&format!("--- keel-controlplane\n{}", cp.log()));
+        }
+        for (id, node) in &self.nodes {
+            out.push_str(&format!("--- keel-agentd {id}\n{}", node.daemon.log()));
+        }
+        out
+    }
+
+    /// keelctl through the control plane, signed with the operator key.
+    pub fn keelctl(&self, args: &[&str]) -> Run {
+        self.keelctl_with(args, None)
+    }
+
+    /// [`Cluster::keelctl`] with `stdin` (for `apply -f -`).
+    pub fn keelctl_with(&self, args: &[&str], stdin: Option<&str>) -> Run {
+        let addr = self.controlplane_addr().to_string();
+        let key = self.operator_key();
+        let mut all = vec!["--controlplane", &addr, "--key-file"];
+        all.push(key.to_str().expect("utf-8 path"));
+        all.extend_from_slice(args);
+        self.keelctl_raw(&all, &[], stdin)
+    }
+
+    /// keelctl with exactly `args` and `env`, in the cluster's directory,
+    /// with `stdin` if given (none of the caller's KEEL_* variables leak in).
+    pub fn keelctl_raw(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Run {
+        use std::io::Write;
+        let mut child = Command::new(KEELCTL)
+            .args(args)
+            .current_dir(self.dir())
+            .env_remove("KEEL_SOCKET")
+            .env_remove("KEEL_CONTROLPLANE")
+            .envs(env.iter().copied())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn keelctl");
+        if let Some(text) = stdin {
+            let mut pipe = child.stdin.take().expect("stdin pipe");
+            pipe.write_all(text.as_bytes()).expect("write stdin");
+        }
+        let out = child.wait_with_output().expect("keelctl runs");
+        Run {
+            code: out.status.code().expect("keelctl exited, not killed"),
+            stdout: String::from_utf8(out.stdout).expect("utf-8 stdout"),
+            stderr: String::from_utf8(out.stderr).expect("utf-8 stderr"),
+        }
+    }
+}
+
+fn flag_value<'a>(args: &[&'a str], flag: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| *a == flag)
+        .and_then(|i| args.get(i + 1).copied())
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in self.nodes.values_mut() {
+            node.daemon.stop();
+        }
+        if let Some((cp, _)) = self.controlplane.as_mut() {
+            cp.stop();
+        }
+        // Only now, with no agent left to start one, are the jail tables final.
+        for (id, node) in &self.nodes {
+            let Ok(jails) = SimJails::new(&node.state_dir.join("sim")) else {
+                eprintln!("cannot open {id}'s simulated jail table; jails may be left running");
+                continue;
+            };
+            for jail in jails.list().unwrap_or_default() {
+                if let Err(e) = jails.remove(&jail.name) {
+                    eprintln!("cleaning up {id}'s simulated jail {}: {e}", jail.name);
+                }
+            }
+        }
+    }
+}
