@@ -31,12 +31,19 @@
 //!   within `connect_timeout` and, on failure, tries the next replica exactly
 //!   once. A service with no replica accepts and closes at once.
 //! - One current-thread tokio runtime serves every listener and connection;
-//!   nothing blocks it. A two-worker runtime was measured against it
-//!   (bench/README.md, "Proxy"): no better per connection, worse at new
-//!   connections per second, and one thread keeps the proxy's CPU use bounded
-//!   on a node whose CPUs belong to its jails.
+//!   nothing blocks it. A two-worker runtime was measured against it on two
+//!   CPUs (bench/README.md, "proxy": three runs, medians, HAProxy in the same
+//!   runs, load average 7–9). Two workers moved bulk transfers faster
+//!   (1.35x HAProxy against 1.17x). They did not accept more new connections
+//!   per second: 1.01x against 1.00x there, and 0.71x against 0.88x in a
+//!   focused five-round run. They also spent more CPU on each connection
+//!   (152 µs against 145 µs; HAProxy 156 µs). So the cheaper runtime stays,
+//!   and one thread also bounds the proxy's CPU use on a node whose CPUs
+//!   belong to its jails. Neither runtime reached HAProxy's rate of new
+//!   connections on that loaded machine (bench/README.md says why).
 //! - Memory per connection is its task, two sockets and no buffer while idle
-//!   (see [`relay`]); 10,000 idle relayed connections cost about 18 MB.
+//!   (see [`relay`]). That is 1,820 bytes of RSS per idle relayed
+//!   connection, measured at 9,900 connections, where HAProxy needs 3,376.
 //!
 //! Threads: `start`, `update`, `services` and `shutdown` block on the
 //! proxy's thread for their answer, so they are called from ordinary threads
