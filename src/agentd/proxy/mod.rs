@@ -30,9 +30,20 @@
 //! - Each accepted connection takes the next replica in rotation, connects
 //!   within `connect_timeout` and, on failure, tries the next replica exactly
 //!   once. A service with no replica accepts and closes at once.
-//! - One tokio runtime (current-thread: the relay is syscall-bound and one
-//!   thread keeps it free of cross-thread wakeups) serves every listener and
-//!   connection; nothing blocks it.
+//! - One current-thread tokio runtime serves every listener and connection;
+//!   nothing blocks it. A two-worker runtime was measured against it on two
+//!   CPUs (bench/README.md, "proxy": three runs, medians, HAProxy in the same
+//!   runs, load average 7–9). Two workers moved bulk transfers faster
+//!   (1.35x HAProxy against 1.17x). They did not accept more new connections
+//!   per second: 1.01x against 1.00x there, and 0.71x against 0.88x in a
+//!   focused five-round run. They also spent more CPU on each connection
+//!   (152 µs against 145 µs; HAProxy 156 µs). So the cheaper runtime stays,
+//!   and one thread also bounds the proxy's CPU use on a node whose CPUs
+//!   belong to its jails. Neither runtime reached HAProxy's rate of new
+//!   connections on that loaded machine (bench/README.md says why).
+//! - Memory per connection is its task, two sockets and no buffer while idle
+//!   (see [`relay`]). That is 1,820 bytes of RSS per idle relayed
+//!   connection, measured at 9,900 connections, where HAProxy needs 3,376.
 //!
 //! Threads: `start`, `update`, `services` and `shutdown` block on the
 //! proxy's thread for their answer, so they are called from ordinary threads
@@ -70,6 +81,17 @@ pub const LISTEN_BACKLOG: u32 = 4096;
 /// descriptors or memory): accepting again at once would spin on the same
 /// error while the kernel queue holds the connection anyway.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Shortest period of the timer tick [`control`] keeps running.
+///
+/// Why a tick at all: tokio's timer wakes its driver through an eventfd
+/// whenever a new deadline is earlier than the driver's next wake-up, which
+/// with no other timer pending is every connect timeout: one `write(2)` and
+/// one spurious `epoll_wait` return per connection (measured with strace in
+/// the connections-per-second benchmark). A sleep of half the connect
+/// timeout keeps a nearer deadline pending at all times, at the cost of a
+/// couple of wake-ups a second.
+const TIMER_TICK_MIN: Duration = Duration::from_millis(250);
 
 /// How the proxy behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,6 +283,12 @@ impl Served {
 
 /// The control loop: the only owner of the service table.
 async fn control(config: ProxyConfig, mut requests: mpsc::UnboundedReceiver<Request>) {
+    let tick = (config.connect_timeout / 2).max(TIMER_TICK_MIN);
+    let ticking = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(tick).await;
+        }
+    });
     let mut served: BTreeMap<String, Served> = BTreeMap::new();
     while let Some(request) = requests.recv().await {
         match request {
@@ -277,6 +305,7 @@ async fn control(config: ProxyConfig, mut requests: mpsc::UnboundedReceiver<Requ
             }
         }
     }
+    ticking.abort();
 }
 
 async fn apply(

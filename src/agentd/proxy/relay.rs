@@ -18,12 +18,16 @@
 //! direction (a reset, a broken pipe) ends both and closes both sockets.
 
 use std::cell::RefCell;
+use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddrV4;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -95,30 +99,43 @@ async fn connect(addr: SocketAddrV4, timeout: Duration) -> io::Result<TcpStream>
 
 /// Relays both directions until both reached end of stream, or either failed.
 async fn relay(mut client: TcpStream, mut backend: TcpStream) -> io::Result<()> {
-    let (client_r, mut client_w) = client.split();
-    let (backend_r, mut backend_w) = backend.split();
+    let (mut client_r, mut client_w) = client.split();
+    let (mut backend_r, mut backend_w) = backend.split();
+    let one_ended = AtomicBool::new(false);
     tokio::try_join!(
-        pipe(&client_r, &mut backend_w),
-        pipe(&backend_r, &mut client_w)
+        pipe(&mut client_r, &mut backend_w, &one_ended),
+        pipe(&mut backend_r, &mut client_w, &one_ended)
     )?;
     Ok(())
 }
 
-/// Copies `src` to `dst` until `src` ends, then shuts down `dst`'s write half.
-async fn pipe(src: &ReadHalf<'_>, dst: &mut WriteHalf<'_>) -> io::Result<()> {
+/// Copies `src` to `dst` until `src` ends, then shuts down `dst`'s write half
+/// unless the other direction ended first: then both sockets are about to be
+/// closed, their read sides are drained, and the close sends the FIN.
+///
+/// Reads and writes go through `poll_read`/`poll_write` rather than
+/// `readable()` + `try_read`: tokio's poll functions treat a short read or
+/// write as "drained" / "full" and wait for the next readiness event, which
+/// saves one `EAGAIN` system call per message in request/response traffic.
+async fn pipe(
+    src: &mut ReadHalf<'_>,
+    dst: &mut WriteHalf<'_>,
+    one_ended: &AtomicBool,
+) -> io::Result<()> {
     let mut backlog = Backlog::default();
     loop {
-        while !backlog.is_empty() {
-            dst.writable().await?;
-            backlog.flush(dst)?;
+        if !backlog.is_empty() {
+            poll_fn(|cx| backlog.flush(dst, cx)).await?;
+            // Drained: give the memory back before possibly idling for hours.
+            backlog = Backlog::default();
         }
-        // Drained: give the memory back before possibly idling for hours.
-        backlog = Backlog::default();
-        src.readable().await?;
-        if forward(src, dst, &mut backlog)? == Flow::Ended {
-            // The other side may already be gone; the opposite direction
-            // decides how the connection ends, not this shutdown.
-            let _ = dst.shutdown().await;
+        if poll_fn(|cx| forward(src, dst, &mut backlog, cx)).await? == Flow::Ended {
+            // Relaxed: both directions are polled by the same task.
+            if !one_ended.swap(true, Ordering::Relaxed) {
+                // The other side may already be gone; the opposite direction
+                // decides how the connection ends, not this shutdown.
+                let _ = dst.shutdown().await;
+            }
             return Ok(());
         }
     }
@@ -131,31 +148,37 @@ enum Flow {
 }
 
 /// One read from `src` into the thread's buffer and as much of it written to
-/// `dst` as it takes now; the rest goes to `backlog`. Synchronous, so the
-/// shared buffer is never held across an await.
-fn forward(src: &ReadHalf<'_>, dst: &WriteHalf<'_>, backlog: &mut Backlog) -> io::Result<Flow> {
+/// `dst` as it takes now; the rest goes to `backlog`. The shared buffer is
+/// borrowed only inside this poll, never across an await.
+fn forward(
+    src: &mut ReadHalf<'_>,
+    dst: &mut WriteHalf<'_>,
+    backlog: &mut Backlog,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<Flow>> {
     BUF.with_borrow_mut(|buf| {
-        let n = match src.try_read(buf) {
-            Ok(0) => return Ok(Flow::Ended),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Flow::More),
-            Err(e) => return Err(e),
-        };
-        let written = write_some(dst, &buf[..n])?;
-        backlog.push(&buf[written..n]);
-        Ok(Flow::More)
+        let mut read = ReadBuf::new(buf);
+        ready!(Pin::new(&mut *src).poll_read(cx, &mut read))?;
+        let data = read.filled();
+        if data.is_empty() {
+            return Poll::Ready(Ok(Flow::Ended));
+        }
+        let written = write_some(dst, data, cx)?;
+        backlog.push(&data[written..]);
+        Poll::Ready(Ok(Flow::More))
     })
 }
 
-/// Writes as much of `data` as `dst` takes without blocking.
-fn write_some(dst: &WriteHalf<'_>, data: &[u8]) -> io::Result<usize> {
+/// Writes as much of `data` as `dst` takes now; when it takes less, `cx` is
+/// woken once it can take more.
+fn write_some(dst: &mut WriteHalf<'_>, data: &[u8], cx: &mut Context<'_>) -> io::Result<usize> {
     let mut done = 0;
     while done < data.len() {
-        match dst.try_write(&data[done..]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) => return Err(e),
+        match Pin::new(&mut *dst).poll_write(cx, &data[done..]) {
+            Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(n)) => done += n,
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => break,
         }
     }
     Ok(done)
@@ -177,9 +200,14 @@ impl Backlog {
         self.data.extend_from_slice(bytes);
     }
 
-    fn flush(&mut self, dst: &WriteHalf<'_>) -> io::Result<()> {
-        self.sent += write_some(dst, &self.data[self.sent..])?;
-        Ok(())
+    /// Ready once everything is written.
+    fn flush(&mut self, dst: &mut WriteHalf<'_>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.sent += write_some(dst, &self.data[self.sent..], cx)?;
+        if self.is_empty() {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
     }
 }
 
