@@ -356,6 +356,55 @@ pub struct VolumeStatus {
     pub error: Option<String>,
 }
 
+/// Where an Ingress stands, as `GET /ingresses` and `GET /ingresses/{name}`
+/// show it (never a secret: no key, no credential).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IngressPhase {
+    /// nginx serves the host with a valid certificate.
+    Serving,
+    /// Waiting for a first certificate (an order is running or queued).
+    Issuing,
+    /// The last issuance failed; it is retried after a backoff. A previous
+    /// certificate, if any, keeps serving.
+    BackingOff,
+    /// The backend Service is unknown on this node (no VIP yet): the host is
+    /// left out of nginx until it appears.
+    NoService,
+    /// nginx refused the configuration with this host, or it could not be
+    /// loaded; the hosts that already worked keep serving.
+    Failed,
+}
+
+impl fmt::Display for IngressPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IngressPhase::Serving => "Serving",
+            IngressPhase::Issuing => "Issuing",
+            IngressPhase::BackingOff => "BackingOff",
+            IngressPhase::NoService => "NoService",
+            IngressPhase::Failed => "Failed",
+        })
+    }
+}
+
+/// An Ingress on a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IngressStatus {
+    /// The Ingress's name.
+    pub name: String,
+    /// The public host (the certificate's name).
+    pub host: String,
+    /// The backend Service.
+    pub service: String,
+    /// Where it stands.
+    pub phase: IngressPhase,
+    /// The installed certificate's expiry, Unix seconds; `None` before the
+    /// first one.
+    pub certificate_expires: Option<i64>,
+    /// The last problem (issuance, nginx, unknown Service), for the admin.
+    pub last_error: Option<String>,
+}
+
 #[cfg(test)]
 mod volume_query_tests {
     use super::*;
