@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::agentd::ingress::controller::IngressApiError;
 use crate::agentd::proxy::Proxy;
 use crate::agentd::reconciler::{HostError, ReconcileError};
 use crate::agentd::volumes::VolumeError;
@@ -116,14 +117,72 @@ impl AgentApi {
                     Err(e) => volume_error(&e),
                 },
             },
+            ("GET", ["ingresses"]) => Response::json(200, &self.worker.ingresses()?),
+            ("GET", ["ingresses", name]) => match check_ingress(name) {
+                Err(r) => r,
+                Ok(()) => match self.worker.ingress(name)? {
+                    Some(status) => Response::json(200, &status),
+                    None => ingress_not_found(name),
+                },
+            },
+            ("PUT", ["ingresses", name]) => match check_ingress(name) {
+                Err(r) => r,
+                Ok(()) => self.put_ingress(name, req)?,
+            },
+            ("DELETE", ["ingresses", name]) => match check_ingress(name) {
+                Err(r) => r,
+                Ok(()) => match self.worker.delete_ingress(name)? {
+                    Ok(true) => Response::json(200, &Deleted { deleted: name }),
+                    Ok(false) => ingress_not_found(name),
+                    Err(e) => Response::error(500, &e.to_string(), None),
+                },
+            },
             (_, ["healthz"])
             | (_, ["metrics"])
             | (_, ["jails"])
             | (_, ["volumes"])
+            | (_, ["ingresses"])
             | (_, ["proxy"]) => method_not_allowed("GET"),
+            (_, ["ingresses", _]) => method_not_allowed("GET, PUT, DELETE"),
             (_, ["volumes", _]) => method_not_allowed("GET, DELETE"),
             (_, ["jails", _]) => method_not_allowed("GET, PUT, DELETE"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
+        })
+    }
+
+    fn put_ingress(&self, name: &str, req: &Request) -> Result<Response, WorkerGone> {
+        let Ok(text) = std::str::from_utf8(&req.body) else {
+            return Ok(Response::error(
+                400,
+                "the body must be a UTF-8 YAML Ingress spec",
+                None,
+            ));
+        };
+        let ingress = match spec::parse_ingress(text) {
+            Ok(i) => i,
+            Err(e) => return Ok(Response::error(400, &e.to_string(), Some(&e.field))),
+        };
+        if ingress.metadata.name != name {
+            return Ok(Response::error(
+                400,
+                &format!(
+                    "metadata.name is {} but the request is for /ingresses/{name}",
+                    ingress.metadata.name
+                ),
+                Some("metadata.name"),
+            ));
+        }
+        Ok(match self.worker.put_ingress(ingress)? {
+            Ok(Some(status)) => Response::json(200, &status),
+            Ok(None) => Response::error(
+                503,
+                "this agent runs no ingress controller (see the [ingress] section of keel.toml)",
+                None,
+            ),
+            Err(e @ IngressApiError::HostTaken { .. }) => {
+                Response::error(409, &e.to_string(), Some("spec.host"))
+            }
+            Err(e) => Response::error(500, &e.to_string(), None),
         })
     }
 
@@ -276,6 +335,15 @@ fn check_name(name: &str) -> Result<(), Response> {
             Some("metadata.name"),
         )
     })
+}
+
+fn check_ingress(name: &str) -> Result<(), Response> {
+    spec::validate_name(name)
+        .map_err(|why| Response::error(400, &format!("ingress name {name:?}: {why}"), None))
+}
+
+fn ingress_not_found(name: &str) -> Response {
+    Response::error(404, &format!("no ingress named {name} on this node"), None)
 }
 
 fn check_volume(name: &str) -> Result<(), Response> {

@@ -43,7 +43,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
@@ -860,7 +860,13 @@ fn run(
                         } else {
                             BTreeSet::new()
                         };
-                        let outcome = worker.cluster_update(pod_cidr, list, vips, fence)?;
+                        let services = resp
+                            .services
+                            .iter()
+                            .map(|s| (s.name.clone(), SocketAddrV4::new(s.vip, s.port)))
+                            .collect();
+                        let outcome =
+                            worker.cluster_update(pod_cidr, list, vips, services, fence)?;
                         // After the aliases exist: a listener on a VIP the
                         // host does not have yet would fail to bind.
                         let mut errors = outcome.errors;

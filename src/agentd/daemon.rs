@@ -15,7 +15,7 @@
 //! pass.
 
 use std::fmt;
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, RwLock};
@@ -23,9 +23,14 @@ use std::sync::{Arc, RwLock};
 use crate::agentd::api::AgentApi;
 use crate::agentd::cli::Options;
 use crate::agentd::cluster::{self, ClusterError, Membership, SignedApi};
+use crate::agentd::ingress::CertManager;
+use crate::agentd::ingress::acme::AcmeSettings;
+use crate::agentd::ingress::controller::{IngressController, IngressSettings};
+use crate::agentd::ingress::dns::OvhDns;
 use crate::agentd::proxy::{Proxy, ProxyConfig};
 use crate::agentd::reconciler::{AgentState, NodeNetwork, Reconciler, STATE_FILE};
 use crate::agentd::worker;
+use crate::common::auth::KeyFilePolicy;
 use crate::common::auth::{Signer, Verifier};
 use crate::common::backoff::SystemClock;
 use crate::common::cmd::SystemRunner;
@@ -39,6 +44,7 @@ use crate::host::capacity::{Capacity, FreeBsdCapacity};
 use crate::host::jail::FreeBsdJails;
 use crate::host::mount::FreeBsdMounts;
 use crate::host::net::FreeBsdNet;
+use crate::host::pf::{FakeFirewall, Firewall, FreeBsdPf};
 use crate::host::sim::{SimError, SimHost};
 use crate::host::zfs::{FreeBsdZfs, ZfsLayout};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
@@ -143,11 +149,15 @@ pub fn run(options: Options) -> Result<(), RunError> {
         );
         let group = (cfg.agent.socket_group != DEFAULT_SOCKET_GROUP)
             .then_some(cfg.agent.socket_group.as_str());
-        return serve(reconciler, &cfg, &options.source, group, cluster);
+        let ingress = ingress_controller(&cfg, true, Box::new(FakeFirewall::default()))?;
+        return serve(reconciler, &cfg, &options.source, group, cluster, ingress);
     }
 
     let runner = Arc::new(SystemRunner);
     preflight(&FreeBsdCapacity::new(runner.clone(), cfg.commands.clone()));
+    let firewall = FreeBsdPf::new(runner.clone(), cfg.commands.clone());
+    check_pf_anchors(&cfg, &firewall);
+    let ingress = ingress_controller(&cfg, false, Box::new(firewall))?;
     let reconciler = Reconciler::new(
         FreeBsdJails::new(
             runner.clone(),
@@ -174,7 +184,68 @@ pub fn run(options: Options) -> Result<(), RunError> {
         &options.source,
         Some(cfg.agent.socket_group.as_str()),
         cluster,
+        ingress,
     )
+}
+
+/// The node's ingress controller. Without OVH credentials it still runs:
+/// every Ingress then waits for a certificate and says why.
+fn ingress_controller(
+    cfg: &Config,
+    simulate: bool,
+    firewall: Box<dyn Firewall>,
+) -> Result<IngressController, RunError> {
+    let i = &cfg.ingress;
+    let policy = KeyFilePolicy::for_current_process();
+    let certs = OvhDns::from_config(i, policy)
+        .map_err(|e| format!("no certificate can be issued: {e}"))
+        .and_then(|dns| {
+            CertManager::start(
+                AcmeSettings::from_config(i, policy),
+                Box::new(dns),
+                Arc::new(SystemClock),
+            )
+            .map_err(|e| format!("no certificate can be issued: {e}"))
+        });
+    let public = match (&i.public_interface, i.public_address) {
+        (Some(ifname), Some(IpAddr::V4(addr))) => Some((ifname.clone(), addr)),
+        (Some(_), Some(IpAddr::V6(addr))) => {
+            log::error!(
+                "ingress.public_address {addr} is IPv6; pf cannot redirect it to the ingress jail's IPv4 address, so no redirect is loaded"
+            );
+            None
+        }
+        _ => None,
+    };
+    let settings = IngressSettings {
+        base: i.base.clone(),
+        nginx: if simulate {
+            "/usr/sbin/nginx".into()
+        } else {
+            "/usr/local/sbin/nginx".into()
+        },
+        public,
+        simulate,
+    };
+    IngressController::open(&cfg.agent.state_dir, settings, firewall, certs)
+        .map_err(RunError::Store)
+}
+
+/// With a public address configured, pf.conf must reference Keel's anchors
+/// or the redirect to the ingress jail is loaded but never evaluated.
+fn check_pf_anchors(cfg: &Config, firewall: &impl Firewall) {
+    if cfg.ingress.public_interface.is_none() {
+        return;
+    }
+    match firewall.check_anchors() {
+        Ok(c) if c.rdr && c.filter => {}
+        Ok(c) => log::error!(
+            "pf.conf does not reference Keel's anchors (rdr-anchor: {}, anchor: {}): add `rdr-anchor \"keel/*\"` in the translation section and `anchor \"keel/*\"` in the filter section, then `service pf reload` (docs/ingress.md)",
+            if c.rdr { "present" } else { "missing" },
+            if c.filter { "present" } else { "missing" },
+        ),
+        Err(e) => log::error!("could not check pf's anchors: {e}"),
+    }
 }
 
 /// Simulate mode's datasets. Several simulated nodes of one cluster usually
@@ -289,6 +360,7 @@ fn serve<J, Z, N, M>(
     source: &ConfigSource,
     group: Option<&str>,
     cluster: Option<(Membership, Verifier)>,
+    ingress: IngressController,
 ) -> Result<(), RunError>
 where
     J: JailRuntime + 'static,
@@ -319,7 +391,8 @@ where
     ])
     .map_err(setup)?;
 
-    let (worker, worker_thread) = worker::spawn(reconciler).map_err(setup)?;
+    let (worker, worker_thread) =
+        worker::spawn_with_ingress(reconciler, Some(ingress)).map_err(setup)?;
     let shutdown = ShutdownSignal::new();
     let proxy = membership
         .as_ref()

@@ -56,6 +56,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::backoff::{Backoff, Clock, Policy, Snapshot};
 use crate::common::cidr::Ipv4Net;
+use crate::common::cmd::CmdOutput;
 use crate::common::spec::{Jail, JailSpec, Resources};
 use crate::common::store::{Store, StoreError};
 pub use crate::common::wire::{JailStatus, Phase};
@@ -1170,6 +1171,17 @@ where
     /// on the worker thread next to the reconciler.
     pub fn net(&self) -> &N {
         &self.net
+    }
+
+    /// Where jail `name`'s root filesystem is mounted (whether or not it
+    /// exists yet).
+    pub fn rootfs_path(&self, name: &str) -> PathBuf {
+        self.zfs.layout().rootfs_path(name)
+    }
+
+    /// Runs `argv` inside jail `name` (jexec); the caller reads the status.
+    pub fn exec_in(&self, name: &str, argv: &[String]) -> Result<CmdOutput, JailError> {
+        self.jails.exec(name, argv)
     }
 
     /// The ZFS and mount seams, for the volume routes (`agentd::volumes`),

@@ -9,19 +9,20 @@
 //! time in arrival order. A timer tick is just another command, which is why an
 //! apply never races a pass.
 
-use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::agentd::cluster::{self, HeartbeatOutcome};
+use crate::agentd::ingress::controller::{IngressApiError, IngressController};
 use crate::agentd::metrics::Metrics;
 use crate::agentd::reconciler::{JailStatus, Phase, ReconcileError, Reconciler};
 use crate::agentd::volumes::{self, VolumeError};
 use crate::common::cidr::Ipv4Net;
-use crate::common::spec::Jail;
-use crate::common::wire::{Peer, PlacedJail, VolumeStatus};
+use crate::common::spec::{Ingress, Jail};
+use crate::common::wire::{IngressStatus, Peer, PlacedJail, VolumeStatus};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
 
 /// What the worker can be asked to do.
@@ -101,13 +102,48 @@ pub enum Command {
         peers: Vec<Peer>,
         /// Service VIPs to alias on the bridge (empty with `agent.proxy_listen`).
         vips: BTreeSet<Ipv4Addr>,
+        /// Every service's `VIP:port` by name (the Ingress backends).
+        services: BTreeMap<String, SocketAddrV4>,
         /// Placed jails the control plane named stale, with the epoch reported.
         fence: Vec<PlacedJail>,
         /// Where the answer goes.
         reply: Sender<HeartbeatOutcome>,
     },
+    /// An Ingress request (`/ingresses` routes).
+    Ingress(IngressCommand),
     /// Stop the worker loop.
     Shutdown,
+}
+
+/// The `/ingresses` routes' commands.
+#[derive(Debug)]
+pub enum IngressCommand {
+    /// Record an Ingress and run an ingress pass.
+    Put {
+        /// The validated Ingress.
+        ingress: Box<Ingress>,
+        /// Its status after the pass.
+        reply: Sender<Result<Option<IngressStatus>, IngressApiError>>,
+    },
+    /// Forget an Ingress and run an ingress pass; false when unknown.
+    Delete {
+        /// Ingress name.
+        name: String,
+        /// Where the answer goes.
+        reply: Sender<Result<bool, IngressApiError>>,
+    },
+    /// One Ingress.
+    Get {
+        /// Ingress name.
+        name: String,
+        /// Where the answer goes.
+        reply: Sender<Option<IngressStatus>>,
+    },
+    /// Every Ingress.
+    List {
+        /// Where the answer goes.
+        reply: Sender<Vec<IngressStatus>>,
+    },
 }
 
 /// The worker is gone (it panicked or shut down); the daemon must stop.
@@ -170,6 +206,45 @@ impl WorkerHandle {
         self.ask(|reply| Command::List { reply })
     }
 
+    /// See [`IngressCommand::Put`]; `Ok(None)` when this agent runs no
+    /// ingress controller.
+    pub fn put_ingress(
+        &self,
+        ingress: Ingress,
+    ) -> Result<Result<Option<IngressStatus>, IngressApiError>, WorkerGone> {
+        self.ask(|reply| {
+            Command::Ingress(IngressCommand::Put {
+                ingress: Box::new(ingress),
+                reply,
+            })
+        })
+    }
+
+    /// See [`IngressCommand::Delete`].
+    pub fn delete_ingress(&self, name: &str) -> Result<Result<bool, IngressApiError>, WorkerGone> {
+        self.ask(|reply| {
+            Command::Ingress(IngressCommand::Delete {
+                name: name.to_string(),
+                reply,
+            })
+        })
+    }
+
+    /// See [`IngressCommand::Get`].
+    pub fn ingress(&self, name: &str) -> Result<Option<IngressStatus>, WorkerGone> {
+        self.ask(|reply| {
+            Command::Ingress(IngressCommand::Get {
+                name: name.to_string(),
+                reply,
+            })
+        })
+    }
+
+    /// See [`IngressCommand::List`].
+    pub fn ingresses(&self) -> Result<Vec<IngressStatus>, WorkerGone> {
+        self.ask(|reply| Command::Ingress(IngressCommand::List { reply }))
+    }
+
     /// See [`Command::Volumes`].
     pub fn volumes(&self) -> Result<Result<Vec<VolumeStatus>, VolumeError>, WorkerGone> {
         self.ask(|reply| Command::Volumes { reply })
@@ -212,12 +287,14 @@ impl WorkerHandle {
         pod_cidr: Ipv4Net,
         peers: Vec<Peer>,
         vips: BTreeSet<Ipv4Addr>,
+        services: BTreeMap<String, SocketAddrV4>,
         fence: Vec<PlacedJail>,
     ) -> Result<HeartbeatOutcome, WorkerGone> {
         self.ask(|reply| Command::ClusterUpdate {
             pod_cidr,
             peers,
             vips,
+            services,
             fence,
             reply,
         })
@@ -245,15 +322,33 @@ where
     N: NetManager + 'static,
     M: MountManager + 'static,
 {
+    spawn_with_ingress(reconciler, None)
+}
+
+/// [`spawn`], with the node's ingress controller on the same thread: it runs
+/// after every reconcile pass and serves the `/ingresses` commands.
+pub fn spawn_with_ingress<J, Z, N, M>(
+    reconciler: Reconciler<J, Z, N, M>,
+    ingress: Option<IngressController>,
+) -> std::io::Result<(WorkerHandle, JoinHandle<()>)>
+where
+    J: JailRuntime + 'static,
+    Z: ZfsManager + 'static,
+    N: NetManager + 'static,
+    M: MountManager + 'static,
+{
     let (tx, rx) = mpsc::channel();
     let handle = std::thread::Builder::new()
         .name("keel-worker".into())
-        .spawn(move || run(reconciler, rx))?;
+        .spawn(move || run(reconciler, ingress, rx))?;
     Ok((WorkerHandle { tx }, handle))
 }
 
-fn run<J, Z, N, M>(mut reconciler: Reconciler<J, Z, N, M>, rx: Receiver<Command>)
-where
+fn run<J, Z, N, M>(
+    mut reconciler: Reconciler<J, Z, N, M>,
+    mut ingress: Option<IngressController>,
+    rx: Receiver<Command>,
+) where
     J: JailRuntime,
     Z: ZfsManager,
     N: NetManager,
@@ -261,6 +356,7 @@ where
 {
     let mut metrics = Metrics::default();
     pass(&mut reconciler, &mut metrics);
+    ingress_pass(&mut ingress, &mut reconciler);
     // Replies go to callers that may have given up (a closed connection); a
     // failed send is theirs to lose, never a reason to stop the worker.
     while let Ok(cmd) = rx.recv() {
@@ -320,11 +416,14 @@ where
             }
             Command::Reconcile => {
                 pass(&mut reconciler, &mut metrics);
+                ingress_pass(&mut ingress, &mut reconciler);
             }
             Command::ReconcileNow { reply } => {
                 let failures = pass(&mut reconciler, &mut metrics);
+                ingress_pass(&mut ingress, &mut reconciler);
                 let _ = reply.send(failures);
             }
+            Command::Ingress(cmd) => ingress_command(cmd, &mut ingress, &mut reconciler),
             Command::AdoptSubnet { subnet, reply } => {
                 let result = reconciler.adopt_node_subnet(subnet);
                 if result.is_ok() {
@@ -349,16 +448,91 @@ where
                 pod_cidr,
                 peers,
                 vips,
+                services,
                 fence,
                 reply,
             } => {
                 let outcome =
                     cluster::apply_heartbeat(&mut reconciler, pod_cidr, &peers, &vips, &fence);
+                if let Some(ingress) = &mut ingress {
+                    ingress.set_services(services);
+                }
                 let _ = reply.send(outcome);
             }
             Command::Shutdown => break,
         }
     }
+}
+
+/// One ingress pass, when this agent has an ingress controller.
+fn ingress_pass<J, Z, N, M>(
+    ingress: &mut Option<IngressController>,
+    reconciler: &mut Reconciler<J, Z, N, M>,
+) where
+    J: JailRuntime,
+    Z: ZfsManager,
+    N: NetManager,
+    M: MountManager,
+{
+    let Some(ingress) = ingress else {
+        return;
+    };
+    ingress.pass(reconciler, Instant::now(), unix_now());
+    for problem in &ingress.problems {
+        log::warn!("ingress: {problem}");
+    }
+}
+
+fn ingress_command<J, Z, N, M>(
+    cmd: IngressCommand,
+    ingress: &mut Option<IngressController>,
+    reconciler: &mut Reconciler<J, Z, N, M>,
+) where
+    J: JailRuntime,
+    Z: ZfsManager,
+    N: NetManager,
+    M: MountManager,
+{
+    match cmd {
+        IngressCommand::Put {
+            ingress: new,
+            reply,
+        } => {
+            let name = new.metadata.name.clone();
+            let result = match ingress.as_mut() {
+                None => Ok(None),
+                Some(c) => c.put(*new).map(|()| {
+                    log::info!("applied ingress {name}");
+                    c.pass(reconciler, Instant::now(), unix_now());
+                    c.status(&name)
+                }),
+            };
+            let _ = reply.send(result);
+        }
+        IngressCommand::Delete { name, reply } => {
+            let result = match ingress.as_mut() {
+                None => Ok(false),
+                Some(c) => c.delete(&name).inspect(|&deleted| {
+                    if deleted {
+                        log::info!("deleted ingress {name}");
+                        c.pass(reconciler, Instant::now(), unix_now());
+                    }
+                }),
+            };
+            let _ = reply.send(result);
+        }
+        IngressCommand::Get { name, reply } => {
+            let _ = reply.send(ingress.as_ref().and_then(|c| c.status(&name)));
+        }
+        IngressCommand::List { reply } => {
+            let _ = reply.send(ingress.as_ref().map(|c| c.statuses()).unwrap_or_default());
+        }
+    }
+}
+
+/// Seconds since the Unix epoch by the wall clock (certificate expiry).
+fn unix_now() -> i64 {
+    i64::try_from(crate::common::auth::unix_now()).unwrap_or(i64::MAX)
 }
 
 fn pass<J, Z, N, M>(reconciler: &mut Reconciler<J, Z, N, M>, metrics: &mut Metrics) -> usize

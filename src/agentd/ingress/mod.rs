@@ -5,6 +5,7 @@
 //! | file | owns |
 //! |---|---|
 //! | `mod.rs` | [`CertManager`], the handle the ingress reconciler calls each pass; [`IngressError`] |
+//! | [`controller`] | the applied Ingresses, the ingress jail, loading nginx and the pf anchor, each pass |
 //! | [`nginx`] | `nginx.conf` as a pure function of every applied Ingress |
 //! | [`pf`] | the `keel/ingress` anchor: public ports 80 and 443 to the ingress jail |
 //! | [`dns`] | [`dns::DnsProvider`], its Fake, and OVH's signed API |
@@ -30,6 +31,7 @@
 //! part; [`nginx`] and [`pf`] are pure functions the reconciler calls).
 
 pub mod acme;
+pub mod controller;
 pub mod dns;
 pub mod nginx;
 pub mod pf;

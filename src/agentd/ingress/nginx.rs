@@ -22,7 +22,7 @@
 //! than trusting the caller.
 
 use std::fmt::Write as _;
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 
 use crate::common::spec::validate_host;
@@ -58,6 +58,10 @@ pub struct NginxLayout {
     pub http_port: u16,
     /// Port of the TLS servers.
     pub https_port: u16,
+    /// Listen on this address only; `None` listens on every address of the
+    /// jail (its own VNET stack on FreeBSD). The simulated runtime sets the
+    /// jail's address, since its nginx shares the host's stack.
+    pub listen: Option<Ipv4Addr>,
 }
 
 impl Default for NginxLayout {
@@ -70,6 +74,7 @@ impl Default for NginxLayout {
             temp_dir: "/var/tmp/nginx".into(),
             http_port: 80,
             https_port: 443,
+            listen: None,
         }
     }
 }
@@ -84,6 +89,7 @@ impl NginxLayout {
             temp_dir: dir.join("tmp"),
             http_port,
             https_port,
+            listen: None,
         }
     }
 }
@@ -131,6 +137,8 @@ pub fn render(sites: &[Site], layout: &NginxLayout) -> (String, Vec<UnsafeSite>)
     }
     kept.sort_by(|a, b| a.host.cmp(&b.host));
 
+    let http = listen_on(layout.listen, layout.http_port);
+    let https = listen_on(layout.listen, layout.https_port);
     let mut c = String::new();
     // `writeln!` into a String cannot fail.
     let mut line = |text: &str| {
@@ -182,7 +190,7 @@ pub fn render(sites: &[Site], layout: &NginxLayout) -> (String, Vec<UnsafeSite>)
         line("");
         line("    # Port 80 only sends every served host to HTTPS.");
         line("    server {");
-        line(&format!("        listen {};", layout.http_port));
+        line(&format!("        listen {http};"));
         line(&format!("        server_name {};", names.join(" ")));
         line("        return 301 https://$host$request_uri;");
         line("    }");
@@ -190,7 +198,7 @@ pub fn render(sites: &[Site], layout: &NginxLayout) -> (String, Vec<UnsafeSite>)
     for site in &kept {
         line("");
         line("    server {");
-        line(&format!("        listen {} ssl;", layout.https_port));
+        line(&format!("        listen {https} ssl;"));
         line(&format!("        server_name {};", site.host));
         line(&format!(
             "        ssl_certificate {};",
@@ -211,6 +219,14 @@ pub fn render(sites: &[Site], layout: &NginxLayout) -> (String, Vec<UnsafeSite>)
     }
     line("}");
     (c, refused)
+}
+
+/// The `listen` argument: `port` alone, or `address:port`.
+fn listen_on(address: Option<Ipv4Addr>, port: u16) -> String {
+    match address {
+        Some(a) => format!("{a}:{port}"),
+        None => port.to_string(),
+    }
 }
 
 /// A site is rendered only when nothing in it can end an nginx directive.

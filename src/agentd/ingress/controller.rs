@@ -1,0 +1,995 @@
+//! The ingress controller: from the Ingresses applied on this node to a
+//! running nginx jail, its configuration and the pf anchor (issue 7).
+//!
+//! It owns the applied Ingresses (persisted in `{state_dir}/ingresses.json`),
+//! what nginx was last loaded with, and whether the `keel/ingress` anchor is
+//! loaded. It runs on the agent's worker thread, next to the reconciler, once
+//! per reconcile pass and after every Ingress change; it reaches the host only
+//! through the reconciler (the ingress jail is provisioned like any other
+//! jail), [`JailRuntime::exec`](crate::host::JailRuntime::exec) (`nginx -t`,
+//! `nginx -s reload` inside the jail), the [`Firewall`] seam and the
+//! [`CertManager`], whose slow work runs on its own thread.
+//!
+//! A pass:
+//! 1. No Ingress: the ingress jail is deleted and the anchor flushed.
+//! 2. The ingress jail (`keel-ingress`, base `ingress.base`, nginx in the
+//!    foreground under daemon(8)) is applied when missing.
+//! 3. The anchor is loaded once (the same text is not loaded again), retried
+//!    with backoff when pfctl fails.
+//! 4. Each Ingress whose Service VIP is known asks the [`CertManager`] for its
+//!    certificate; a host with an installed certificate (valid, or being
+//!    renewed, or whose renewal failed) is served, the others wait.
+//! 5. [`render`] over the served hosts. When the text differs from what nginx
+//!    runs, it is written next to the live file, checked with `nginx -t`
+//!    inside the jail, and only then renamed over the live file and loaded
+//!    with `nginx -s reload`. A configuration nginx refuses changes nothing:
+//!    the hosts that were added since the last good one are marked Failed
+//!    with nginx's message, and the others keep serving.
+//!
+//! Must never: reload nginx with a configuration `nginx -t` did not accept,
+//! follow a symbolic link inside the jail's root when writing (the jail's
+//! processes could plant one), or let one Ingress's failure touch another.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::fs;
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Component, Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::agentd::ingress::nginx::{NginxLayout, Site, render};
+use crate::agentd::ingress::pf::{INGRESS_ANCHOR, ingress_rules};
+use crate::agentd::ingress::{CertManager, CertStatus};
+use crate::agentd::reconciler::Reconciler;
+use crate::common::backoff::Backoff;
+use crate::common::spec::{ExecSpec, Ingress, Jail, JailSpec, Metadata, NetworkSpec, Resources};
+use crate::common::store::{Store, StoreError};
+use crate::common::wire::{IngressPhase, IngressStatus};
+use crate::host::pf::Firewall;
+use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
+
+/// The ingress jail's name; user jails may not take the `keel-` prefix.
+pub const INGRESS_JAIL: &str = "keel-ingress";
+/// File of the persisted Ingresses, in the agent's state directory.
+pub const STATE_FILE: &str = "ingresses.json";
+/// Where Keel keeps nginx's configuration and certificates, inside the jail.
+pub const CONF_DIR: &str = "/usr/local/etc/keel-ingress";
+/// The live configuration nginx runs with.
+pub const CONF_FILE: &str = "nginx.conf";
+/// The candidate checked with `nginx -t` before it replaces the live one.
+pub const NEXT_FILE: &str = "nginx.conf.next";
+/// Certificates and keys, under [`CONF_DIR`].
+pub const CERT_DIR: &str = "certs";
+
+/// How the ingress jail is built and reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IngressSettings {
+    /// Base the jail is cloned from (`ingress.base`).
+    pub base: String,
+    /// nginx, as the jail sees it (`/usr/local/sbin/nginx` from the package).
+    pub nginx: PathBuf,
+    /// Public interface and IPv4 address pf redirects to the jail, when
+    /// configured (`ingress.public_interface`, `ingress.public_address`).
+    pub public: Option<(String, Ipv4Addr)>,
+    /// The simulated runtime runs the jail's processes on the host, seeing
+    /// the host's files: paths given to nginx are then under the jail's root,
+    /// and nginx listens on the jail's own address only.
+    pub simulate: bool,
+}
+
+/// What is persisted: the Ingresses applied on this node, by name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IngressState {
+    /// Applied Ingresses.
+    pub ingresses: BTreeMap<String, Ingress>,
+}
+
+/// Why an Ingress request was refused, or a change could not be saved.
+#[derive(Debug)]
+pub enum IngressApiError {
+    /// Another Ingress already serves this host.
+    HostTaken {
+        /// The host.
+        host: String,
+        /// The Ingress that has it.
+        by: String,
+    },
+    /// Saving `ingresses.json` failed; nothing changed.
+    Store(StoreError),
+}
+
+impl fmt::Display for IngressApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IngressApiError::HostTaken { host, by } => write!(
+                f,
+                "host {host} is already served by Ingress {by}; delete that one first or choose another host"
+            ),
+            IngressApiError::Store(e) => write!(f, "could not save the Ingresses: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for IngressApiError {}
+
+/// What the last pass found for one Ingress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Observed {
+    phase: IngressPhase,
+    expires: Option<i64>,
+    error: Option<String>,
+}
+
+/// See the module docs.
+pub struct IngressController {
+    store: Store<IngressState>,
+    state: IngressState,
+    settings: IngressSettings,
+    firewall: Box<dyn Firewall>,
+    certs: Result<CertManager, String>,
+    /// Service name -> VIP:port, from the last heartbeat answer.
+    services: BTreeMap<String, SocketAddrV4>,
+    loaded_anchor: Option<String>,
+    anchor_retry: Backoff<()>,
+    /// The configuration nginx was last loaded with, and the hosts in it.
+    running: Option<(String, BTreeSet<String>)>,
+    observed: BTreeMap<String, Observed>,
+    /// Problems of the last pass that concern no single Ingress.
+    pub problems: Vec<String>,
+}
+
+impl fmt::Debug for IngressController {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IngressController")
+            .field("ingresses", &self.state.ingresses.keys())
+            .finish_non_exhaustive()
+    }
+}
+
+impl IngressController {
+    /// Opens the persisted Ingresses in `state_dir`. `certs` is the
+    /// certificate manager, or why there is none (no OVH credentials, say):
+    /// every Ingress then waits for a certificate with that reason.
+    pub fn open(
+        state_dir: &Path,
+        settings: IngressSettings,
+        firewall: Box<dyn Firewall>,
+        certs: Result<CertManager, String>,
+    ) -> Result<IngressController, StoreError> {
+        let (store, state) = Store::open(state_dir, STATE_FILE)?;
+        Ok(IngressController {
+            store,
+            state: state.unwrap_or_default(),
+            settings,
+            firewall,
+            certs,
+            services: BTreeMap::new(),
+            loaded_anchor: None,
+            anchor_retry: Backoff::new(),
+            running: None,
+            observed: BTreeMap::new(),
+            problems: Vec::new(),
+        })
+    }
+
+    /// Records (or replaces) an Ingress; the next pass serves it.
+    pub fn put(&mut self, ingress: Ingress) -> Result<(), IngressApiError> {
+        let name = &ingress.metadata.name;
+        if let Some((by, _)) = self
+            .state
+            .ingresses
+            .iter()
+            .find(|(n, i)| *n != name && i.spec.host == ingress.spec.host)
+        {
+            return Err(IngressApiError::HostTaken {
+                host: ingress.spec.host.clone(),
+                by: by.clone(),
+            });
+        }
+        let mut next = self.state.clone();
+        next.ingresses.insert(name.clone(), ingress);
+        self.store.save(&next).map_err(IngressApiError::Store)?;
+        self.state = next;
+        Ok(())
+    }
+
+    /// Forgets an Ingress; false when there was none by that name.
+    pub fn delete(&mut self, name: &str) -> Result<bool, IngressApiError> {
+        if !self.state.ingresses.contains_key(name) {
+            return Ok(false);
+        }
+        let mut next = self.state.clone();
+        next.ingresses.remove(name);
+        self.store.save(&next).map_err(IngressApiError::Store)?;
+        self.state = next;
+        self.observed.remove(name);
+        Ok(true)
+    }
+
+    /// The service table of the last heartbeat (VIP and port by name).
+    pub fn set_services(&mut self, services: BTreeMap<String, SocketAddrV4>) {
+        self.services = services;
+    }
+
+    /// Every Ingress and where it stands.
+    pub fn statuses(&self) -> Vec<IngressStatus> {
+        self.state
+            .ingresses
+            .keys()
+            .filter_map(|n| self.status(n))
+            .collect()
+    }
+
+    /// One Ingress and where it stands (before its first pass: Issuing).
+    pub fn status(&self, name: &str) -> Option<IngressStatus> {
+        let ingress = self.state.ingresses.get(name)?;
+        let observed = self.observed.get(name).cloned().unwrap_or(Observed {
+            phase: IngressPhase::Issuing,
+            expires: None,
+            error: None,
+        });
+        Some(IngressStatus {
+            name: name.to_string(),
+            host: ingress.spec.host.clone(),
+            service: ingress.spec.service.clone(),
+            phase: observed.phase,
+            certificate_expires: observed.expires,
+            last_error: observed.error,
+        })
+    }
+
+    /// One pass (see the module docs). `unix_now` is the wall clock for
+    /// certificate expiry; `now` the monotonic one for backoff.
+    pub fn pass<J, Z, N, M>(
+        &mut self,
+        reconciler: &mut Reconciler<J, Z, N, M>,
+        now: Instant,
+        unix_now: i64,
+    ) where
+        J: JailRuntime,
+        Z: ZfsManager,
+        N: NetManager,
+        M: MountManager,
+    {
+        self.problems.clear();
+        if self.state.ingresses.is_empty() {
+            self.tear_down(reconciler);
+            return;
+        }
+        let Some(address) = self.ensure_jail(reconciler) else {
+            return;
+        };
+        self.ensure_anchor(address, now);
+
+        let root = reconciler.rootfs_path(INGRESS_JAIL);
+        let seen = |p: &str| self.as_seen_by_nginx(&root, p);
+        let cert_dir_host = root.join(relative(CONF_DIR)).join(CERT_DIR);
+        if let Err(e) = make_dirs_in_root(&root, &Path::new(CONF_DIR).join(CERT_DIR)) {
+            let message = format!("ingress jail files: {e}");
+            self.observed = self
+                .state
+                .ingresses
+                .keys()
+                .map(|name| {
+                    let o = Observed {
+                        phase: IngressPhase::Failed,
+                        expires: None,
+                        error: Some(message.clone()),
+                    };
+                    (name.clone(), o)
+                })
+                .collect();
+            self.problems.push(message);
+            return;
+        }
+        let cert_dir_nginx = seen(&format!("{CONF_DIR}/{CERT_DIR}"));
+
+        let mut sites = Vec::new();
+        let mut observed = BTreeMap::new();
+        for (name, ingress) in &self.state.ingresses {
+            let host = &ingress.spec.host;
+            let Some(upstream) = self.services.get(&ingress.spec.service).copied() else {
+                observed.insert(
+                    name.clone(),
+                    Observed {
+                        phase: IngressPhase::NoService,
+                        expires: None,
+                        error: Some(format!(
+                            "service {} is not known on this node yet (no VIP); the host is left out of nginx until it is",
+                            ingress.spec.service
+                        )),
+                    },
+                );
+                continue;
+            };
+            let (phase, expires, error) = match &self.certs {
+                Err(why) => (IngressPhase::Issuing, None, Some(why.clone())),
+                Ok(certs) => match certs.ensure(host, &cert_dir_host, unix_now) {
+                    Err(e) => (IngressPhase::BackingOff, None, Some(e.to_string())),
+                    Ok(CertStatus::Valid { not_after, .. }) => {
+                        (IngressPhase::Serving, Some(not_after), None)
+                    }
+                    Ok(CertStatus::Issuing { not_after, .. }) => (
+                        if not_after.is_some() {
+                            IngressPhase::Serving
+                        } else {
+                            IngressPhase::Issuing
+                        },
+                        not_after,
+                        None,
+                    ),
+                    Ok(CertStatus::BackingOff {
+                        not_after,
+                        last_error,
+                        ..
+                    }) => (
+                        if not_after.is_some() {
+                            IngressPhase::Serving
+                        } else {
+                            IngressPhase::BackingOff
+                        },
+                        not_after,
+                        Some(last_error),
+                    ),
+                },
+            };
+            if expires.is_some() {
+                sites.push(Site {
+                    host: host.clone(),
+                    upstream,
+                    certificate: cert_dir_nginx.join(format!("{host}.crt")),
+                    key: cert_dir_nginx.join(format!("{host}.key")),
+                });
+            }
+            observed.insert(
+                name.clone(),
+                Observed {
+                    phase,
+                    expires,
+                    error,
+                },
+            );
+        }
+
+        let layout = self.layout(&root, address);
+        let (conf, refused) = render(&sites, &layout);
+        for r in &refused {
+            if let Some((name, _)) = self
+                .state
+                .ingresses
+                .iter()
+                .find(|(_, i)| i.spec.host == r.host)
+            {
+                observed.insert(
+                    name.clone(),
+                    Observed {
+                        phase: IngressPhase::Failed,
+                        expires: None,
+                        error: Some(r.to_string()),
+                    },
+                );
+            }
+        }
+        let hosts: BTreeSet<String> = sites
+            .iter()
+            .map(|s| s.host.clone())
+            .filter(|h| !refused.iter().any(|r| &r.host == h))
+            .collect();
+        if self.running.as_ref().is_none_or(|(c, _)| *c != conf) {
+            if let Err(e) = fs::create_dir_all(&layout.temp_dir) {
+                self.problems
+                    .push(format!("{}: {e}", layout.temp_dir.display()));
+            }
+            match self.load(reconciler, &root, &conf) {
+                Ok(()) => self.running = Some((conf, hosts)),
+                Err(message) => {
+                    let good = self
+                        .running
+                        .as_ref()
+                        .map(|(_, h)| h.clone())
+                        .unwrap_or_default();
+                    for (name, ingress) in &self.state.ingresses {
+                        if hosts.contains(&ingress.spec.host) && !good.contains(&ingress.spec.host)
+                        {
+                            observed.insert(
+                                name.clone(),
+                                Observed {
+                                    phase: IngressPhase::Failed,
+                                    expires: observed.get(name).and_then(|o| o.expires),
+                                    error: Some(message.clone()),
+                                },
+                            );
+                        }
+                    }
+                    self.problems.push(message);
+                }
+            }
+        }
+        self.observed = observed;
+    }
+
+    /// Writes `conf` next to the live file, checks it with `nginx -t` in the
+    /// jail, then renames it over the live file and reloads nginx.
+    fn load<J, Z, N, M>(
+        &self,
+        reconciler: &Reconciler<J, Z, N, M>,
+        root: &Path,
+        conf: &str,
+    ) -> Result<(), String>
+    where
+        J: JailRuntime,
+        Z: ZfsManager,
+        N: NetManager,
+        M: MountManager,
+    {
+        let next = Path::new(CONF_DIR).join(NEXT_FILE);
+        let live = Path::new(CONF_DIR).join(CONF_FILE);
+        write_in_root(root, &next, conf.as_bytes(), 0o644)
+            .map_err(|e| format!("writing nginx's configuration: {e}"))?;
+        let seen_next = self.as_seen_by_nginx(root, &next.to_string_lossy());
+        let seen_live = self.as_seen_by_nginx(root, &live.to_string_lossy());
+        let nginx = self.settings.nginx.to_string_lossy().into_owned();
+        let check = [
+            nginx.clone(),
+            "-t".into(),
+            "-c".into(),
+            path_arg(&seen_next),
+        ];
+        let out = reconciler
+            .exec_in(INGRESS_JAIL, &check)
+            .map_err(|e| format!("nginx -t in {INGRESS_JAIL}: {e}"))?;
+        if !out.success() {
+            return Err(format!(
+                "nginx refused the new configuration, the previous one keeps serving: {}",
+                out.stderr.trim()
+            ));
+        }
+        rename_in_root(root, &next, &live)
+            .map_err(|e| format!("installing nginx's configuration: {e}"))?;
+        let reload = [
+            nginx,
+            "-c".into(),
+            path_arg(&seen_live),
+            "-s".into(),
+            "reload".into(),
+        ];
+        let out = reconciler
+            .exec_in(INGRESS_JAIL, &reload)
+            .map_err(|e| format!("nginx -s reload in {INGRESS_JAIL}: {e}"))?;
+        if !out.success() {
+            return Err(format!("nginx -s reload failed: {}", out.stderr.trim()));
+        }
+        Ok(())
+    }
+
+    /// The jail spec of the ingress jail: nginx in the foreground with Keel's
+    /// configuration.
+    fn jail_spec(&self, root: &Path) -> Jail {
+        let live = self.as_seen_by_nginx(root, &format!("{CONF_DIR}/{CONF_FILE}"));
+        Jail {
+            metadata: Metadata {
+                name: INGRESS_JAIL.into(),
+            },
+            spec: JailSpec {
+                base: self.settings.base.clone(),
+                exec: ExecSpec {
+                    start: vec![
+                        self.settings.nginx.to_string_lossy().into_owned(),
+                        "-c".into(),
+                        path_arg(&live),
+                        "-g".into(),
+                        "daemon off;".into(),
+                    ],
+                    stop: Vec::new(),
+                },
+                hostname: None,
+                network: NetworkSpec::default(),
+                resources: Resources::default(),
+                env: BTreeMap::new(),
+                volumes: Vec::new(),
+            },
+        }
+    }
+
+    /// Applies the ingress jail when missing (writing a first, empty
+    /// configuration into its root before nginx starts); its address.
+    fn ensure_jail<J, Z, N, M>(
+        &mut self,
+        reconciler: &mut Reconciler<J, Z, N, M>,
+    ) -> Option<Ipv4Addr>
+    where
+        J: JailRuntime,
+        Z: ZfsManager,
+        N: NetManager,
+        M: MountManager,
+    {
+        let root = reconciler.rootfs_path(INGRESS_JAIL);
+        let spec = self.jail_spec(&root);
+        if let Some(record) = reconciler.record(INGRESS_JAIL)
+            && record.spec == spec
+        {
+            return Some(record.address);
+        }
+        match reconciler.apply(spec, None) {
+            Ok(status) => {
+                // nginx starts with what is in the root; the first pass then
+                // loads the real configuration through nginx -t.
+                self.running = None;
+                Some(status.address)
+            }
+            Err(e) => {
+                self.problems
+                    .push(format!("ingress jail {INGRESS_JAIL}: {e}"));
+                None
+            }
+        }
+    }
+
+    fn ensure_anchor(&mut self, jail: Ipv4Addr, now: Instant) {
+        let Some((interface, public)) = &self.settings.public else {
+            return;
+        };
+        let rules = ingress_rules(interface, *public, jail);
+        if self.loaded_anchor.as_ref() == Some(&rules) || !self.anchor_retry.ready(&(), now) {
+            return;
+        }
+        match self.firewall.load_anchor(INGRESS_ANCHOR, &rules) {
+            Ok(()) => {
+                self.loaded_anchor = Some(rules);
+                self.anchor_retry.forget(&());
+            }
+            Err(e) => {
+                let delay = self.anchor_retry.record_failure(&(), now);
+                self.problems.push(format!(
+                    "pf anchor {INGRESS_ANCHOR}: {e}; retrying in {}s",
+                    delay.as_secs()
+                ));
+            }
+        }
+    }
+
+    fn tear_down<J, Z, N, M>(&mut self, reconciler: &mut Reconciler<J, Z, N, M>)
+    where
+        J: JailRuntime,
+        Z: ZfsManager,
+        N: NetManager,
+        M: MountManager,
+    {
+        if reconciler.record(INGRESS_JAIL).is_some()
+            && let Err(e) = reconciler.delete(INGRESS_JAIL)
+        {
+            self.problems.push(format!("removing {INGRESS_JAIL}: {e}"));
+        }
+        if self.loaded_anchor.is_some() {
+            match self.firewall.flush_anchor(INGRESS_ANCHOR) {
+                Ok(()) => self.loaded_anchor = None,
+                Err(e) => self
+                    .problems
+                    .push(format!("flushing pf anchor {INGRESS_ANCHOR}: {e}")),
+            }
+        }
+        self.running = None;
+        self.observed.clear();
+    }
+
+    fn layout(&self, root: &Path, address: Ipv4Addr) -> NginxLayout {
+        let seen = |p: &str| self.as_seen_by_nginx(root, p);
+        NginxLayout {
+            pid: seen("/var/run/nginx.pid"),
+            error_log: seen("/var/log/nginx/error.log"),
+            access_log: seen("/var/log/nginx/access.log"),
+            temp_dir: seen("/var/tmp/nginx"),
+            listen: self.settings.simulate.then_some(address),
+            ..NginxLayout::default()
+        }
+    }
+
+    /// A path inside the jail as nginx opens it: itself on FreeBSD (nginx
+    /// runs in the jail), under the jail's root in simulate mode.
+    fn as_seen_by_nginx(&self, root: &Path, path: &str) -> PathBuf {
+        if self.settings.simulate {
+            root.join(relative(path))
+        } else {
+            PathBuf::from(path)
+        }
+    }
+}
+
+/// An absolute path inside the jail, relative to its root.
+fn relative(path: &str) -> &str {
+    path.trim_start_matches('/')
+}
+
+fn path_arg(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// Creates `dir` (absolute, inside the jail) under `root`, refusing any
+/// component that exists as something other than a directory (a symbolic
+/// link planted by a process in the jail is not followed).
+fn make_dirs_in_root(root: &Path, dir: &Path) -> std::io::Result<()> {
+    let mut at = root.to_path_buf();
+    for c in dir.components() {
+        match c {
+            Component::RootDir => {}
+            Component::Normal(part) => {
+                at.push(part);
+                match fs::symlink_metadata(&at) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => {
+                        return Err(std::io::Error::other(format!(
+                            "{} is not a directory (a symbolic link is never followed in a jail's root)",
+                            at.display()
+                        )));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => fs::create_dir(&at)?,
+                    Err(e) => return Err(e),
+                }
+            }
+            _ => {
+                return Err(std::io::Error::other(format!(
+                    "{} is not a plain absolute path",
+                    dir.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes `file` (absolute, inside the jail) under `root` through a fresh
+/// temporary file (`O_CREAT|O_EXCL`, which never follows a symbolic link),
+/// then renames it into place (a rename replaces a link, it does not follow
+/// it); the parent directories are checked by [`make_dirs_in_root`].
+fn write_in_root(root: &Path, file: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+    let parent = file.parent().unwrap_or(Path::new("/"));
+    make_dirs_in_root(root, parent)?;
+    let target = root.join(relative(&file.to_string_lossy()));
+    let tmp = target.with_extension("keel-tmp");
+    let _ = fs::remove_file(&tmp);
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)?;
+    f.write_all(contents)?;
+    f.sync_all()?;
+    fs::rename(&tmp, &target)
+}
+
+/// Renames `from` over `to`, both inside the jail, after checking the
+/// directories on the way.
+fn rename_in_root(root: &Path, from: &Path, to: &Path) -> std::io::Result<()> {
+    make_dirs_in_root(root, to.parent().unwrap_or(Path::new("/")))?;
+    fs::rename(
+        root.join(relative(&from.to_string_lossy())),
+        root.join(relative(&to.to_string_lossy())),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::agentd::ingress::acme::AcmeSettings;
+    use crate::agentd::ingress::dns::FakeDns;
+    use crate::agentd::reconciler::{NodeNetwork, STATE_FILE as AGENT_STATE};
+    use crate::common::auth::KeyFilePolicy;
+    use crate::common::backoff::ManualClock;
+    use crate::common::cidr::Ipv4Net;
+    use crate::common::cmd::CmdOutput;
+    use crate::host::fake::{CallLog, Faults};
+    use crate::host::jail::FakeJails;
+    use crate::host::mount::FakeMounts;
+    use crate::host::net::FakeNet;
+    use crate::host::pf::FakeFirewall;
+    use crate::host::zfs::{FakeZfs, ZfsLayout};
+
+    type FakeReconciler = Reconciler<FakeJails, FakeZfs, FakeNet, FakeMounts>;
+
+    struct World {
+        dir: tempfile::TempDir,
+        log: CallLog,
+        jails: FakeJails,
+        firewall: FakeFirewall,
+        reconciler: FakeReconciler,
+        controller: IngressController,
+    }
+
+    const HOST: &str = "web.example.org";
+
+    fn world(with_certs: bool) -> World {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = CallLog::new();
+        let jails = FakeJails::new(log.clone(), Faults::default());
+        let zfs = FakeZfs::with_layout(
+            ZfsLayout {
+                pool: "zroot".into(),
+                jails_dir: dir.path().join("jails"),
+                volumes_dir: dir.path().join("volumes"),
+            },
+            log.clone(),
+            Faults::default(),
+        );
+        zfs.add_base("14.2-RELEASE");
+        // What `zfs clone` leaves: the ingress jail's root exists.
+        fs::create_dir_all(dir.path().join("jails").join(INGRESS_JAIL)).expect("rootfs");
+        let (store, state) = Store::open(dir.path(), AGENT_STATE).expect("store");
+        let reconciler = Reconciler::new(
+            jails.clone(),
+            zfs,
+            FakeNet::new(log.clone(), Faults::default()),
+            FakeMounts::new(log.clone(), Faults::default()),
+            NodeNetwork {
+                bridge: "keel0".into(),
+                subnet: "10.20.0.0/24".parse::<Ipv4Net>().expect("net"),
+            },
+            store,
+            state,
+            Box::new(ManualClock::new()),
+        );
+        let firewall = FakeFirewall::new(log.clone(), Faults::default());
+        let certs = if with_certs {
+            CertManager::start(
+                AcmeSettings {
+                    directory_url: "https://acme.invalid/directory".into(),
+                    account_file: dir.path().join("account.json"),
+                    contact: None,
+                    extra_root: None,
+                    resolvers: Vec::new(),
+                    propagation_timeout: std::time::Duration::from_secs(1),
+                    key_policy: KeyFilePolicy::for_current_process(),
+                },
+                Box::new(FakeDns::new()),
+                Arc::new(ManualClock::new()),
+            )
+            .map_err(|e| e.to_string())
+        } else {
+            Err("no certificate can be issued: /usr/local/etc/keel/ovh.toml is missing".into())
+        };
+        let controller = IngressController::open(
+            dir.path(),
+            IngressSettings {
+                base: "14.2-RELEASE".into(),
+                nginx: "/usr/local/sbin/nginx".into(),
+                public: Some(("em0".into(), Ipv4Addr::new(203, 0, 113, 10))),
+                simulate: false,
+            },
+            Box::new(firewall.clone()),
+            certs,
+        )
+        .expect("controller");
+        World {
+            dir,
+            log,
+            jails,
+            firewall,
+            reconciler,
+            controller,
+        }
+    }
+
+    fn ingress(name: &str, host: &str, service: &str) -> Ingress {
+        crate::common::spec::parse_ingress(&format!(
+            "kind: Ingress\nmetadata: {{name: {name}}}\nspec: {{host: {host}, service: {service}}}\n"
+        ))
+        .expect("valid ingress")
+    }
+
+    impl World {
+        fn pass(&mut self) {
+            self.controller
+                .pass(&mut self.reconciler, Instant::now(), 1_800_000_000);
+        }
+
+        fn root(&self) -> PathBuf {
+            self.reconciler.rootfs_path(INGRESS_JAIL)
+        }
+
+        /// A valid certificate for `host` where the controller looks (what
+        /// the certificate thread leaves after an issuance).
+        fn install_certificate(&self, host: &str) {
+            let dir = self.root().join(relative(CONF_DIR)).join(CERT_DIR);
+            fs::create_dir_all(&dir).expect("cert dir");
+            let key = rcgen::KeyPair::generate().expect("key");
+            let params = rcgen::CertificateParams::new(vec![host.into()]).expect("params");
+            let leaf = params.self_signed(&key).expect("cert");
+            fs::write(dir.join(format!("{host}.crt")), leaf.pem()).expect("chain");
+            fs::write(dir.join(format!("{host}.key")), key.serialize_pem()).expect("key");
+        }
+
+        fn phase(&self, name: &str) -> IngressPhase {
+            self.controller.status(name).expect("status").phase
+        }
+
+        fn live_conf(&self) -> Option<String> {
+            fs::read_to_string(self.root().join(relative(CONF_DIR)).join(CONF_FILE)).ok()
+        }
+    }
+
+    #[test]
+    fn the_first_ingress_brings_the_jail_and_the_anchor_the_last_takes_them_away() {
+        let mut w = world(false);
+        w.controller.put(ingress("web", HOST, "web")).expect("put");
+        w.pass();
+        assert!(
+            w.reconciler.record(INGRESS_JAIL).is_some(),
+            "ingress jail applied"
+        );
+        let address = w.reconciler.record(INGRESS_JAIL).expect("record").address;
+        let rules = w.firewall.anchor(INGRESS_ANCHOR).expect("anchor loaded");
+        assert!(rules.contains(&format!("-> {address} port 443")), "{rules}");
+        assert_eq!(w.phase("web"), IngressPhase::NoService);
+
+        // A second pass loads nothing again.
+        let loads = w.log.matching("pf.load_anchor").len();
+        w.pass();
+        assert_eq!(w.log.matching("pf.load_anchor").len(), loads);
+
+        assert!(w.controller.delete("web").expect("delete"));
+        w.pass();
+        assert!(w.reconciler.record(INGRESS_JAIL).is_none(), "jail removed");
+        assert_eq!(w.firewall.anchor(INGRESS_ANCHOR), None, "anchor flushed");
+    }
+
+    #[test]
+    fn without_credentials_an_ingress_waits_and_says_why() {
+        let mut w = world(false);
+        w.controller.put(ingress("web", HOST, "web")).expect("put");
+        w.controller.set_services(BTreeMap::from([(
+            "web".into(),
+            SocketAddrV4::new([10, 96, 0, 7].into(), 8080),
+        )]));
+        w.pass();
+        let status = w.controller.status("web").expect("status");
+        assert_eq!(status.phase, IngressPhase::Issuing);
+        assert!(
+            status
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("ovh.toml")),
+            "{status:?}"
+        );
+    }
+
+    #[test]
+    fn a_host_with_a_certificate_is_checked_then_reloaded() {
+        let mut w = world(true);
+        w.controller.put(ingress("web", HOST, "web")).expect("put");
+        w.controller.set_services(BTreeMap::from([(
+            "web".into(),
+            SocketAddrV4::new([10, 96, 0, 7].into(), 8080),
+        )]));
+        w.pass(); // creates the jail
+        w.install_certificate(HOST);
+        w.pass();
+        assert_eq!(
+            w.phase("web"),
+            IngressPhase::Serving,
+            "{:?}",
+            w.controller.problems
+        );
+        let conf = w.live_conf().expect("live configuration written");
+        assert!(conf.contains("proxy_pass http://10.96.0.7:8080;"), "{conf}");
+        let execs = w.log.matching("jail.exec");
+        assert!(
+            execs
+                .iter()
+                .any(|e| e.contains("-t -c /usr/local/etc/keel-ingress/nginx.conf.next"))
+                && execs.last().is_some_and(|e| e.contains("-s reload")),
+            "{execs:?}"
+        );
+        // Nothing changed: no reload.
+        let before = w.log.matching("jail.exec").len();
+        w.pass();
+        assert_eq!(w.log.matching("jail.exec").len(), before);
+    }
+
+    #[test]
+    fn a_configuration_nginx_refuses_is_never_loaded_and_the_old_one_serves() {
+        let mut w = world(true);
+        let services = BTreeMap::from([
+            ("web".into(), SocketAddrV4::new([10, 96, 0, 7].into(), 8080)),
+            ("api".into(), SocketAddrV4::new([10, 96, 0, 8].into(), 9000)),
+        ]);
+        w.controller.put(ingress("web", HOST, "web")).expect("put");
+        w.controller.set_services(services);
+        w.pass();
+        w.install_certificate(HOST);
+        w.pass();
+        let good = w.live_conf().expect("first configuration");
+
+        w.controller
+            .put(ingress("api", "api.example.org", "api"))
+            .expect("put");
+        w.install_certificate("api.example.org");
+        w.jails.set_exec_output(
+            INGRESS_JAIL,
+            CmdOutput {
+                status: 1,
+                stdout: String::new(),
+                stderr: "nginx: [emerg] cannot load certificate \"/x\"\nnginx: configuration file test failed\n".into(),
+            },
+        );
+        let reloads = w
+            .log
+            .matching("jail.exec")
+            .iter()
+            .filter(|e| e.contains("reload"))
+            .count();
+        w.pass();
+        assert_eq!(
+            w.log
+                .matching("jail.exec")
+                .iter()
+                .filter(|e| e.contains("reload"))
+                .count(),
+            reloads,
+            "no reload after a failed nginx -t"
+        );
+        assert_eq!(
+            w.live_conf().as_deref(),
+            Some(good.as_str()),
+            "live file untouched"
+        );
+        assert_eq!(w.phase("api"), IngressPhase::Failed);
+        assert!(
+            w.controller
+                .status("api")
+                .and_then(|s| s.last_error)
+                .is_some_and(|e| e.contains("cannot load certificate")),
+        );
+        assert_eq!(
+            w.phase("web"),
+            IngressPhase::Serving,
+            "the working host is untouched"
+        );
+    }
+
+    #[test]
+    fn two_ingresses_cannot_share_a_host_and_nothing_is_saved() {
+        let mut w = world(false);
+        w.controller.put(ingress("web", HOST, "web")).expect("put");
+        let err = w
+            .controller
+            .put(ingress("other", HOST, "api"))
+            .expect_err("host taken");
+        assert!(
+            err.to_string().contains("already served by Ingress web"),
+            "{err}"
+        );
+        assert!(w.controller.status("other").is_none());
+        // Persisted: a new controller on the same directory sees one Ingress.
+        let (_, state): (Store<IngressState>, Option<IngressState>) =
+            Store::open(w.dir.path(), STATE_FILE).expect("store");
+        assert_eq!(state.expect("saved").ingresses.len(), 1);
+    }
+
+    #[test]
+    fn a_symbolic_link_in_the_jail_root_is_never_followed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("root");
+        let outside = dir.path().join("outside");
+        fs::create_dir_all(root.join("usr/local/etc")).expect("dirs");
+        fs::create_dir_all(&outside).expect("outside");
+        std::os::unix::fs::symlink(&outside, root.join("usr/local/etc/keel-ingress"))
+            .expect("plant a link");
+        let err = write_in_root(
+            &root,
+            Path::new("/usr/local/etc/keel-ingress/nginx.conf"),
+            b"x",
+            0o644,
+        )
+        .expect_err("followed a link");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert!(
+            fs::read_dir(&outside).expect("outside").next().is_none(),
+            "nothing written outside"
+        );
+    }
+}
