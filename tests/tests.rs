@@ -20,6 +20,7 @@ mod golden_zfs;
 mod hostile;
 mod http;
 mod packaging;
+mod partitions;
 mod proxy;
 mod proxy_e2e;
 mod reconciler;
