@@ -26,5 +26,6 @@ mod proxy_e2e;
 mod reconciler;
 mod services_e2e;
 mod sim;
+mod soak;
 mod spec_examples;
 mod util;

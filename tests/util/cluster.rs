@@ -423,6 +423,17 @@ impl Cluster {
         }
     }
 
+    /// The control plane's pid, while it runs.
+    pub fn controlplane_pid(&self) -> Option<u32> {
+        let (cp, _) = self.controlplane.as_ref()?;
+        cp.child.as_ref().map(Child::id)
+    }
+
+    /// Node `id`'s agent's pid, while it runs.
+    pub fn agent_pid(&self, id: &str) -> Option<u32> {
+        self.nodes[id].daemon.child.as_ref().map(Child::id)
+    }
+
     /// What node `id`'s agent wrote on stderr so far.
     pub fn agent_log(&self, id: &str) -> String {
         self.nodes[id].daemon.log()
