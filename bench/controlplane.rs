@@ -37,21 +37,28 @@
 //! bench exits non-zero when the control plane cannot be started or a
 //! request fails. It kills the control plane it started (on every path, by
 //! its `Child`) and never signals any other process.
+//!
+//! The load plumbing (keep-alive clients, the paced heartbeat pool, the
+//! in-process agents, the `/proc` readers) is `tests/util/load.rs`, shared
+//! with the soak (`tests/soak.rs`).
 
-use std::io::{BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use keel::common::auth::{self, KeyFilePolicy, Signer};
-use keel::common::http::{
-    ClientResponse, Request, Response, Server, ServerLimits, ShutdownSignal, read_response,
+use keel::common::http::ClientResponse;
+use keel::common::wire::{RegisterRequest, Resources};
+
+#[path = "../tests/util/load.rs"]
+mod load;
+use load::{
+    Agents, JAIL_CPU, JAIL_MEMORY, KeepAlive, NO_VERSION, NODE_CPU, NODE_MEMORY, Paced, PacedLoad,
+    Running, Sample, cpu_seconds, encode, mib, node_id, proc_status, signed,
 };
-use keel::common::wire::{HeartbeatRequest, RegisterRequest, Resources};
 
 /// Nodes in the simulated cluster (issue 4: 5,000).
 const DEFAULT_NODES: usize = 5000;
@@ -71,17 +78,8 @@ const APPLY_CLIENTS: usize = 32;
 const AGENTS: usize = 8;
 /// Length of the `/healthz` baseline.
 const HEALTHZ_WINDOW: Duration = Duration::from_secs(10);
-/// Bound on connecting and on each read and write.
-const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the control plane gets to answer `/healthz` after starting.
 const START_DEADLINE: Duration = Duration::from_secs(20);
-/// Size every simulated node reports, and what each placed jail commits.
-const NODE_CPU: f64 = 8.0;
-const NODE_MEMORY: u64 = 32 << 30;
-const JAIL_CPU: f64 = 0.25;
-const JAIL_MEMORY: u64 = 256 << 20;
-/// "No peer list held yet" (versions stay below 2^53).
-const NO_VERSION: u64 = u64::MAX;
 /// Targets from issue 4.
 const CPU_TARGET_PERCENT: f64 = 25.0;
 const APPLY_TARGET_PER_SEC: f64 = 2000.0;
@@ -94,50 +92,10 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-fn node_id(i: usize) -> String {
-    format!("node-{i:05}")
-}
-
 fn jail_yaml(name: &str) -> String {
     format!(
         "kind: Jail\nmetadata:\n  name: {name}\nspec:\n  base: 14.2-RELEASE\n  resources:\n    cpu: {JAIL_CPU}\n    memory: {JAIL_MEMORY}\n  exec:\n    start: [\"/bin/sleep\", \"3600\"]\n"
     )
-}
-
-// ---------------------------------------------------------------- /proc
-
-/// utime + stime of the whole process (every thread, dead ones included),
-/// in seconds.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which may hold spaces: state is 3, utime 14.
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) as f64 / clock_ticks_per_sec())
-}
-
-/// sysconf(_SC_CLK_TCK): the unit of utime and stime.
-#[allow(unsafe_code)]
-fn clock_ticks_per_sec() -> f64 {
-    // SAFETY: sysconf takes an integer, touches no memory of ours and returns
-    // -1 on error, which is handled below.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 { ticks as f64 } else { 100.0 }
-}
-
-/// One field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`) or a count.
-fn proc_status(pid: u32, field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
-
-fn mib(kib: Option<u64>) -> String {
-    kib.map_or("n/a".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
 }
 
 // ------------------------------------------------------- the control plane
@@ -219,144 +177,6 @@ impl Drop for ControlPlane {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-// ------------------------------------------------------ simulated agents
-
-/// In-process agents: answer `PUT /jails/{name}` with 200, verify nothing.
-struct Agents {
-    addrs: Vec<SocketAddr>,
-    puts: Arc<AtomicU64>,
-    shutdown: ShutdownSignal,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Agents {
-    fn start(count: usize) -> Result<Agents, String> {
-        let puts = Arc::new(AtomicU64::new(0));
-        let counter = Arc::clone(&puts);
-        let handler = move |req: Request| -> Response {
-            match (req.method.as_str(), req.segments().as_slice()) {
-                ("PUT", ["jails", name]) => {
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    Response::json(
-                        200,
-                        &serde_json::json!({ "name": name, "state": "Pending" }),
-                    )
-                }
-                _ => Response::error(404, "simulated agent: PUT /jails/NAME only", None),
-            }
-        };
-        let shutdown = ShutdownSignal::new();
-        let limits = ServerLimits {
-            max_connections: 4096,
-            ..ServerLimits::default()
-        };
-        let server = Server::new(Arc::new(handler), limits, shutdown.clone());
-        let mut addrs = Vec::new();
-        let mut threads = Vec::new();
-        for _ in 0..count {
-            let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-            addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
-            threads.push(server.serve_tcp(listener).map_err(|e| e.to_string())?);
-        }
-        Ok(Agents {
-            addrs,
-            puts,
-            shutdown,
-            threads,
-        })
-    }
-}
-
-impl Drop for Agents {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-// ------------------------------------------------------ keep-alive client
-
-/// One keep-alive connection; reconnects after an error or a `close`.
-struct KeepAlive {
-    addr: SocketAddr,
-    endpoint: String,
-    conn: Option<BufReader<TcpStream>>,
-}
-
-impl KeepAlive {
-    fn new(addr: SocketAddr) -> KeepAlive {
-        KeepAlive {
-            addr,
-            endpoint: addr.to_string(),
-            conn: None,
-        }
-    }
-
-    fn connect(&self) -> Result<BufReader<TcpStream>, String> {
-        let s = TcpStream::connect_timeout(&self.addr, IO_TIMEOUT)
-            .map_err(|e| format!("connecting to {}: {e}", self.addr))?;
-        s.set_nodelay(true)
-            .and_then(|()| s.set_read_timeout(Some(IO_TIMEOUT)))
-            .and_then(|()| s.set_write_timeout(Some(IO_TIMEOUT)))
-            .map_err(|e| e.to_string())?;
-        Ok(BufReader::with_capacity(64 * 1024, s))
-    }
-
-    /// Sends one encoded request and reads its response.
-    fn exchange(&mut self, wire: &[u8]) -> Result<ClientResponse, String> {
-        let mut conn = match self.conn.take() {
-            Some(c) => c,
-            None => self.connect()?,
-        };
-        conn.get_mut()
-            .write_all(wire)
-            .map_err(|e| format!("sending to {}: {e}", self.endpoint))?;
-        let resp = read_response(&mut conn, &self.endpoint, false).map_err(|e| e.to_string())?;
-        let closing = resp
-            .header("connection")
-            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
-        if !closing {
-            self.conn = Some(conn);
-        }
-        Ok(resp)
-    }
-}
-
-/// A request on the wire, keep-alive (no `Connection: close`).
-fn encode(
-    method: &str,
-    path: &str,
-    host: SocketAddr,
-    headers: &[(String, String)],
-    body: &[u8],
-) -> Vec<u8> {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n");
-    for (n, v) in headers {
-        head.push_str(&format!("{n}: {v}\r\n"));
-    }
-    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-    let mut wire = head.into_bytes();
-    wire.extend_from_slice(body);
-    wire
-}
-
-/// A request signed with `signer`, JSON or YAML body.
-fn signed(
-    signer: &Signer,
-    method: &str,
-    path: &str,
-    host: SocketAddr,
-    content_type: &str,
-    body: &[u8],
-) -> Result<Vec<u8>, String> {
-    let mut headers = auth::sign_headers(signer, method, path, body, auth::unix_now())
-        .map_err(|e| e.to_string())?;
-    headers.push(("Content-Type".into(), content_type.into()));
-    Ok(encode(method, path, host, &headers, body))
 }
 
 // ------------------------------------------------------------- statistics
@@ -457,162 +277,6 @@ fn closed_loop(
     (outcome, started.elapsed())
 }
 
-/// What the paced pool sends.
-#[derive(Clone, Copy, PartialEq)]
-enum Paced {
-    /// `GET /healthz`, unsigned.
-    Healthz,
-    /// `POST /nodes/{id}/heartbeat`, signed with the node key.
-    Heartbeat,
-}
-
-/// One paced request: when it was due, how long until its answer (from the
-/// due time), whether it succeeded.
-struct Sample {
-    due: Instant,
-    latency: Duration,
-    error: Option<String>,
-}
-
-/// Shared by the paced threads.
-struct PacedLoad {
-    kind: Paced,
-    addr: SocketAddr,
-    nodes: usize,
-    signer: Signer,
-    /// Jails the bench placed per node, reported as committed.
-    placed: Arc<Vec<AtomicU64>>,
-    /// The peer list version each node last received ([`NO_VERSION`]: none),
-    /// sent back as an agent does.
-    versions: Vec<AtomicU64>,
-    start: Instant,
-    stop: AtomicBool,
-}
-
-impl PacedLoad {
-    /// Thread `t` of `threads`: nodes `t, t + threads, ...`, node `i` due at
-    /// `start + k * period + i * period / nodes`.
-    fn run(&self, t: usize, threads: usize) -> Vec<Sample> {
-        let mut samples = Vec::new();
-        let mut conn = KeepAlive::new(self.addr);
-        let mine: Vec<usize> = (t..self.nodes).step_by(threads).collect();
-        let phase = |i: usize| HEARTBEAT_PERIOD.mul_f64(i as f64 / self.nodes as f64);
-        for round in 0u32.. {
-            for &i in &mine {
-                let due = self.start + HEARTBEAT_PERIOD * round + phase(i);
-                let now = Instant::now();
-                if due > now {
-                    std::thread::sleep(due - now);
-                }
-                if self.stop.load(Ordering::Relaxed) {
-                    return samples;
-                }
-                let result = self.request(i).and_then(|wire| conn.exchange(&wire));
-                let error = match result {
-                    Ok(r) if r.status == 200 => self.absorb(i, &r.body).err(),
-                    Ok(r) => Some(format!(
-                        "{} answered {}: {}",
-                        self.what(i),
-                        r.status,
-                        String::from_utf8_lossy(&r.body)
-                    )),
-                    Err(e) => Some(format!("{}: {e}", self.what(i))),
-                };
-                samples.push(Sample {
-                    due,
-                    latency: due.elapsed(),
-                    error,
-                });
-            }
-        }
-        samples
-    }
-
-    /// Keeps the peer list version of a heartbeat answer.
-    fn absorb(&self, i: usize, body: &[u8]) -> Result<(), String> {
-        #[derive(serde::Deserialize)]
-        struct Versioned {
-            #[serde(default)]
-            peers_version: Option<u64>,
-        }
-        if self.kind == Paced::Heartbeat {
-            let v: Versioned = serde_json::from_slice(body)
-                .map_err(|e| format!("heartbeat answer of {}: {e}", node_id(i)))?;
-            self.versions[i].store(v.peers_version.unwrap_or(NO_VERSION), Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
-    fn what(&self, i: usize) -> String {
-        match self.kind {
-            Paced::Healthz => "GET /healthz".into(),
-            Paced::Heartbeat => format!("heartbeat of {}", node_id(i)),
-        }
-    }
-
-    fn request(&self, i: usize) -> Result<Vec<u8>, String> {
-        match self.kind {
-            Paced::Healthz => Ok(encode("GET", "/healthz", self.addr, &[], b"")),
-            Paced::Heartbeat => {
-                let jails = self.placed[i].load(Ordering::Relaxed);
-                let body = serde_json::to_vec(&HeartbeatRequest {
-                    committed: Resources {
-                        cpu: jails as f64 * JAIL_CPU,
-                        memory: jails * JAIL_MEMORY,
-                    },
-                    jails: u32::try_from(jails).unwrap_or(u32::MAX),
-                    placed: Vec::new(),
-                    peers_version: match self.versions[i].load(Ordering::Relaxed) {
-                        NO_VERSION => None,
-                        v => Some(v),
-                    },
-                })
-                .map_err(|e| e.to_string())?;
-                let path = format!("/nodes/{}/heartbeat", node_id(i));
-                signed(
-                    &self.signer,
-                    "POST",
-                    &path,
-                    self.addr,
-                    "application/json",
-                    &body,
-                )
-            }
-        }
-    }
-}
-
-/// A paced load running on its threads until [`Running::finish`].
-struct Running {
-    load: Arc<PacedLoad>,
-    threads: Vec<JoinHandle<Vec<Sample>>>,
-}
-
-impl Running {
-    fn start(load: PacedLoad) -> Running {
-        let load = Arc::new(load);
-        let threads = (0..HEARTBEAT_CLIENTS)
-            .map(|t| {
-                let load = Arc::clone(&load);
-                std::thread::spawn(move || load.run(t, HEARTBEAT_CLIENTS))
-            })
-            .collect();
-        Running { load, threads }
-    }
-
-    /// Stops the threads and returns every sample.
-    fn finish(self) -> Vec<Sample> {
-        self.load.stop.store(true, Ordering::Relaxed);
-        let mut all = Vec::new();
-        for t in self.threads {
-            if let Ok(samples) = t.join() {
-                all.extend(samples);
-            }
-        }
-        all
-    }
-}
-
 /// The samples due within `[from, to)`.
 fn window(samples: &[Sample], from: Instant, to: Instant) -> Outcome {
     let mut out = Outcome::default();
@@ -691,6 +355,7 @@ fn run() -> Result<(), String> {
         signer: node_key.clone(),
         placed: Arc::clone(&placed),
         versions: (0..nodes).map(|_| AtomicU64::new(NO_VERSION)).collect(),
+        period: HEARTBEAT_PERIOD,
         start: Instant::now(),
         stop: AtomicBool::new(false),
     };
@@ -702,7 +367,7 @@ fn run() -> Result<(), String> {
     );
     let cpu0 = cpu_seconds(pid);
     let hz0 = Instant::now();
-    let healthz = Running::start(paced(Paced::Healthz));
+    let healthz = Running::start(paced(Paced::Healthz), HEARTBEAT_CLIENTS);
     std::thread::sleep(HEALTHZ_WINDOW);
     let healthz_usage = usage_between(pid, cpu0, hz0);
     let healthz_samples = healthz.finish();
@@ -749,7 +414,7 @@ fn run() -> Result<(), String> {
         2 * HEARTBEAT_PERIOD.as_secs(),
         window_len.as_secs()
     );
-    let heartbeats = Running::start(paced(Paced::Heartbeat));
+    let heartbeats = Running::start(paced(Paced::Heartbeat), HEARTBEAT_CLIENTS);
     let hb_start = heartbeats.load.start;
     let cpu0 = cpu_seconds(pid);
     std::thread::sleep(HEARTBEAT_PERIOD);

@@ -85,23 +85,7 @@ impl Agent {
     /// The pid of every simulated jail's workload, as the agent recorded it in
     /// `{state_dir}/sim/sim-jails.json`.
     pub fn jail_pids(&self) -> BTreeMap<String, u32> {
-        let file = self.state_dir().join("sim").join("sim-jails.json");
-        let Ok(text) = std::fs::read_to_string(&file) else {
-            return BTreeMap::new();
-        };
-        let state: serde_json::Value = serde_json::from_str(&text).expect("sim-jails.json is JSON");
-        state["jails"]
-            .as_object()
-            .map(|jails| {
-                jails
-                    .iter()
-                    .map(|(name, j)| {
-                        let pid = j["pid"].as_u64().expect("a jail record has a pid");
-                        (name.clone(), u32::try_from(pid).expect("pid fits u32"))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        sim_jail_pids(&self.state_dir())
     }
 
     /// One request to the agent's API.
@@ -221,6 +205,28 @@ impl Drop for Agent {
             }
         }
     }
+}
+
+/// The pid of every simulated jail's workload of the agent whose state
+/// directory is `state_dir`, as it recorded them in `sim/sim-jails.json`.
+pub fn sim_jail_pids(state_dir: &Path) -> BTreeMap<String, u32> {
+    let file = state_dir.join("sim").join("sim-jails.json");
+    let Ok(text) = std::fs::read_to_string(&file) else {
+        return BTreeMap::new();
+    };
+    let state: serde_json::Value = serde_json::from_str(&text).expect("sim-jails.json is JSON");
+    state["jails"]
+        .as_object()
+        .map(|jails| {
+            jails
+                .iter()
+                .map(|(name, j)| {
+                    let pid = j["pid"].as_u64().expect("a jail record has a pid");
+                    (name.clone(), u32::try_from(pid).expect("pid fits u32"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// SIGTERM to one process (a daemon the tests spawned, our own child).

@@ -9,6 +9,12 @@
 //! plane's placement table keeps jail names unique across the cluster (each
 //! rootfs is `jails/{name}`).
 //!
+//! Any daemon can be started behind a command prefix (`Cluster::start_controlplane_in`,
+//! `Cluster::start_agent_in`), e.g. `ip netns exec NS`, which execs the
+//! daemon in network namespace NS (tests/partitions.rs). keelctl runs behind
+//! the control plane's prefix, so it reaches the control plane from where
+//! the control plane runs.
+//!
 //! On drop every daemon still running is stopped (SIGTERM, then SIGKILL), and
 //! only then every agent's simulated jails are removed through the simulated
 //! host's own [`SimJails`], which signals each workload's process group after
@@ -75,6 +81,8 @@ pub fn node_ip(n: u8) -> Ipv4Addr {
 }
 
 struct Daemon {
+    /// Run before `program` (empty: `program` itself), e.g. `ip netns exec NS`.
+    prefix: Vec<String>,
     program: &'static str,
     args: Vec<String>,
     log: PathBuf,
@@ -88,7 +96,7 @@ impl Daemon {
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let child = Command::new(self.program)
+        let child = prefixed(&self.prefix, self.program)
             .args(&self.args)
             .current_dir(dir)
             .stdin(Stdio::null())
@@ -191,15 +199,8 @@ impl Cluster {
     pub fn standard(agents: u8) -> Cluster {
         let mut cluster = Cluster::new();
         let port = free_port(Ipv4Addr::LOCALHOST);
-        cluster.start_controlplane(&[
-            "--simulate",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--heartbeat-interval",
-            "200ms",
-            "--dead-after",
-            "1s",
-        ]);
+        let args = standard_controlplane_args(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+        cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
         for n in 1..=agents {
             cluster.start_standard_agent(n);
         }
@@ -210,32 +211,41 @@ impl Cluster {
     pub fn start_standard_agent(&mut self, n: u8) {
         let ip = node_ip(n);
         let id = format!("n{n}");
-        let dir = self.dir().to_path_buf();
-        let args = [
+        let args = self.standard_agent_args(&id, SocketAddr::from((ip, free_port(ip))), ip);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.start_agent(&id, &args);
+    }
+
+    /// The arguments of agent `id` of [`Cluster::standard`]: its own state dir
+    /// and socket in the cluster's directory, heartbeats and reconcile passes
+    /// every 200 ms, its TCP listener on `advertise`, its service proxy on
+    /// `proxy_ip` (several proxies on one host each need their own address).
+    pub fn standard_agent_args(
+        &self,
+        id: &str,
+        advertise: SocketAddr,
+        proxy_ip: Ipv4Addr,
+    ) -> Vec<String> {
+        let sim = self.dir().join("keel-sim");
+        vec![
             "--simulate".to_string(),
             "--controlplane".into(),
             self.controlplane_addr().to_string(),
             "--node-id".into(),
-            id.clone(),
+            id.to_string(),
             "--advertise-addr".into(),
-            format!("{ip}:{}", free_port(ip)),
+            advertise.to_string(),
             "--state-dir".into(),
-            dir.join("keel-sim").join(&id).display().to_string(),
+            sim.join(id).display().to_string(),
             "--socket".into(),
-            dir.join("keel-sim")
-                .join(format!("{id}.sock"))
-                .display()
-                .to_string(),
+            sim.join(format!("{id}.sock")).display().to_string(),
             "--heartbeat-interval".into(),
             "200ms".into(),
             "--reconcile-interval".into(),
             "200ms".into(),
-            // Three proxies on one host: each on its own address.
             "--proxy-listen".into(),
-            ip.to_string(),
-        ];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.start_agent(&id, &args);
+            proxy_ip.to_string(),
+        ]
     }
 
     /// The directory every daemon runs in.
@@ -246,10 +256,18 @@ impl Cluster {
     /// Starts keel-controlplane with `args` (which must include `--simulate`
     /// and `--listen IP:PORT`) and waits until it answers `GET /healthz`.
     pub fn start_controlplane(&mut self, args: &[&str]) {
+        self.start_controlplane_in(&[], args);
+    }
+
+    /// [`Cluster::start_controlplane`] behind `prefix` (see the module docs).
+    /// With a prefix, readiness is `keelctl get nodes` behind the same prefix,
+    /// since the test's own namespace may not reach the control plane.
+    pub fn start_controlplane_in(&mut self, prefix: &[&str], args: &[&str]) {
         assert!(self.controlplane.is_none(), "one control plane");
         let listen = flag_value(args, "--listen").expect("--listen IP:PORT");
         let addr: SocketAddr = listen.parse().expect("--listen is IP:PORT");
         let daemon = Daemon {
+            prefix: prefix.iter().map(|a| a.to_string()).collect(),
             program: CONTROLPLANE,
             args: args.iter().map(|a| a.to_string()).collect(),
             log: self.dir().join("controlplane.log"),
@@ -261,13 +279,28 @@ impl Cluster {
 
     fn launch_controlplane(&mut self) {
         let dir = self.dir.path().to_path_buf();
+        let key = self.operator_key();
         let (daemon, addr) = self.controlplane.as_mut().expect("a control plane");
         let client = Client::new(Endpoint::Tcp(addr.to_string())).with_timeout(STOP);
+        let prefix = daemon.prefix.clone();
+        let (addr_text, key_text) = (addr.to_string(), key.display().to_string());
+        let get_nodes = [
+            "--controlplane",
+            addr_text.as_str(),
+            "--key-file",
+            key_text.as_str(),
+            "get",
+            "nodes",
+        ];
         daemon.spawn(&dir);
         daemon.wait("keel-controlplane", || {
-            client
-                .request("GET", "/healthz", &[], b"")
-                .is_ok_and(|r| r.status == 200)
+            if prefix.is_empty() {
+                client
+                    .request("GET", "/healthz", &[], b"")
+                    .is_ok_and(|r| r.status == 200)
+            } else {
+                key.exists() && keelctl_in(&dir, &prefix, &get_nodes, &[], None).code == 0
+            }
         });
     }
 
@@ -275,9 +308,16 @@ impl Cluster {
     /// `--simulate`, `--state-dir` and `--socket`) and waits until it answers
     /// on its socket.
     pub fn start_agent(&mut self, id: &str, args: &[&str]) {
+        self.start_agent_in(id, &[], args);
+    }
+
+    /// [`Cluster::start_agent`] behind `prefix` (see the module docs); the
+    /// agent's socket is a file, so it answers the test from any namespace.
+    pub fn start_agent_in(&mut self, id: &str, prefix: &[&str], args: &[&str]) {
         let path = |flag| PathBuf::from(flag_value(args, flag).expect("state dir and socket"));
         let socket = path("--socket");
         let mut daemon = Daemon {
+            prefix: prefix.iter().map(|a| a.to_string()).collect(),
             program: AGENTD,
             args: args.iter().map(|a| a.to_string()).collect(),
             log: self.dir().join(format!("{id}.log")),
@@ -383,6 +423,22 @@ impl Cluster {
         }
     }
 
+    /// The control plane's pid, while it runs.
+    pub fn controlplane_pid(&self) -> Option<u32> {
+        let (cp, _) = self.controlplane.as_ref()?;
+        cp.child.as_ref().map(Child::id)
+    }
+
+    /// Node `id`'s agent's pid, while it runs.
+    pub fn agent_pid(&self, id: &str) -> Option<u32> {
+        self.nodes[id].daemon.child.as_ref().map(Child::id)
+    }
+
+    /// What node `id`'s agent wrote on stderr so far.
+    pub fn agent_log(&self, id: &str) -> String {
+        self.nodes[id].daemon.log()
+    }
+
     /// Every daemon's log, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
@@ -413,31 +469,75 @@ impl Cluster {
     /// keelctl with exactly `args` and `env`, in the cluster's directory,
     /// with `stdin` if given (none of the caller's KEEL_* variables leak in).
     pub fn keelctl_raw(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Run {
-        use std::io::Write;
-        let mut child = Command::new(KEELCTL)
-            .args(args)
-            .current_dir(self.dir())
-            .env_remove("KEEL_SOCKET")
-            .env_remove("KEEL_CONTROLPLANE")
-            .envs(env.iter().copied())
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn keelctl");
-        if let Some(text) = stdin {
-            let mut pipe = child.stdin.take().expect("stdin pipe");
-            pipe.write_all(text.as_bytes()).expect("write stdin");
-        }
-        let out = child.wait_with_output().expect("keelctl runs");
-        Run {
-            code: out.status.code().expect("keelctl exited, not killed"),
-            stdout: String::from_utf8(out.stdout).expect("utf-8 stdout"),
-            stderr: String::from_utf8(out.stderr).expect("utf-8 stderr"),
+        let prefix = match &self.controlplane {
+            Some((cp, _)) => cp.prefix.as_slice(),
+            None => &[],
+        };
+        keelctl_in(self.dir(), prefix, args, env, stdin)
+    }
+}
+
+/// The control plane's arguments in [`Cluster::standard`]: simulated,
+/// listening on `listen`, heartbeats every 200 ms, Dead after 1 s.
+pub fn standard_controlplane_args(listen: SocketAddr) -> Vec<String> {
+    [
+        "--simulate",
+        "--listen",
+        &listen.to_string(),
+        "--heartbeat-interval",
+        "200ms",
+        "--dead-after",
+        "1s",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// keelctl behind `prefix` (see [`prefixed`]) in `dir`; see
+/// [`Cluster::keelctl_raw`].
+fn keelctl_in(
+    dir: &Path,
+    prefix: &[String],
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdin: Option<&str>,
+) -> Run {
+    use std::io::Write;
+    let mut child = prefixed(prefix, KEELCTL)
+        .args(args)
+        .current_dir(dir)
+        .env_remove("KEEL_SOCKET")
+        .env_remove("KEEL_CONTROLPLANE")
+        .envs(env.iter().copied())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn keelctl");
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin pipe");
+        pipe.write_all(text.as_bytes()).expect("write stdin");
+    }
+    let out = child.wait_with_output().expect("keelctl runs");
+    Run {
+        code: out.status.code().expect("keelctl exited, not killed"),
+        stdout: String::from_utf8(out.stdout).expect("utf-8 stdout"),
+        stderr: String::from_utf8(out.stderr).expect("utf-8 stderr"),
+    }
+}
+
+/// `program`, or `prefix` with `program` as its next argument.
+fn prefixed(prefix: &[String], program: &str) -> Command {
+    match prefix.split_first() {
+        None => Command::new(program),
+        Some((first, rest)) => {
+            let mut cmd = Command::new(first);
+            cmd.args(rest).arg(program);
+            cmd
         }
     }
 }

@@ -6,3 +6,4 @@ pub mod agent;
 pub mod cluster;
 pub mod controlplane;
 pub mod golden;
+pub mod load;

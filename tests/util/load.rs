@@ -1,0 +1,392 @@
+//! Load-generation plumbing shared by the control plane benchmark
+//! (`bench/controlplane.rs`, which includes this file with `#[path]`) and the
+//! soak (`tests/soak.rs`): keep-alive HTTP/1.1 clients that send hand-encoded
+//! (optionally signed) requests, a paced pool of simulated nodes'
+//! heartbeats, in-process simulated agents that accept every `PUT` and
+//! `DELETE /jails/{name}`, and readers of a process's CPU time, memory and
+//! file descriptors in `/proc` (Linux).
+//!
+//! It measures and reports; it never asserts (its users decide what a
+//! failure is) and never signals a process.
+
+#![allow(dead_code)]
+
+use std::io::{BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use keel::common::auth::{self, Signer};
+use keel::common::http::{
+    ClientResponse, Request, Response, Server, ServerLimits, ShutdownSignal, read_response,
+};
+use keel::common::wire::{HeartbeatRequest, Resources};
+
+/// Bound on connecting and on each read and write.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Size every simulated node reports, and what each placed jail commits.
+pub const NODE_CPU: f64 = 8.0;
+pub const NODE_MEMORY: u64 = 32 << 30;
+pub const JAIL_CPU: f64 = 0.25;
+pub const JAIL_MEMORY: u64 = 256 << 20;
+/// "No peer list held yet" (versions stay below 2^53).
+pub const NO_VERSION: u64 = u64::MAX;
+
+/// The id of simulated node `i`.
+pub fn node_id(i: usize) -> String {
+    format!("node-{i:05}")
+}
+
+// ---------------------------------------------------------------- /proc
+
+/// utime + stime of the whole process (every thread, dead ones included),
+/// in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces: state is 3, utime 14.
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / clock_ticks_per_sec())
+}
+
+/// sysconf(_SC_CLK_TCK): the unit of utime and stime.
+#[allow(unsafe_code)]
+pub fn clock_ticks_per_sec() -> f64 {
+    // SAFETY: sysconf takes an integer, touches no memory of ours and returns
+    // -1 on error, which is handled below.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+/// One field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`) or a count.
+pub fn proc_status(pid: u32, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+pub fn mib(kib: Option<u64>) -> String {
+    kib.map_or("n/a".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
+}
+
+/// How many file descriptors `pid` holds open (entries of `/proc/<pid>/fd`).
+pub fn open_fds(pid: u32) -> Option<u64> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    u64::try_from(dir.count()).ok()
+}
+
+// ------------------------------------------------------ simulated agents
+
+/// In-process agents: answer `PUT` and `DELETE /jails/{name}` with 200,
+/// verify nothing, count both.
+pub struct Agents {
+    pub addrs: Vec<SocketAddr>,
+    pub puts: Arc<AtomicU64>,
+    pub deletes: Arc<AtomicU64>,
+    pub shutdown: ShutdownSignal,
+    pub threads: Vec<JoinHandle<()>>,
+}
+
+impl Agents {
+    pub fn start(count: usize) -> Result<Agents, String> {
+        let puts = Arc::new(AtomicU64::new(0));
+        let deletes = Arc::new(AtomicU64::new(0));
+        let (counter, deleted) = (Arc::clone(&puts), Arc::clone(&deletes));
+        let handler = move |req: Request| -> Response {
+            match (req.method.as_str(), req.segments().as_slice()) {
+                ("PUT", ["jails", name]) => {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    Response::json(
+                        200,
+                        &serde_json::json!({ "name": name, "state": "Pending" }),
+                    )
+                }
+                ("DELETE", ["jails", name]) => {
+                    deleted.fetch_add(1, Ordering::Relaxed);
+                    Response::json(200, &serde_json::json!({ "deleted": name }))
+                }
+                _ => Response::error(
+                    404,
+                    "simulated agent: PUT and DELETE /jails/NAME only",
+                    None,
+                ),
+            }
+        };
+        let shutdown = ShutdownSignal::new();
+        let limits = ServerLimits {
+            max_connections: 4096,
+            ..ServerLimits::default()
+        };
+        let server = Server::new(Arc::new(handler), limits, shutdown.clone());
+        let mut addrs = Vec::new();
+        let mut threads = Vec::new();
+        for _ in 0..count {
+            let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+            addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
+            threads.push(server.serve_tcp(listener).map_err(|e| e.to_string())?);
+        }
+        Ok(Agents {
+            addrs,
+            puts,
+            deletes,
+            shutdown,
+            threads,
+        })
+    }
+}
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+// ------------------------------------------------------ keep-alive client
+
+/// One keep-alive connection; reconnects after an error or a `close`.
+pub struct KeepAlive {
+    pub addr: SocketAddr,
+    pub endpoint: String,
+    pub conn: Option<BufReader<TcpStream>>,
+}
+
+impl KeepAlive {
+    pub fn new(addr: SocketAddr) -> KeepAlive {
+        KeepAlive {
+            addr,
+            endpoint: addr.to_string(),
+            conn: None,
+        }
+    }
+
+    pub fn connect(&self) -> Result<BufReader<TcpStream>, String> {
+        let s = TcpStream::connect_timeout(&self.addr, IO_TIMEOUT)
+            .map_err(|e| format!("connecting to {}: {e}", self.addr))?;
+        s.set_nodelay(true)
+            .and_then(|()| s.set_read_timeout(Some(IO_TIMEOUT)))
+            .and_then(|()| s.set_write_timeout(Some(IO_TIMEOUT)))
+            .map_err(|e| e.to_string())?;
+        Ok(BufReader::with_capacity(64 * 1024, s))
+    }
+
+    /// Sends one encoded request and reads its response.
+    pub fn exchange(&mut self, wire: &[u8]) -> Result<ClientResponse, String> {
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => self.connect()?,
+        };
+        conn.get_mut()
+            .write_all(wire)
+            .map_err(|e| format!("sending to {}: {e}", self.endpoint))?;
+        let resp = read_response(&mut conn, &self.endpoint, false).map_err(|e| e.to_string())?;
+        let closing = resp
+            .header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        if !closing {
+            self.conn = Some(conn);
+        }
+        Ok(resp)
+    }
+}
+
+/// A request on the wire, keep-alive (no `Connection: close`).
+pub fn encode(
+    method: &str,
+    path: &str,
+    host: SocketAddr,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Vec<u8> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n");
+    for (n, v) in headers {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    let mut wire = head.into_bytes();
+    wire.extend_from_slice(body);
+    wire
+}
+
+/// A request signed with `signer`, JSON or YAML body.
+pub fn signed(
+    signer: &Signer,
+    method: &str,
+    path: &str,
+    host: SocketAddr,
+    content_type: &str,
+    body: &[u8],
+) -> Result<Vec<u8>, String> {
+    let mut headers = auth::sign_headers(signer, method, path, body, auth::unix_now())
+        .map_err(|e| e.to_string())?;
+    headers.push(("Content-Type".into(), content_type.into()));
+    Ok(encode(method, path, host, &headers, body))
+}
+
+// ------------------------------------------------------ paced heartbeats
+
+/// What the paced pool sends.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Paced {
+    /// `GET /healthz`, unsigned.
+    Healthz,
+    /// `POST /nodes/{id}/heartbeat`, signed with the node key.
+    Heartbeat,
+}
+
+/// One paced request: when it was due, how long until its answer (from the
+/// due time), whether it succeeded.
+pub struct Sample {
+    pub due: Instant,
+    pub latency: Duration,
+    pub error: Option<String>,
+}
+
+/// Shared by the paced threads.
+pub struct PacedLoad {
+    pub kind: Paced,
+    pub addr: SocketAddr,
+    pub nodes: usize,
+    pub signer: Signer,
+    /// Jails the bench placed per node, reported as committed.
+    pub placed: Arc<Vec<AtomicU64>>,
+    /// The peer list version each node last received ([`NO_VERSION`]: none),
+    /// sent back as an agent does.
+    pub versions: Vec<AtomicU64>,
+    /// Every node sends once per period (the agents' default: 5 s).
+    pub period: Duration,
+    pub start: Instant,
+    pub stop: AtomicBool,
+}
+
+impl PacedLoad {
+    /// Thread `t` of `threads`: nodes `t, t + threads, ...`, node `i` due at
+    /// `start + k * period + i * period / nodes`.
+    pub fn run(&self, t: usize, threads: usize) -> Vec<Sample> {
+        let mut samples = Vec::new();
+        let mut conn = KeepAlive::new(self.addr);
+        let mine: Vec<usize> = (t..self.nodes).step_by(threads).collect();
+        let phase = |i: usize| self.period.mul_f64(i as f64 / self.nodes as f64);
+        for round in 0u32.. {
+            for &i in &mine {
+                let due = self.start + self.period * round + phase(i);
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+                if self.stop.load(Ordering::Relaxed) {
+                    return samples;
+                }
+                let result = self.request(i).and_then(|wire| conn.exchange(&wire));
+                let error = match result {
+                    Ok(r) if r.status == 200 => self.absorb(i, &r.body).err(),
+                    Ok(r) => Some(format!(
+                        "{} answered {}: {}",
+                        self.what(i),
+                        r.status,
+                        String::from_utf8_lossy(&r.body)
+                    )),
+                    Err(e) => Some(format!("{}: {e}", self.what(i))),
+                };
+                samples.push(Sample {
+                    due,
+                    latency: due.elapsed(),
+                    error,
+                });
+            }
+        }
+        samples
+    }
+
+    /// Keeps the peer list version of a heartbeat answer.
+    pub fn absorb(&self, i: usize, body: &[u8]) -> Result<(), String> {
+        #[derive(serde::Deserialize)]
+        struct Versioned {
+            #[serde(default)]
+            peers_version: Option<u64>,
+        }
+        if self.kind == Paced::Heartbeat {
+            let v: Versioned = serde_json::from_slice(body)
+                .map_err(|e| format!("heartbeat answer of {}: {e}", node_id(i)))?;
+            self.versions[i].store(v.peers_version.unwrap_or(NO_VERSION), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    pub fn what(&self, i: usize) -> String {
+        match self.kind {
+            Paced::Healthz => "GET /healthz".into(),
+            Paced::Heartbeat => format!("heartbeat of {}", node_id(i)),
+        }
+    }
+
+    pub fn request(&self, i: usize) -> Result<Vec<u8>, String> {
+        match self.kind {
+            Paced::Healthz => Ok(encode("GET", "/healthz", self.addr, &[], b"")),
+            Paced::Heartbeat => {
+                let jails = self.placed[i].load(Ordering::Relaxed);
+                let body = serde_json::to_vec(&HeartbeatRequest {
+                    committed: Resources {
+                        cpu: jails as f64 * JAIL_CPU,
+                        memory: jails * JAIL_MEMORY,
+                    },
+                    jails: u32::try_from(jails).unwrap_or(u32::MAX),
+                    placed: Vec::new(),
+                    peers_version: match self.versions[i].load(Ordering::Relaxed) {
+                        NO_VERSION => None,
+                        v => Some(v),
+                    },
+                })
+                .map_err(|e| e.to_string())?;
+                let path = format!("/nodes/{}/heartbeat", node_id(i));
+                signed(
+                    &self.signer,
+                    "POST",
+                    &path,
+                    self.addr,
+                    "application/json",
+                    &body,
+                )
+            }
+        }
+    }
+}
+
+/// A paced load running on its threads until [`Running::finish`].
+pub struct Running {
+    pub load: Arc<PacedLoad>,
+    pub threads: Vec<JoinHandle<Vec<Sample>>>,
+}
+
+impl Running {
+    pub fn start(load: PacedLoad, clients: usize) -> Running {
+        let load = Arc::new(load);
+        let threads = (0..clients)
+            .map(|t| {
+                let load = Arc::clone(&load);
+                std::thread::spawn(move || load.run(t, clients))
+            })
+            .collect();
+        Running { load, threads }
+    }
+
+    /// Stops the threads and returns every sample.
+    pub fn finish(self) -> Vec<Sample> {
+        self.load.stop.store(true, Ordering::Relaxed);
+        let mut all = Vec::new();
+        for t in self.threads {
+            if let Ok(samples) = t.join() {
+                all.extend(samples);
+            }
+        }
+        all
+    }
+}
