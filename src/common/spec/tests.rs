@@ -1032,3 +1032,28 @@ fn a_program_containing_equals_is_refused() {
         "'='",
     );
 }
+
+#[test]
+fn names_keel_reserves_for_its_own_jails_are_refused() {
+    refused(
+        "kind: Jail\nmetadata:\n  name: keel-ingress\nspec: {base: b, exec: {start: [x]}}\n",
+        1,
+        "metadata.name",
+        3,
+        "reserved for the jails Keel runs itself",
+    );
+    refused(
+        "kind: Service\nmetadata:\n  name: keel-web\nspec: {port: 80, template: {base: b, exec: {start: [x]}}}\n",
+        1,
+        "metadata.name",
+        3,
+        "reserved",
+    );
+    // An Ingress is not a jail: its name is free.
+    assert!(
+        parse_documents(
+            "kind: Ingress\nmetadata: {name: keel-site}\nspec: {host: a.example.org, service: web}\n"
+        )
+        .is_ok()
+    );
+}

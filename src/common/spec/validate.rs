@@ -343,14 +343,29 @@ fn jail_body(p: &str, s: &JailSpec) -> Check {
     volumes(p, &s.volumes)
 }
 
+/// Names of jails Keel runs itself (the ingress jail, `keel-ingress`) start
+/// with this; no Jail or Service (whose replicas are jails) may.
+pub const RESERVED_PREFIX: &str = "keel-";
+
+fn not_reserved(name: &str) -> Result<(), String> {
+    if name.starts_with(RESERVED_PREFIX) {
+        return Err(format!(
+            "{name:?} starts with {RESERVED_PREFIX:?}, which is reserved for the jails Keel runs itself (keel-ingress); choose another name"
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn jail(j: &Jail) -> Check {
     at("metadata.name", validate_name(&j.metadata.name))?;
+    at("metadata.name", not_reserved(&j.metadata.name))?;
     jail_body("spec", &j.spec)
 }
 
 pub(crate) fn service(s: &Service) -> Check {
     let name = &s.metadata.name;
     at("metadata.name", validate_name(name))?;
+    at("metadata.name", not_reserved(name))?;
     let spec = &s.spec;
     if spec.replicas > MAX_REPLICAS {
         return Err(FieldError::new(
