@@ -15,11 +15,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keel::agentd::ingress::acme::{AcmeSettings, CertFiles, RenewReason};
 use keel::agentd::ingress::dns::{OvhCredentials, OvhDns};
+use keel::agentd::ingress::nginx::{NginxLayout, Site, render};
 use keel::agentd::ingress::propagation::{Answer, query_txt};
 use keel::agentd::ingress::{CertManager, CertStatus};
 use keel::common::auth::{KeyFilePolicy, unix_now};
@@ -29,23 +29,20 @@ use keel::common::http::{
 };
 use sha1::{Digest, Sha1};
 
+use crate::util::nginx::{
+    self, Backend, Nginx, free_port as free_tcp_port, https_client, raw_http,
+};
+use crate::util::pki::TestCa;
+use crate::util::poll_until;
+
 const PEBBLE: &str = "/usr/bin/pebble";
 const CHALLTESTSRV: &str = "/usr/bin/pebble-challtestsrv";
-const DEADLINE: Duration = Duration::from_secs(60);
 const AK: &str = "test-application-key";
 const AS: &str = "test-application-secret";
 const CK: &str = "test-consumer-key";
 /// The fake OVH's clock runs this far ahead of ours: requests only verify if
 /// the client derived its timestamps from `/auth/time`.
 const OVH_CLOCK_AHEAD: i64 = 3600;
-
-fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// A TCP port nobody listens on, whose UDP twin is free too (challtestsrv
 /// serves DNS on both).
@@ -102,31 +99,18 @@ fn start_peers() -> Option<Peers> {
     let dir = tempfile::tempdir().expect("tempdir");
     // Pebble's HTTPS listener needs a certificate; Debian ships none, so the
     // test makes a throwaway CA and a leaf for 127.0.0.1.
-    let ca_key = rcgen::KeyPair::generate().expect("ca key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "keel test CA for pebble");
-    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let leaf_key = rcgen::KeyPair::generate().expect("leaf key");
-    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".into()])
-        .expect("leaf params")
-        .signed_by(&leaf_key, &issuer)
-        .expect("leaf cert");
+    let ca = TestCa::new("keel test CA for pebble");
+    let listener = ca.leaf(&["127.0.0.1", "localhost"], dir.path(), "pebble-listener");
     let ca_pem = dir.path().join("ca.pem");
-    fs::write(&ca_pem, ca_cert.pem()).expect("write ca");
-    fs::write(dir.path().join("cert.pem"), leaf.pem()).expect("write cert");
-    fs::write(dir.path().join("key.pem"), leaf_key.serialize_pem()).expect("write key");
+    fs::write(&ca_pem, &ca.pem).expect("write ca");
 
     let (acme, management, dns, chall_mgmt) = (free_port(), free_port(), free_port(), free_port());
     let config = serde_json::json!({
         "pebble": {
             "listenAddress": format!("127.0.0.1:{acme}"),
             "managementListenAddress": format!("127.0.0.1:{management}"),
-            "certificate": dir.path().join("cert.pem"),
-            "privateKey": dir.path().join("key.pem"),
+            "certificate": listener.cert,
+            "privateKey": listener.key,
             "httpPort": free_port(),
             "tlsPort": free_port(),
             "ocspResponderURL": "",
@@ -439,8 +423,8 @@ fn certificate_issued_renewed_and_challenges_cleaned() {
         .body_mut()
         .read_to_string()
         .expect("root body");
-    let (_, root_pem) = x509_parser::pem::parse_x509_pem(root_pem.as_bytes()).expect("root pem");
-    let (_, root) = x509_parser::parse_x509_certificate(&root_pem.contents).expect("root");
+    let (_, root_der) = x509_parser::pem::parse_x509_pem(root_pem.as_bytes()).expect("root pem");
+    let (_, root) = x509_parser::parse_x509_certificate(&root_der.contents).expect("root");
     inter
         .verify_signature(Some(root.public_key()))
         .expect("intermediate signed by Pebble's root");
@@ -550,4 +534,93 @@ fn certificate_issued_renewed_and_challenges_cleaned() {
         m.ensure(host, &certs, now).expect("ensure"),
         CertStatus::Valid { .. }
     ));
+
+    // What was installed is what nginx needs: it serves the host with the
+    // renewed chain and key to a client trusting only Pebble's root.
+    nginx_serves_the_certificate(peers.dir.path(), host, &files, &root_pem);
+}
+
+/// What the backend answers; nginx only relays it.
+const BACKEND_BODY: &str = "served by the keel test backend\n";
+
+/// Runs real nginx with the configuration `render` makes for `host` (the
+/// issued chain and key, a backend on loopback) and checks it from outside:
+/// HTTPS with SNI reaches the backend, port 80 redirects, a name no Ingress
+/// serves learns nothing.
+fn nginx_serves_the_certificate(dir: &Path, host: &str, files: &CertFiles, root_pem: &str) {
+    if !nginx::present("the nginx part of certificate_issued_renewed_and_challenges_cleaned") {
+        return;
+    }
+    let prefix = dir.join("nginx");
+    fs::create_dir_all(prefix.join("tmp")).expect("nginx prefix");
+    let backend = Backend::start(BACKEND_BODY);
+    let layout = NginxLayout::under(&prefix, free_tcp_port(), free_tcp_port());
+    let site = Site {
+        host: host.into(),
+        upstream: backend.addr,
+        certificate: files.chain.clone(),
+        key: files.key.clone(),
+    };
+    let (conf, refused) = render(&[site], &layout);
+    assert!(refused.is_empty(), "{refused:?}");
+    let server = Nginx::start(&prefix, &conf, &[layout.http_port, layout.https_port]);
+    let client = https_client(root_pem.as_bytes());
+
+    // HTTPS for the host: its SNI selects its certificate, which verifies
+    // against Pebble's root, and the request reaches the backend.
+    let url = format!("https://{host}:{}/hello?x=1", layout.https_port);
+    let mut answer = client
+        .get(&url)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}\nnginx:\n{}", server.log()));
+    assert_eq!(answer.status(), 200, "nginx:\n{}", server.log());
+    let body = answer.body_mut().read_to_string().expect("body");
+    assert_eq!(body, BACKEND_BODY);
+    let head = backend.next_request();
+    assert!(head.starts_with("GET /hello?x=1 HTTP/1."), "{head}");
+    let headers: Vec<String> = head.lines().skip(1).map(str::to_ascii_lowercase).collect();
+    for wanted in [
+        "x-forwarded-proto: https".to_string(),
+        format!("host: {host}"),
+        "x-real-ip: 127.0.0.1".into(),
+    ] {
+        assert!(headers.contains(&wanted), "{wanted:?} missing from\n{head}");
+    }
+
+    // Port 80 only redirects, to the same host and path over HTTPS.
+    let answer = raw_http(
+        layout.http_port,
+        &format!("GET /some/path?q=1 HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+    );
+    assert!(answer.starts_with("HTTP/1.1 301 "), "{answer}");
+    assert!(
+        answer
+            .lines()
+            .any(|l| l == format!("Location: https://{host}/some/path?q=1")),
+        "{answer}"
+    );
+
+    // A name no Ingress serves: port 80 closes without answering (444),
+    // port 443 refuses the handshake, so no certificate names a host.
+    let answer = raw_http(
+        layout.http_port,
+        "GET / HTTP/1.1\r\nHost: unknown.example.net\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(answer, "", "nginx answered an unknown host");
+    let unknown = format!("https://unknown.example.net:{}/", layout.https_port);
+    // rustls reports nginx's alert as an I/O error wrapping its own; the
+    // alert (unrecognized_name, RFC 6066) is what `ssl_reject_handshake`
+    // sends, unlike a certificate the client merely distrusts.
+    match client.get(&unknown).call() {
+        Err(e) => assert!(
+            format!("{e:?}").contains("AlertReceived(UnrecognisedName)"),
+            "the handshake failed for another reason: {e:?}"
+        ),
+        Ok(answer) => panic!("GET {unknown} answered {}", answer.status()),
+    }
+    assert_eq!(
+        backend.pending_request(),
+        None,
+        "a refused request reached the backend"
+    );
 }

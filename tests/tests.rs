@@ -20,6 +20,7 @@ mod golden_routes;
 mod golden_zfs;
 mod hostile;
 mod http;
+mod nginx_conf;
 mod packaging;
 mod partitions;
 mod proxy;
