@@ -92,7 +92,7 @@ pub const FLAGS: &[Flag] = &[
         short: None,
         long: "node",
         value: Some("ID"),
-        help: "with a control plane: this node instead of the scheduler's pick",
+        help: "with a control plane: this node instead of the scheduler's pick (needed for ingresses)",
     },
     Flag {
         id: FlagId::KeyFile,
@@ -338,7 +338,7 @@ fn usage(message: impl Into<String>) -> UsageError {
 /// `--help`: usage forms, commands, flags and exit statuses.
 pub fn help_text() -> String {
     let mut out = format!(
-        "keelctl {}: apply, inspect and delete Keel jails and services\n\n\
+        "keelctl {}: apply, inspect and delete Keel jails, services and ingresses\n\n\
          Usage: keelctl [OPTIONS] COMMAND\n\nCommands:\n",
         env!("CARGO_PKG_VERSION")
     );
