@@ -266,6 +266,114 @@ fn membership_scheduling_forwarding_and_persistence() {
     assert_eq!(r.status, 404);
 }
 
+const INGRESS: &[u8] =
+    b"kind: Ingress\nmetadata: {name: shop}\nspec: {host: shop.example.com, service: web}\n";
+
+/// Ingresses are node-bound: only the named routes exist, they reach that
+/// node and nothing else, and an unknown or Dead node is answered without
+/// a network call.
+#[test]
+fn ingress_routes_forward_to_the_named_node_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = ControlPlane::start(dir.path(), free_port(), "1s");
+    let node = cp.key("node.key");
+    let operator = cp.key("operator.key");
+    let a = FakeAgent::start(dir.path());
+    let b = FakeAgent::start(dir.path());
+    register(&cp, &node, "node-a", a.addr, 4.0);
+    register(&cp, &node, "node-b", b.addr, 4.0);
+
+    for (method, path, body, agent_path) in [
+        (
+            "PUT",
+            "/nodes/node-a/ingresses/shop",
+            INGRESS,
+            "/ingresses/shop",
+        ),
+        (
+            "GET",
+            "/nodes/node-a/ingresses/shop",
+            b"".as_slice(),
+            "/ingresses/shop",
+        ),
+        ("GET", "/nodes/node-a/ingresses", b"", "/ingresses"),
+        (
+            "DELETE",
+            "/nodes/node-a/ingresses/shop",
+            b"",
+            "/ingresses/shop",
+        ),
+    ] {
+        let r = cp.call(Some(&operator), method, path, body);
+        assert_eq!(
+            r.status,
+            200,
+            "{method} {path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        // The agent's answer comes back untouched.
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&r.body).expect("json"),
+            serde_json::json!({ "path": agent_path })
+        );
+        let seen = a
+            .seen
+            .lock()
+            .expect("lock")
+            .last()
+            .cloned()
+            .expect("forwarded");
+        assert_eq!((seen.0.as_str(), seen.1.as_str()), (method, agent_path));
+        assert_eq!(
+            seen.2, None,
+            "no epoch: the control plane records no ingress"
+        );
+    }
+    assert_eq!(a.seen.lock().expect("lock").len(), 4);
+    assert!(
+        b.seen.lock().expect("lock").is_empty(),
+        "only the named node is asked"
+    );
+
+    let refused = |method: &str, path: &str| {
+        let r = cp.call(Some(&operator), method, path, b"");
+        (r.status, String::from_utf8_lossy(&r.body).into_owned())
+    };
+    let (status, body) = refused("GET", "/nodes/node-z/ingresses/shop");
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no node named node-z"), "{body}");
+    // No scheduled route: the operator names the node.
+    let (status, body) = refused("PUT", "/ingresses/shop");
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no route"), "{body}");
+    assert_eq!(refused("POST", "/nodes/node-a/ingresses/shop").0, 405);
+    assert_eq!(refused("PUT", "/nodes/node-a/ingresses").0, 405);
+    assert_eq!(refused("GET", "/nodes/node-a/ingresses/Bad_Name").0, 400);
+
+    // node-b stops heartbeating: Dead after 1s, then refused unsent.
+    let start = Instant::now();
+    loop {
+        heartbeat(&cp, &node, "node-a", 0.0);
+        let (status, body) = refused("GET", "/nodes/node-b/ingresses");
+        if status == 503 {
+            assert!(body.contains("node node-b is Dead"), "{body}");
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+        assert!(start.elapsed() < DEADLINE, "node-b never became Dead");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let asked = b.seen.lock().expect("lock").len();
+    assert_eq!(refused("DELETE", "/nodes/node-b/ingresses/shop").0, 503);
+    assert_eq!(refused("PUT", "/nodes/node-b/ingresses/shop").0, 503);
+    assert_eq!(
+        b.seen.lock().expect("lock").len(),
+        asked,
+        "nothing sent to a Dead node"
+    );
+    assert_eq!(a.seen.lock().expect("lock").len(), 4);
+}
+
 #[test]
 fn every_route_refuses_bad_signatures_and_wrong_roles() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -286,6 +394,10 @@ fn every_route_refuses_bad_signatures_and_wrong_roles() {
         ("PUT", "/jails/web", Role::Operator),
         ("GET", "/jails/web", Role::Operator),
         ("DELETE", "/jails/web", Role::Operator),
+        ("GET", "/nodes/n1/ingresses", Role::Operator),
+        ("PUT", "/nodes/n1/ingresses/shop", Role::Operator),
+        ("GET", "/nodes/n1/ingresses/shop", Role::Operator),
+        ("DELETE", "/nodes/n1/ingresses/shop", Role::Operator),
     ];
     for (method, path, role) in routes {
         let wrong = match role {

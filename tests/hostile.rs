@@ -741,6 +741,8 @@ fn the_control_plane_refuses_hostile_requests_and_changes_nothing() {
                 format!("/jails/{name}"),
                 format!("/nodes/{name}/jails/web"),
                 format!("/nodes/n1/jails/{name}"),
+                format!("/nodes/{name}/ingresses/shop"),
+                format!("/nodes/n1/ingresses/{name}"),
             ] {
                 rows.push(row(
                     format!("bad name {method} {path}"),
@@ -787,6 +789,8 @@ fn the_control_plane_refuses_hostile_requests_and_changes_nothing() {
     let (n, o) = (&node, &operator);
     let not_json: &[u8] = b"not json";
     let not_spec: &[u8] = b"kind: Jail\n";
+    let ingress: &[u8] =
+        b"kind: Ingress\nmetadata: {name: shop}\nspec: {host: shop.example.com, service: web}\n";
     let route = |method, path, body, good, wrong, replay_path, replay_body| SignedRoute {
         method,
         path,
@@ -864,6 +868,42 @@ fn the_control_plane_refuses_hostile_requests_and_changes_nothing() {
         ),
         route("GET", "/jails/keep", empty, o, n, "/jails/keep", empty),
         route("DELETE", "/jails/keep", empty, o, n, "/jails/absent", empty),
+        route(
+            "GET",
+            "/nodes/n1/ingresses",
+            empty,
+            o,
+            n,
+            "/nodes/n1/ingresses",
+            empty,
+        ),
+        route(
+            "PUT",
+            "/nodes/n1/ingresses/shop",
+            ingress,
+            o,
+            n,
+            "/nodes/n1/ingresses/replayed",
+            not_spec,
+        ),
+        route(
+            "GET",
+            "/nodes/n1/ingresses/shop",
+            empty,
+            o,
+            n,
+            "/nodes/n1/ingresses/shop",
+            empty,
+        ),
+        route(
+            "DELETE",
+            "/nodes/n1/ingresses/shop",
+            empty,
+            o,
+            n,
+            "/nodes/n1/ingresses/absent",
+            empty,
+        ),
     ];
     for r in &routes {
         rows.extend(auth_rows(&tcp, r));

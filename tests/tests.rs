@@ -9,6 +9,7 @@ mod config_cli;
 mod controlplane;
 mod crash_campaign;
 mod ctl;
+mod ctl_ingress;
 mod ctl_services;
 mod golden_agent;
 mod golden_capacity;

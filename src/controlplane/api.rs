@@ -10,6 +10,7 @@
 //! | `PUT/GET/DELETE /jails/{name}` | operator | scheduled: sticky placement, recorded after success |
 //! | `GET /nodes/{id}/volumes`, `GET/DELETE /nodes/{id}/volumes/{name}` | operator | forwarded to that node |
 //! | `GET /volumes` | operator | every registered node's volumes, each tagged with its node |
+//! | `GET /nodes/{id}/ingresses`, `PUT/GET/DELETE /nodes/{id}/ingresses/{name}` | operator | forwarded to that node |
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs |
 //! | `GET /metrics` | operator | Prometheus text |
@@ -32,6 +33,10 @@
 //! would learn them only after the fact, too late to stop an apply on the
 //! wrong node. `DELETE /volumes/{name}` forgets the entry once the node has
 //! destroyed the dataset.
+//!
+//! Ingresses have no scheduled route: an Ingress publishes a Service's
+//! replicas on one node's public address, so the operator names the node
+//! and the control plane only relays (it records nothing about them).
 //!
 //! Handlers never parse a spec body: they ask the worker where a request goes
 //! (a read, no network), relay it byte for byte to that agent signed with the
@@ -214,7 +219,22 @@ impl ControlPlaneApi {
                 Err(r) => refused(&r),
                 Ok(addr) => self.delete_volume(name, id, addr, req)?,
             },
-            (_, ["volumes"]) | (_, ["nodes", _, "volumes"]) => method_not_allowed("GET"),
+            ("GET", ["nodes", id, "ingresses"]) => match self.worker.resolve_node(id)? {
+                Err(r) => refused(&r),
+                Ok(addr) => self.forwarder.forward(id, addr, req, "/ingresses", None),
+            },
+            ("PUT" | "GET" | "DELETE", ["nodes", id, "ingresses", name]) => {
+                match self.worker.resolve_node(id)? {
+                    Err(r) => refused(&r),
+                    Ok(addr) => {
+                        self.forwarder
+                            .forward(id, addr, req, &format!("/ingresses/{name}"), None)
+                    }
+                }
+            }
+            (_, ["volumes"]) | (_, ["nodes", _, "volumes"]) | (_, ["nodes", _, "ingresses"]) => {
+                method_not_allowed("GET")
+            }
             (_, ["volumes", _]) | (_, ["nodes", _, "volumes", _]) => {
                 method_not_allowed("GET, DELETE")
             }
@@ -224,9 +244,10 @@ impl ControlPlaneApi {
             (_, ["nodes"]) | (_, ["metrics"]) | (_, ["nodes", _, "jails"]) => {
                 method_not_allowed("GET")
             }
-            (_, ["jails", _]) | (_, ["nodes", _, "jails", _]) | (_, ["services", _]) => {
-                method_not_allowed("GET, PUT, DELETE")
-            }
+            (_, ["jails", _])
+            | (_, ["nodes", _, "jails", _])
+            | (_, ["nodes", _, "ingresses", _])
+            | (_, ["services", _]) => method_not_allowed("GET, PUT, DELETE"),
             (_, ["services"]) => method_not_allowed("GET"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
         })
@@ -599,14 +620,14 @@ fn unknown_volume(name: &str, node: &str, why: String) -> VolumeStatus {
     }
 }
 
-/// Path segments that are names (node ids, jail and volume names), checked
+/// Path segments that are names (node ids, jail, volume and ingress names), checked
 /// as DNS labels before anything looks them up.
 fn names_in<'a>(segments: &[&'a str]) -> Vec<&'a str> {
     match segments {
         ["nodes", "register"] => vec![],
         ["nodes", id, rest @ ..] => {
             let mut v = vec![*id];
-            if let ["jails", name] | ["volumes", name] = rest {
+            if let ["jails", name] | ["volumes", name] | ["ingresses", name] = rest {
                 v.push(name);
             }
             v

@@ -6,8 +6,12 @@
 //! over the exact target sent ([`crate::common::auth::sign_headers`]); jail
 //! routes are the scheduled `/jails/{name}`, or `/nodes/{id}/jails/{name}`
 //! when a node is named; volume routes likewise (`/volumes/{name}`, resolved
-//! by the control plane's volume registry, or `/nodes/{id}/volumes/{name}`). The agent's own routes are the same without a
-//! prefix, so one [`Route`] decides every path. Services exist only on the
+//! by the control plane's volume registry, or `/nodes/{id}/volumes/{name}`).
+//! Ingresses are bound to a node (its public address, its replicas), so
+//! through the control plane they have only the named routes
+//! `/nodes/{id}/ingresses/{name}`: `commands.rs` refuses an ingress command
+//! without `--node` before calling here. The agent's own routes are the same
+//! without a prefix, so one [`Route`] decides every path. Services exist only on the
 //! control plane (`/services/{name}`): keelctl describes each one in a
 //! [`ServiceApply`] ([`service_apply`]) because the control plane never
 //! parses specs.
@@ -25,9 +29,10 @@ use sha2::{Digest, Sha256};
 
 use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
-use crate::common::spec::{Jail, Service};
+use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
-    ErrorBody, JailStatus, NodeStatus, ServiceApply, ServiceStatus, VolumeStatus, volumes_query,
+    ErrorBody, IngressStatus, JailStatus, NodeStatus, ServiceApply, ServiceStatus, VolumeStatus,
+    volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -287,6 +292,56 @@ impl Api {
     pub fn delete_volume(&self, name: &str) -> Result<(), ApiError> {
         self.call("DELETE", &self.volume_path(name), &[], b"")
             .map(drop)
+    }
+
+    /// `PUT` the ingress as YAML; the agent records it and answers with its
+    /// status at once (a certificate is issued later, off the request path).
+    pub fn apply_ingress(&self, ingress: &Ingress) -> Result<IngressStatus, ApiError> {
+        let path = self.ingress_path(Some(&ingress.metadata.name));
+        let headers = [("Content-Type".to_string(), "application/yaml".to_string())];
+        let body = ingress.to_yaml();
+        decode(
+            self.call("PUT", &path, &headers, body.as_bytes())?,
+            &self.client,
+        )
+    }
+
+    /// `GET /ingresses` on an agent, `GET /nodes/{id}/ingresses` through the
+    /// control plane.
+    pub fn list_ingresses(&self) -> Result<Vec<IngressStatus>, ApiError> {
+        decode(
+            self.call("GET", &self.ingress_path(None), &[], b"")?,
+            &self.client,
+        )
+    }
+
+    /// One ingress; an unknown name is a 404.
+    pub fn get_ingress(&self, name: &str) -> Result<IngressStatus, ApiError> {
+        decode(
+            self.call("GET", &self.ingress_path(Some(name)), &[], b"")?,
+            &self.client,
+        )
+    }
+
+    /// `DELETE` one ingress; its host leaves nginx, and the ingress jail goes
+    /// with the last one.
+    pub fn delete_ingress(&self, name: &str) -> Result<(), ApiError> {
+        self.call("DELETE", &self.ingress_path(Some(name)), &[], b"")
+            .map(drop)
+    }
+
+    /// The ingress list (`name` None) or one ingress. [`Route::Scheduled`]
+    /// has no ingress routes; it maps to the unprefixed path, which the
+    /// control plane answers 404, should a caller forget to refuse it first.
+    fn ingress_path(&self, name: Option<&str>) -> String {
+        let prefix = match &self.route {
+            Route::Agent | Route::Scheduled => String::new(),
+            Route::Node(id) => format!("/nodes/{id}"),
+        };
+        match name {
+            Some(name) => format!("{prefix}/ingresses/{name}"),
+            None => format!("{prefix}/ingresses"),
+        }
     }
 
     fn volume_path(&self, name: &str) -> String {

@@ -92,7 +92,7 @@ pub const FLAGS: &[Flag] = &[
         short: None,
         long: "node",
         value: Some("ID"),
-        help: "with a control plane: this node instead of the scheduler's pick",
+        help: "with a control plane: this node instead of the scheduler's pick (needed for ingresses)",
     },
     Flag {
         id: FlagId::KeyFile,
@@ -135,7 +135,7 @@ pub const FLAGS: &[Flag] = &[
 pub const COMMANDS: &[(&str, &str)] = &[
     (
         "apply -f FILE|-",
-        "validate every document of FILE (jails, services), then apply them in order",
+        "validate every document of FILE (jails, services, ingresses), then apply them in order",
     ),
     ("get jails [NAME]", "list the jails, or show one"),
     (
@@ -150,10 +150,18 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "get volumes [NAME]",
         "list the volume datasets, or show one",
     ),
+    (
+        "get ingresses [NAME]",
+        "list the ingresses, or show one (with --controlplane: of the --node)",
+    ),
     ("delete jail NAME...", "delete jails by name"),
     (
         "delete service NAME...",
         "delete services and their replicas (with --controlplane)",
+    ),
+    (
+        "delete ingress NAME...",
+        "delete ingresses by name (with --controlplane: on the --node)",
     ),
     (
         "delete-volume NAME",
@@ -161,7 +169,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "delete -f FILE|-",
-        "delete the jails and services of FILE, last one first",
+        "delete the jails, services and ingresses of FILE, last one first",
     ),
     ("validate -f FILE|-", "check FILE without sending anything"),
     (
@@ -191,6 +199,9 @@ pub enum Resource {
     Services,
     /// `get volumes` (also `get volume`, `get vol`): volume datasets.
     Volumes,
+    /// `get ingresses` (also `get ingress`, `get ing`): one node's public
+    /// HTTPS hosts.
+    Ingresses,
 }
 
 /// How `get` prints.
@@ -239,7 +250,8 @@ pub enum Command {
         /// The spec file.
         input: Input,
     },
-    /// `get jails|services [NAME] [-o FORMAT]`, `get nodes [-o FORMAT]`.
+    /// `get jails|services|volumes|ingresses [NAME] [-o FORMAT]`,
+    /// `get nodes [-o FORMAT]`.
     Get {
         /// What to list.
         resource: Resource,
@@ -258,6 +270,11 @@ pub enum Command {
         /// Services to delete, in the order given.
         names: Vec<String>,
     },
+    /// `delete ingress NAME...`.
+    DeleteIngresses {
+        /// Ingresses to delete, in the order given.
+        names: Vec<String>,
+    },
     /// `delete-volume NAME`.
     DeleteVolume {
         /// The volume.
@@ -265,7 +282,7 @@ pub enum Command {
     },
     /// `delete -f FILE|-`.
     DeleteFile {
-        /// The spec file whose jails and services are deleted.
+        /// The spec file whose jails, services and ingresses are deleted.
         input: Input,
     },
     /// `validate -f FILE|-`.
@@ -321,7 +338,7 @@ fn usage(message: impl Into<String>) -> UsageError {
 /// `--help`: usage forms, commands, flags and exit statuses.
 pub fn help_text() -> String {
     let mut out = format!(
-        "keelctl {}: apply, inspect and delete Keel jails and services\n\n\
+        "keelctl {}: apply, inspect and delete Keel jails, services and ingresses\n\n\
          Usage: keelctl [OPTIONS] COMMAND\n\nCommands:\n",
         env!("CARGO_PKG_VERSION")
     );
@@ -499,7 +516,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
             let Some((kind, names)) = rest.split_first() else {
                 return Err(usage(
-                    "`get` needs what to list: get jails [NAME], get services [NAME], get volumes [NAME] or get nodes",
+                    "`get` needs what to list: get jails [NAME], get services [NAME], get volumes [NAME], get ingresses [NAME] or get nodes",
                 ));
             };
             let resource = resource(kind)?;
@@ -517,6 +534,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     names.first().map(|n| service_name(n)).transpose()?
                 }
                 Resource::Volumes => names.first().map(|n| volume_name(n)).transpose()?,
+                Resource::Ingresses => names.first().map(|n| ingress_name(n)).transpose()?,
                 Resource::Nodes => {
                     if let Some(word) = names.first() {
                         return Err(usage(format!(
@@ -555,7 +573,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             None => {
                 let Some((kind, names)) = rest.split_first() else {
                     return Err(usage(
-                        "`delete` needs jail NAME..., service NAME... or -f FILE (or -f - for stdin)",
+                        "`delete` needs jail NAME..., service NAME..., ingress NAME... or -f FILE (or -f - for stdin)",
                     ));
                 };
                 let resource = resource(kind)?;
@@ -582,6 +600,12 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                                 .collect::<Result<_, _>>()?,
                         })
                     }
+                    Resource::Ingresses => Ok(Command::DeleteIngresses {
+                        names: names
+                            .iter()
+                            .map(|n| ingress_name(n))
+                            .collect::<Result<_, _>>()?,
+                    }),
                     Resource::Nodes => Err(usage(
                         "nodes are not deleted with keelctl: stop the node's keel-agentd",
                     )),
@@ -649,8 +673,9 @@ fn resource(word: &str) -> Result<Resource, UsageError> {
         "nodes" | "node" => Ok(Resource::Nodes),
         "services" | "service" | "svc" => Ok(Resource::Services),
         "volumes" | "volume" | "vol" => Ok(Resource::Volumes),
+        "ingresses" | "ingress" | "ing" => Ok(Resource::Ingresses),
         other => Err(usage(format!(
-            "unknown resource {other:?}; keelctl knows jails, services, nodes and volumes"
+            "unknown resource {other:?}; keelctl knows jails, services, nodes, volumes and ingresses"
         ))),
     }
 }
@@ -675,6 +700,13 @@ fn service_name(name: &str) -> Result<String, UsageError> {
     spec::validate_name(name)
         .map(|()| name.to_string())
         .map_err(|why| usage(format!("service name {name:?}: {why}")))
+}
+
+/// As [`jail_name`]: an ingress name is a DNS label too, and becomes a path.
+fn ingress_name(name: &str) -> Result<String, UsageError> {
+    spec::validate_name(name)
+        .map(|()| name.to_string())
+        .map_err(|why| usage(format!("ingress name {name:?}: {why}")))
 }
 
 #[cfg(test)]
@@ -782,7 +814,9 @@ mod tests {
             }
         );
         assert!(err(&["delete", "jail"]).contains("at least one NAME"));
-        assert!(err(&["delete"]).contains("jail NAME..., service NAME... or -f FILE"));
+        assert!(
+            err(&["delete"]).contains("jail NAME..., service NAME..., ingress NAME... or -f FILE")
+        );
         assert!(err(&["delete", "jail", "a", "-f", "x"]).contains("not both"));
         assert!(err(&["delete", "jail", "a", "-o", "json"]).contains("--output does not apply"));
     }
@@ -912,6 +946,42 @@ mod tests {
         assert!(err(&["delete", "service"]).contains("`delete service` needs at least one NAME"));
         assert!(err(&["get", "services", "--node", "n1"]).contains("--node does not apply"));
         assert!(err(&["delete", "service", "a", "--node", "n1"]).contains("--node does not"));
+    }
+
+    #[test]
+    fn ingresses_are_listed_shown_and_deleted_by_label_names() {
+        for word in ["ingresses", "ingress", "ing"] {
+            assert_eq!(
+                cmd(&["get", word]),
+                Command::Get {
+                    resource: Resource::Ingresses,
+                    name: None,
+                    output: OutputFormat::Table
+                }
+            );
+        }
+        let inv = run(&["get", "ing", "shop", "-o", "yaml", "--node", "n2"]);
+        assert_eq!(
+            inv.command,
+            Command::Get {
+                resource: Resource::Ingresses,
+                name: Some("shop".into()),
+                output: OutputFormat::Yaml
+            }
+        );
+        assert_eq!(inv.global.node.as_deref(), Some("n2"));
+        assert_eq!(
+            cmd(&["delete", "ingress", "shop", "blog"]),
+            Command::DeleteIngresses {
+                names: vec!["shop".into(), "blog".into()]
+            }
+        );
+        assert!(err(&["get", "ingress", "Shop"]).contains("ingress name \"Shop\""));
+        assert!(err(&["delete", "ing", "../x"]).contains("ingress name \"../x\""));
+        assert!(err(&["delete", "ingress"]).contains("`delete ingress` needs at least one NAME"));
+        assert!(err(&["get", "ingresses", "a", "b"]).contains("\"b\""));
+        assert!(err(&["delete", "ingress", "a", "-o", "json"]).contains("--output does not apply"));
+        assert!(err(&["get", "ingresses", "-f", "x"]).contains("--filename does not apply"));
     }
 
     #[test]

@@ -8,8 +8,11 @@
 //!
 //! Services live only on the control plane: a file holding one, or a `get`
 //! or `delete` of services, with requests going to an agent stops before
-//! anything is sent. Jails and services of one file are applied in the
-//! file's order, each to its own route.
+//! anything is sent. Ingresses are bound to a node: through the control
+//! plane every ingress command, and every file holding an Ingress, needs
+//! `--node`, refused before anything is sent otherwise. Jails, services and
+//! ingresses of one file are applied in the file's order, each to its own
+//! route.
 //!
 //! Through the control plane, `get jails` is assembled here: the node list,
 //! then each Alive node's jails, merged by name with the node alongside; Dead
@@ -25,13 +28,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::common::auth::{self, KeyFilePolicy, Signer};
 use crate::common::http::Endpoint;
-use crate::common::spec::{self, Document, Jail, Service};
+use crate::common::spec::{self, Document, Ingress, Jail, Service};
 use crate::common::wire::Liveness;
 
 use super::api::{Api, Route};
 use super::args::{Command, Input, Invocation, OutputFormat, Resource};
 use super::output::NodeJail;
-use super::{CONTROLPLANE_ENV, CtlError, Env, Target, output, target};
+use super::{CONTROLPLANE_ENV, CtlError, Env, Remote, Target, output, target};
 
 /// stdout as commands use it: a reader that went away (`| head`) silently
 /// ends the output without ending the command (an apply half printed must
@@ -120,6 +123,7 @@ pub fn execute(
             let (source, objects) = read_objects(input, stdin)?;
             let target = target(&invocation.global, env)?;
             services_need_controlplane(&source, &objects, &target)?;
+            ingresses_need_node(&source, &objects, &target)?;
             let api = connect(&target)?;
             for object in &objects {
                 let failed = |error| CtlError::Request {
@@ -137,6 +141,10 @@ pub fn execute(
                     Object::Service(service) => {
                         let status = api.apply_service(service).map_err(failed)?;
                         out.line(&output::service_applied_line(&status));
+                    }
+                    Object::Ingress(ingress) => {
+                        let status = api.apply_ingress(ingress).map_err(failed)?;
+                        out.line(&output::ingress_applied_line(&status, named_node(&api)));
                     }
                 }
             }
@@ -279,6 +287,41 @@ pub fn execute(
                 show(out, *format, &volumes, || output::volume_table(&volumes))?;
             }
         }
+        Command::Get {
+            resource: Resource::Ingresses,
+            name,
+            output: format,
+        } => {
+            let api = ingress_api(invocation, env, "`get ingresses`")?;
+            match name {
+                None => {
+                    let list = api.list_ingresses().map_err(|error| CtlError::Request {
+                        action: "get ingresses".into(),
+                        error,
+                    })?;
+                    if *format == OutputFormat::Table && list.is_empty() {
+                        let _ = writeln!(stderr, "No ingresses found.");
+                    } else {
+                        show(out, *format, &list, || output::ingress_table(&list))?;
+                    }
+                }
+                Some(name) => {
+                    let one = api.get_ingress(name).map_err(|error| CtlError::Request {
+                        action: format!("get ingress/{name}"),
+                        error,
+                    })?;
+                    show(out, *format, &one, || {
+                        output::ingress_table(std::slice::from_ref(&one))
+                    })?;
+                }
+            }
+        }
+        Command::DeleteIngresses { names } => {
+            let api = ingress_api(invocation, env, "`delete ingress`")?;
+            for name in names {
+                delete_ingress(&api, name, out)?;
+            }
+        }
         Command::DeleteVolume { name } => {
             let api = resolve()?;
             api.delete_volume(name).map_err(|error| CtlError::Request {
@@ -303,6 +346,7 @@ pub fn execute(
             let (source, objects) = read_objects(input, stdin)?;
             let target = target(&invocation.global, env)?;
             services_need_controlplane(&source, &objects, &target)?;
+            ingresses_need_node(&source, &objects, &target)?;
             let api = connect(&target)?;
             // Reverse order: what was applied last (and may lean on what came
             // before it) goes first.
@@ -310,6 +354,7 @@ pub fn execute(
                 match object {
                     Object::Jail(jail) => delete(&api, &jail.metadata.name, out)?,
                     Object::Service(service) => delete_service(&api, &service.metadata.name, out)?,
+                    Object::Ingress(ingress) => delete_ingress(&api, &ingress.metadata.name, out)?,
                 }
             }
         }
@@ -347,9 +392,56 @@ fn controlplane_only(invocation: &Invocation, env: &Env, what: &str) -> Result<A
     }
 }
 
+/// The client for an ingress command (`what` names it): an agent's own
+/// routes, or the control plane's `/nodes/{id}/ingresses` with `--node`.
+/// Without `--node` the control plane has nowhere to send it: an Ingress
+/// serves on one node's public address.
+fn ingress_api(invocation: &Invocation, env: &Env, what: &str) -> Result<Api, CtlError> {
+    let target = target(&invocation.global, env)?;
+    if let Target::ControlPlane(Remote { node: None, .. }) = &target {
+        return Err(CtlError::Usage(format!(
+            "{what} through the control plane needs --node ID: an Ingress lives on one node \
+             (its public address, its Service's replicas there); nothing was sent"
+        )));
+    }
+    connect(&target)
+}
+
+/// Refuses, before anything is sent, a file with an Ingress when requests
+/// go to a control plane without `--node`: there is no scheduled ingress
+/// route, the ingress and its backend replicas share a node the operator
+/// names.
+fn ingresses_need_node(source: &str, objects: &[Object], target: &Target) -> Result<(), CtlError> {
+    if !matches!(target, Target::ControlPlane(Remote { node: None, .. })) {
+        return Ok(());
+    }
+    match objects.iter().enumerate().find_map(|(i, o)| match o {
+        Object::Ingress(ingress) => Some((i, ingress)),
+        _ => None,
+    }) {
+        None => Ok(()),
+        Some((i, ingress)) => Err(CtlError::Usage(format!(
+            "{source}: document {} is kind: Ingress ({}), which lives on one node: through the \
+             control plane give --node ID (the node running its Service's replicas); nothing was \
+             sent",
+            i + 1,
+            ingress.metadata.name
+        ))),
+    }
+}
+
+/// The node `--node` named, for result lines.
+fn named_node(api: &Api) -> Option<&str> {
+    match api.route() {
+        Route::Node(id) => Some(id),
+        _ => None,
+    }
+}
+
 /// Refuses, before anything is sent, a file with a Service when requests go
 /// to an agent (which has no services), or with `--node` (the control plane
-/// places replicas itself; a jail-only flag must not be silently ignored).
+/// places replicas itself; a flag for jails and ingresses must not be
+/// silently ignored).
 fn services_need_controlplane(
     source: &str,
     objects: &[Object],
@@ -357,7 +449,7 @@ fn services_need_controlplane(
 ) -> Result<(), CtlError> {
     let Some((i, service)) = objects.iter().enumerate().find_map(|(i, o)| match o {
         Object::Service(s) => Some((i, s)),
-        Object::Jail(_) => None,
+        Object::Jail(_) | Object::Ingress(_) => None,
     }) else {
         return Ok(());
     };
@@ -372,8 +464,9 @@ fn services_need_controlplane(
             socket: socket.clone(),
         }),
         Target::ControlPlane(remote) if remote.node.is_some() => Err(CtlError::Usage(format!(
-            "{what}, whose replicas the control plane places: --node applies to jails only; \
-             apply services without it"
+            "{what}, whose replicas the control plane places: --node applies to jails and \
+             ingresses only; apply services without it (from a file of their own when an \
+             ingress in the same file needs --node)"
         ))),
         Target::ControlPlane(_) => Ok(()),
     }
@@ -453,6 +546,16 @@ fn delete(api: &Api, name: &str, out: &mut Out<'_>) -> Result<(), CtlError> {
     Ok(())
 }
 
+fn delete_ingress(api: &Api, name: &str, out: &mut Out<'_>) -> Result<(), CtlError> {
+    api.delete_ingress(name)
+        .map_err(|error| CtlError::Request {
+            action: format!("delete ingress/{name}"),
+            error,
+        })?;
+    out.line(&output::ingress_deleted_line(name));
+    Ok(())
+}
+
 fn delete_service(api: &Api, name: &str, out: &mut Out<'_>) -> Result<(), CtlError> {
     api.delete_service(name)
         .map_err(|error| CtlError::Request {
@@ -525,35 +628,31 @@ fn parse(source: &str, text: &str, would_send: bool) -> Result<Vec<Document>, Ct
 enum Object {
     Jail(Jail),
     Service(Service),
+    Ingress(Ingress),
 }
 
 impl Object {
-    /// `jail/NAME` or `service/NAME`, as messages name it.
+    /// `jail/NAME`, `service/NAME` or `ingress/NAME`, as messages name it.
     fn label(&self) -> String {
         match self {
             Object::Jail(j) => format!("jail/{}", j.metadata.name),
             Object::Service(s) => format!("service/{}", s.metadata.name),
+            Object::Ingress(i) => format!("ingress/{}", i.metadata.name),
         }
     }
 }
 
-/// The jails and services of `input` in file order, once every document is
-/// valid and of a kind keelctl sends; and the input's name for messages.
+/// The documents of `input` in file order, once every one is valid; and the
+/// input's name for messages.
 fn read_objects(input: &Input, stdin: &mut dyn Read) -> Result<(String, Vec<Object>), CtlError> {
     let (source, text) = read_input(input, stdin)?;
     let objects = parse(&source, &text, true)?
         .into_iter()
-        .enumerate()
-        .map(|(i, doc)| match doc {
-            Document::Jail(jail) => Ok(Object::Jail(jail)),
-            Document::Service(service) => Ok(Object::Service(service)),
-            other => Err(CtlError::UnsupportedKind {
-                source: source.clone(),
-                document: i + 1,
-                kind: other.kind(),
-                name: other.name().to_string(),
-            }),
+        .map(|doc| match doc {
+            Document::Jail(jail) => Object::Jail(jail),
+            Document::Service(service) => Object::Service(service),
+            Document::Ingress(ingress) => Object::Ingress(ingress),
         })
-        .collect::<Result<_, _>>()?;
+        .collect();
     Ok((source, objects))
 }

@@ -2,7 +2,8 @@
 //! specs against one node's `keel-agentd` over its Unix socket, or against a
 //! cluster through `keel-controlplane` over TCP with every request signed by
 //! the operator key; apply, list and delete the cluster's services (control
-//! plane only); list the cluster's nodes; generate signing keys.
+//! plane only) and a node's ingresses (through the control plane, with
+//! `--node`); list the cluster's nodes; generate signing keys.
 //!
 //! - [`args`]: the flag and command tables, `--help`, parsing argv.
 //! - [`commands`]: running one parsed command (read the spec, validate all of
@@ -136,17 +137,6 @@ pub enum CtlError {
         /// The agent's socket requests would have gone to.
         socket: PathBuf,
     },
-    /// A document is of a kind keelctl does not send.
-    UnsupportedKind {
-        /// The file as the user named it, or `stdin`.
-        source: String,
-        /// 1-based index of the document.
-        document: usize,
-        /// Its kind.
-        kind: &'static str,
-        /// Its `metadata.name`.
-        name: String,
-    },
     /// A request to the agent failed.
     Request {
         /// What was being done, e.g. `apply jail/web-1`.
@@ -175,7 +165,6 @@ impl CtlError {
             | CtlError::Read { .. }
             | CtlError::Invalid { .. }
             | CtlError::Empty { .. }
-            | CtlError::UnsupportedKind { .. }
             | CtlError::NeedsControlPlane { .. }
             | CtlError::Key(_) => 2,
             CtlError::KeyGenerate {
@@ -205,9 +194,6 @@ impl CtlError {
             CtlError::Invalid {
                 would_send: true, ..
             } => Some("nothing was sent".into()),
-            CtlError::UnsupportedKind { .. } => {
-                Some("keelctl does not send Ingresses yet; nothing was sent".into())
-            }
             CtlError::NeedsControlPlane { .. } => Some(format!(
                 "give --controlplane HOST:PORT (or set ${CONTROLPLANE_ENV} or ctl.controlplane); \
                  nothing was sent"
@@ -230,16 +216,6 @@ impl fmt::Display for CtlError {
             CtlError::Read { source, error } => write!(f, "cannot read {source}: {error}"),
             CtlError::Invalid { source, error, .. } => write!(f, "{source} is invalid: {error}"),
             CtlError::Empty { source } => write!(f, "{source} holds no document"),
-            CtlError::UnsupportedKind {
-                source,
-                document,
-                kind,
-                name,
-            } => write!(
-                f,
-                "{source}: document {document} is kind: {kind} ({name}); keelctl sends only \
-                 kind: Jail and kind: Service"
-            ),
             CtlError::NeedsControlPlane { what, socket } => write!(
                 f,
                 "{what}: services live on keel-controlplane, but requests go to the agent's \
@@ -604,11 +580,6 @@ mod tests {
         let (code, _, err) = run_with(&["apply", "-f", "-"], "kind: Jail\nmetadata: {name: x}\n");
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("nothing was sent"), "{err}");
-        let ingress = "kind: Ingress\nmetadata: {name: www}\nspec:\n  host: www.example.com\n  service: web\n";
-        let (code, _, err) = run_with(&["apply", "-f", "-"], &format!("{JAIL}---\n{ingress}"));
-        assert_eq!(code, 2, "{err}");
-        assert!(err.contains("document 2 is kind: Ingress (www)"), "{err}");
-        assert!(err.contains("nothing was sent"), "{err}");
         let (code, _, err) = run_with(&["delete", "-f", "-"], "# nothing\n");
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("stdin holds no document"), "{err}");
@@ -701,7 +672,61 @@ mod tests {
             SERVICE,
         );
         assert_eq!(code, 2, "{err}");
-        assert!(err.contains("--node applies to jails only"), "{err}");
+        assert!(
+            err.contains("--node applies to jails and ingresses only"),
+            "{err}"
+        );
+    }
+
+    const INGRESS: &str =
+        "kind: Ingress\nmetadata: {name: www}\nspec:\n  host: www.example.com\n  service: web\n";
+
+    #[test]
+    fn ingresses_through_a_control_plane_need_node_before_anything_is_sent() {
+        // No key file exists: reaching for it would say so instead.
+        let cp = [
+            "--controlplane",
+            "127.0.0.1:9",
+            "--key-file",
+            "/nonexistent/ops.key",
+        ];
+        for verb in ["apply", "delete"] {
+            let args: Vec<&str> = cp.iter().copied().chain([verb, "-f", "-"]).collect();
+            let (code, out, err) = run_with(&args, &format!("{JAIL}---\n{INGRESS}"));
+            assert_eq!((code, out.as_str()), (2, ""), "{verb}: {err}");
+            assert!(
+                err.starts_with(
+                    "keelctl: stdin: document 2 is kind: Ingress (www), which lives on one node: \
+                     through the control plane give --node ID"
+                ),
+                "{verb}: {err}"
+            );
+            assert!(err.contains("nothing was sent"), "{err}");
+        }
+        for (words, what) in [
+            (&["get", "ingresses"][..], "`get ingresses`"),
+            (&["get", "ing", "www"], "`get ingresses`"),
+            (&["delete", "ingress", "www"], "`delete ingress`"),
+        ] {
+            let args: Vec<&str> = cp.iter().chain(words).copied().collect();
+            let (code, _, err) = run_with(&args, "");
+            assert_eq!(code, 2, "{words:?}: {err}");
+            assert!(
+                err.starts_with(&format!(
+                    "keelctl: {what} through the control plane needs --node ID"
+                )),
+                "{err}"
+            );
+        }
+        // With --node the check passes and the key file is reached for.
+        let args: Vec<&str> = cp
+            .iter()
+            .copied()
+            .chain(["--node", "n1", "apply", "-f", "-"])
+            .collect();
+        let (code, _, err) = run_with(&args, INGRESS);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("cannot load the operator key"), "{err}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! What keelctl prints: the jail, node, service and replica tables, ages, the one-line results of
+//! What keelctl prints: the jail, node, service, replica, volume and ingress
+//! tables, ages and UTC times, the one-line results of
 //! apply, delete and key generate, and JSON/YAML encodings, all as pure
 //! functions of their inputs (the current time is a parameter) so they are
 //! tested without a daemon.
@@ -18,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeSet;
 
-use crate::common::wire::{JailStatus, NodeStatus, ServiceStatus, VolumeStatus};
+use crate::common::wire::{IngressStatus, JailStatus, NodeStatus, ServiceStatus, VolumeStatus};
 
 use super::args::OutputFormat;
 
@@ -59,6 +60,16 @@ pub const REPLICA_COLUMNS: [&str; 4] = ["NAME", "NODE", "ADDRESS", "STATE"];
 
 /// Columns of `get volumes`.
 pub const VOLUME_COLUMNS: [&str; 5] = ["NAME", "NODE", "QUOTA", "USED", "MOUNTED BY"];
+
+/// Columns of `get ingresses`.
+pub const INGRESS_COLUMNS: [&str; 6] = [
+    "NAME",
+    "HOST",
+    "SERVICE",
+    "CERT EXPIRES",
+    "STATUS",
+    "LAST ERROR",
+];
 
 /// A jail as `get jails` shows it through the control plane: the agent's
 /// status with the node it runs on. JSON and YAML put `node` first, then the
@@ -273,6 +284,75 @@ pub fn volume_table(volumes: &[VolumeStatus]) -> String {
     table(&rows)
 }
 
+/// The `get ingresses` table, or `""` when there is none. CERT EXPIRES is
+/// the installed certificate's expiry in UTC, `-` before the first one;
+/// LAST ERROR, like the jail table's, is empty when there is none.
+pub fn ingress_table(ingresses: &[IngressStatus]) -> String {
+    if ingresses.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![INGRESS_COLUMNS.iter().map(|h| h.to_string()).collect()];
+    rows.extend(ingresses.iter().map(|i| {
+        vec![
+            one_line(&i.name),
+            one_line(&i.host),
+            one_line(&i.service),
+            i.certificate_expires
+                .map_or_else(|| "-".into(), utc_datetime),
+            i.phase.to_string(),
+            i.last_error.as_deref().map(one_line).unwrap_or_default(),
+        ]
+    }));
+    table(&rows)
+}
+
+/// The line `apply` prints for one applied ingress:
+/// `ingress/shop applied (Issuing, shop.example.com -> service web)`, with
+/// `on node n2` through the control plane, plus the last error when the
+/// agent recorded one.
+pub fn ingress_applied_line(status: &IngressStatus, node: Option<&str>) -> String {
+    let on = node.map_or(String::new(), |n| format!(" on node {}", one_line(n)));
+    let mut line = format!(
+        "ingress/{} applied{on} ({}, {} -> service {})",
+        one_line(&status.name),
+        status.phase,
+        one_line(&status.host),
+        one_line(&status.service)
+    );
+    if let Some(e) = &status.last_error {
+        line.push_str(&format!(": last error: {}", one_line(e)));
+    }
+    line
+}
+
+/// The line `delete` prints for one deleted ingress.
+pub fn ingress_deleted_line(name: &str) -> String {
+    format!("ingress/{} deleted", one_line(name))
+}
+
+/// Unix seconds as a UTC date-time, `2026-03-01T12:00:00Z` (RFC 3339).
+/// Days to a civil date by Howard Hinnant's `civil_from_days`, valid for
+/// every `i64` day count a certificate can carry; the crate has no date
+/// library of its own and one table cell does not warrant one.
+pub fn utc_datetime(unix: i64) -> String {
+    let (days, secs) = (unix.div_euclid(86_400), unix.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
 /// The line `delete-volume` prints.
 pub fn volume_deleted_line(name: &str) -> String {
     format!("volume/{} deleted", one_line(name))
@@ -368,7 +448,7 @@ pub fn encode(format: OutputFormat, value: &impl Serialize) -> Result<String, St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::common::wire::{Liveness, Phase, ReplicaStatus, Resources};
+    use crate::common::wire::{IngressPhase, Liveness, Phase, ReplicaStatus, Resources};
 
     fn status(name: &str, state: Phase, addr: [u8; 4], restarts: u32, created: u64) -> JailStatus {
         JailStatus {
@@ -572,6 +652,59 @@ web-2   n2     -            Pending
             "service/web applied (VIP 127.128.0.7:8080, 2/3 ready)"
         );
         assert_eq!(service_deleted_line("web"), "service/web deleted");
+    }
+
+    #[test]
+    fn utc_times_are_rfc_3339_across_leap_days_and_centuries() {
+        let cases = [
+            (0, "1970-01-01T00:00:00Z"),
+            (-1, "1969-12-31T23:59:59Z"),
+            (951_782_400, "2000-02-29T00:00:00Z"),
+            (1_709_251_199, "2024-02-29T23:59:59Z"),
+            (1_772_366_400, "2026-03-01T12:00:00Z"),
+            (4_107_542_400, "2100-03-01T00:00:00Z"),
+        ];
+        for (unix, want) in cases {
+            assert_eq!(utc_datetime(unix), want, "{unix}");
+        }
+    }
+
+    fn ingress(name: &str, phase: IngressPhase, expires: Option<i64>) -> IngressStatus {
+        IngressStatus {
+            name: name.into(),
+            host: format!("{name}.example.com"),
+            service: "web".into(),
+            phase,
+            certificate_expires: expires,
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn the_ingress_table_shows_host_backend_expiry_and_phase() {
+        let mut failing = ingress("blog", IngressPhase::BackingOff, None);
+        failing.last_error = Some("DNS-01 challenge failed:\n  TXT not seen".into());
+        let list = [
+            ingress("shop", IngressPhase::Serving, Some(1_772_366_400)),
+            failing.clone(),
+        ];
+        let want = "\
+NAME   HOST               SERVICE   CERT EXPIRES           STATUS       LAST ERROR
+shop   shop.example.com   web       2026-03-01T12:00:00Z   Serving
+blog   blog.example.com   web       -                      BackingOff   DNS-01 challenge failed: TXT not seen
+";
+        assert_eq!(ingress_table(&list), want);
+        assert_eq!(ingress_table(&[]), "");
+        assert_eq!(
+            ingress_applied_line(&list[0], None),
+            "ingress/shop applied (Serving, shop.example.com -> service web)"
+        );
+        assert_eq!(
+            ingress_applied_line(&failing, Some("n2")),
+            "ingress/blog applied on node n2 (BackingOff, blog.example.com -> service web): \
+             last error: DNS-01 challenge failed: TXT not seen"
+        );
+        assert_eq!(ingress_deleted_line("shop"), "ingress/shop deleted");
     }
 
     #[test]
