@@ -526,3 +526,75 @@ fn sighup_does_not_stop_the_agent() {
     assert_eq!(agent.request("GET", "/healthz").status, 200);
     assert_eq!(agent.pid(), Some(pid));
 }
+
+/// The ingress controller on a real simulated agent: the first Ingress brings
+/// the `keel-ingress` jail running the host's nginx (its configuration
+/// written, checked and loaded by the agent), the Ingress waits for a
+/// certificate and says why (no OVH credentials here), and deleting the last
+/// Ingress removes the jail. nginx listens on the jail's own loopback
+/// address, ports 80 and 443, so this needs root and nginx.
+#[test]
+fn an_ingress_brings_the_nginx_jail_and_its_deletion_takes_it_away() {
+    let nginx = Path::new("/usr/sbin/nginx");
+    let root = keel::common::auth::KeyFilePolicy::for_current_process().require_root_owner;
+    if !nginx.is_file() || !root {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run this test as root with nginx-light installed"
+        );
+        eprintln!("skipped: needs root and /usr/sbin/nginx (nginx-light)");
+        return;
+    }
+    let agent = Agent::start(AGENT_ARGS);
+    let file = write(
+        &agent,
+        "site.yaml",
+        "kind: Ingress\nmetadata: {name: site}\nspec: {host: www.example.org, service: web}\n",
+    );
+    let out = ok(&agent, &["apply", "-f", &file]);
+    assert!(out.starts_with("ingress/site applied ("), "{out}");
+
+    let ingress = wait_for("the ingress jail running nginx", &agent, || {
+        by_name(&agent)
+            .remove("keel-ingress")
+            .filter(|j| j.state == keel::agentd::reconciler::Phase::Running)
+    });
+    let statuses: Vec<keel::common::wire::IngressStatus> =
+        serde_json::from_str(&ok(&agent, &["get", "ingresses", "-o", "json"])).expect("json");
+    assert_eq!(statuses.len(), 1, "{statuses:?}");
+    let status = &statuses[0];
+    // Single node: no Service VIP, so the host waits for its backend.
+    assert_eq!(
+        status.phase,
+        keel::common::wire::IngressPhase::NoService,
+        "{status:?}"
+    );
+    // nginx runs with the configuration the agent wrote: it listens on the
+    // jail's address (the default servers, which refuse unknown names).
+    wait_for(
+        "nginx listening on the ingress jail's address",
+        &agent,
+        || {
+            std::net::TcpStream::connect((ingress.address, 443))
+                .ok()
+                .map(|_| ())
+        },
+    );
+    let conf = std::fs::read_to_string(
+        agent
+            .dir()
+            .join("keel-sim/jails/keel-ingress/usr/local/etc/keel-ingress/nginx.conf"),
+    );
+    assert!(
+        conf.as_deref().is_ok_and(|c| c.contains(&format!(
+            "listen {}:443 ssl default_server;",
+            ingress.address
+        ))),
+        "{conf:?}"
+    );
+
+    ok(&agent, &["delete", "ingress", "site"]);
+    wait_for("the ingress jail removed", &agent, || {
+        (!by_name(&agent).contains_key("keel-ingress")).then_some(())
+    });
+}

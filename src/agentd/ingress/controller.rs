@@ -380,9 +380,11 @@ impl IngressController {
             .filter(|h| !refused.iter().any(|r| &r.host == h))
             .collect();
         if self.running.as_ref().is_none_or(|(c, _)| *c != conf) {
-            if let Err(e) = fs::create_dir_all(&layout.temp_dir) {
-                self.problems
-                    .push(format!("{}: {e}", layout.temp_dir.display()));
+            // nginx's own directories, which a bare base may lack.
+            for dir in ["/var/run", "/var/log/nginx", "/var/tmp/nginx"] {
+                if let Err(e) = make_dirs_in_root(&root, Path::new(dir)) {
+                    self.problems.push(format!("{dir} in {INGRESS_JAIL}: {e}"));
+                }
             }
             match self.load(reconciler, &root, &conf) {
                 Ok(()) => self.running = Some((conf, hosts)),
@@ -516,9 +518,17 @@ impl IngressController {
         }
         match reconciler.apply(spec, None) {
             Ok(status) => {
-                // nginx starts with what is in the root; the first pass then
-                // loads the real configuration through nginx -t.
+                // A fresh root has no configuration, so nginx's first start
+                // fails; the one serving nothing lets the crash-loop restart
+                // succeed, and this pass then loads the real one through
+                // nginx -t and a reload.
                 self.running = None;
+                let (empty, _) = render(&[], &self.layout(&root, status.address));
+                let live = Path::new(CONF_DIR).join(CONF_FILE);
+                if let Err(e) = write_in_root(&root, &live, empty.as_bytes(), 0o644) {
+                    self.problems
+                        .push(format!("first nginx configuration of {INGRESS_JAIL}: {e}"));
+                }
                 Some(status.address)
             }
             Err(e) => {

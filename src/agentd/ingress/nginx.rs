@@ -170,18 +170,12 @@ pub fn render(sites: &[Site], layout: &NginxLayout) -> (String, Vec<UnsafeSite>)
     line("");
     line("    # Names no Ingress serves: close (HTTP) or refuse the handshake (TLS).");
     line("    server {");
-    line(&format!(
-        "        listen {} default_server;",
-        layout.http_port
-    ));
+    line(&format!("        listen {http} default_server;"));
     line("        server_name _;");
     line("        return 444;");
     line("    }");
     line("    server {");
-    line(&format!(
-        "        listen {} ssl default_server;",
-        layout.https_port
-    ));
+    line(&format!("        listen {https} ssl default_server;"));
     line("        server_name _;");
     line("        ssl_reject_handshake on;");
     line("    }");
@@ -288,6 +282,29 @@ mod tests {
         assert!(a_block.contains("ssl_certificate /certs/a.example.org/fullchain.pem;"));
         assert!(a_block.contains("ssl_certificate_key /certs/a.example.org/key.pem;"));
         assert!(a_block.contains("proxy_pass http://10.96.0.1:8080;"));
+    }
+
+    #[test]
+    fn a_listen_address_is_used_by_every_server() {
+        let layout = NginxLayout {
+            listen: Some(Ipv4Addr::new(127, 64, 0, 2)),
+            ..NginxLayout::default()
+        };
+        let (conf, _) = render(&[site("a.example.org", 1)], &layout);
+        let listens: Vec<&str> = conf
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("listen "))
+            .collect();
+        assert_eq!(
+            listens,
+            [
+                "listen 127.64.0.2:80 default_server;",
+                "listen 127.64.0.2:443 ssl default_server;",
+                "listen 127.64.0.2:80;",
+                "listen 127.64.0.2:443 ssl;",
+            ]
+        );
     }
 
     #[test]
