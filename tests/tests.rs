@@ -13,6 +13,7 @@ mod ctl_ingress;
 mod ctl_services;
 mod golden_agent;
 mod golden_capacity;
+mod golden_ingress;
 mod golden_jail;
 mod golden_mount;
 mod golden_net;

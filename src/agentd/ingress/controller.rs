@@ -86,6 +86,11 @@ pub struct IngressSettings {
 pub struct IngressState {
     /// Applied Ingresses.
     pub ingresses: BTreeMap<String, Ingress>,
+    /// The hosts of the configuration nginx last accepted and loaded, so a
+    /// restarted agent still knows which hosts work when nginx refuses a
+    /// new configuration.
+    #[serde(default)]
+    pub loaded_hosts: BTreeSet<String>,
 }
 
 /// Why an Ingress request was refused, or a change could not be saved.
@@ -387,13 +392,19 @@ impl IngressController {
                 }
             }
             match self.load(reconciler, &root, &conf) {
-                Ok(()) => self.running = Some((conf, hosts)),
+                Ok(()) => {
+                    if self.state.loaded_hosts != hosts {
+                        let mut next = self.state.clone();
+                        next.loaded_hosts = hosts.clone();
+                        match self.store.save(&next) {
+                            Ok(()) => self.state = next,
+                            Err(e) => self.problems.push(format!("saving the loaded hosts: {e}")),
+                        }
+                    }
+                    self.running = Some((conf, hosts));
+                }
                 Err(message) => {
-                    let good = self
-                        .running
-                        .as_ref()
-                        .map(|(_, h)| h.clone())
-                        .unwrap_or_default();
+                    let good = self.state.loaded_hosts.clone();
                     for (name, ingress) in &self.state.ingresses {
                         if hosts.contains(&ingress.spec.host) && !good.contains(&ingress.spec.host)
                         {
@@ -569,12 +580,13 @@ impl IngressController {
         N: NetManager,
         M: MountManager,
     {
-        if reconciler.record(INGRESS_JAIL).is_some()
-            && let Err(e) = reconciler.delete(INGRESS_JAIL)
-        {
+        let had_jail = reconciler.record(INGRESS_JAIL).is_some();
+        if had_jail && let Err(e) = reconciler.delete(INGRESS_JAIL) {
             self.problems.push(format!("removing {INGRESS_JAIL}: {e}"));
         }
-        if self.loaded_anchor.is_some() {
+        // Also when this agent restarted since loading it: the jail's
+        // existence says an anchor was (or may have been) loaded.
+        if self.loaded_anchor.is_some() || (had_jail && self.settings.public.is_some()) {
             match self.firewall.flush_anchor(INGRESS_ANCHOR) {
                 Ok(()) => self.loaded_anchor = None,
                 Err(e) => self
