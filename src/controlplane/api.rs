@@ -337,6 +337,9 @@ impl ControlPlaneApi {
         addr: SocketAddr,
         req: &Request,
     ) -> Result<Response, WorkerGone> {
+        if let Err(r) = self.worker.begin_delete(name, node)? {
+            return Ok(refused(&r));
+        }
         let response = self
             .forwarder
             .forward(node, addr, req, &format!("/jails/{name}"), None);

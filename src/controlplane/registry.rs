@@ -799,7 +799,9 @@ impl Cluster {
                 node: target.node.clone(),
                 epoch: target.epoch,
             });
-        if !succeeded || already {
+        // Recording it again also clears a delete mark: the jail was
+        // applied after a DELETE that did not finish.
+        if !succeeded || (already && !self.state.deleting.contains(name)) {
             return ops;
         }
         let mut ops = ops;
@@ -882,6 +884,55 @@ impl Cluster {
             }]),
             _ => Vec::new(),
         }
+    }
+
+    /// Marks `name` as being deleted on `node`, before the DELETE is
+    /// forwarded (persisted with it, so a crash after the node deleted the
+    /// jail is recovered by [`Cluster::reap_deleted`]). Nothing when the
+    /// name is not placed on `node`.
+    pub fn begin_delete(&mut self, name: &str, node: &str) -> Vec<Op> {
+        match self.state.placements.get(name) {
+            Some(p) if p.node == node && !self.state.deleting.contains(name) => {
+                self.apply(vec![Op::MarkDeleting {
+                    name: name.to_string(),
+                }])
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// On a heartbeat from `id`: the placements marked deleting on `id` that
+    /// the node no longer reports are removed (their DELETE reached the node
+    /// and the control plane stopped before it removed them). An apply in
+    /// flight for the name keeps it (its heartbeat may predate the apply),
+    /// and a finished apply cleared the mark already.
+    pub fn reap_deleted(&mut self, id: &str, req: &HeartbeatRequest) -> Vec<Op> {
+        if self.state.deleting.is_empty() {
+            return Vec::new();
+        }
+        let reported: BTreeSet<&str> = req.placed.iter().map(|j| j.name.as_str()).collect();
+        let gone: Vec<Op> = self
+            .state
+            .deleting
+            .iter()
+            .filter(|name| {
+                self.state
+                    .placements
+                    .get(*name)
+                    .is_some_and(|p| p.node == id)
+                    && !reported.contains(name.as_str())
+                    && !self.pending.contains_key(*name)
+            })
+            .map(|name| Op::RemovePlacement { name: name.clone() })
+            .collect();
+        for op in &gone {
+            if let Op::RemovePlacement { name } = op {
+                log::info!(
+                    "placement of {name} on {id} removed: its delete reached the node, which no longer reports it"
+                );
+            }
+        }
+        self.apply(gone)
     }
 
     /// Removes the placement of `name` on `node` (after the node confirmed the
@@ -1507,6 +1558,77 @@ mod tests {
         let again = c.begin_apply("web", None, t0).expect("sticky");
         assert_eq!((again.node.as_str(), again.epoch), ("b", t.epoch));
         c.finish_apply("web", &again, true);
+    }
+
+    fn placed_req(placed: &[(&str, u64)]) -> HeartbeatRequest {
+        HeartbeatRequest {
+            committed: Resources::default(),
+            jails: placed.len() as u32,
+            placed: placed
+                .iter()
+                .map(|(n, e)| PlacedJail {
+                    name: n.to_string(),
+                    epoch: *e,
+                    running: true,
+                    address: None,
+                })
+                .collect(),
+            peers_version: None,
+        }
+    }
+
+    #[test]
+    fn an_interrupted_delete_is_finished_by_the_next_heartbeat_without_the_jail() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        let t = c.begin_apply("web", None, t0).expect("target");
+        c.finish_apply("web", &t, true);
+        let ops = c.begin_delete("web", "a");
+        assert_eq!(
+            ops.len(),
+            1,
+            "the mark is persisted before the DELETE goes out"
+        );
+        assert!(c.begin_delete("web", "a").is_empty(), "marked once");
+        assert!(c.begin_delete("web", "b").is_empty(), "not placed on b");
+
+        // The node still reports it (its delete failed, or has not run).
+        assert!(
+            c.reap_deleted("a", &placed_req(&[("web", t.epoch)]))
+                .is_empty()
+        );
+        assert!(c.state().placements.contains_key("web"));
+        // A heartbeat from another node says nothing about it.
+        assert!(c.reap_deleted("b", &placed_req(&[])).is_empty());
+        // An apply in flight keeps it, whatever the heartbeat says.
+        let again = c.begin_apply("web", None, t0).expect("sticky");
+        assert!(c.reap_deleted("a", &placed_req(&[])).is_empty());
+        c.finish_apply("web", &again, false);
+        // The node no longer has it: the placement goes (the crash case).
+        let ops = c.reap_deleted("a", &placed_req(&[]));
+        assert_eq!(ops, vec![Op::RemovePlacement { name: "web".into() }]);
+        assert!(c.state().placements.is_empty() && c.state().deleting.is_empty());
+    }
+
+    #[test]
+    fn a_successful_apply_after_a_failed_delete_clears_the_mark() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        let t = c.begin_apply("web", None, t0).expect("target");
+        c.finish_apply("web", &t, true);
+        c.begin_delete("web", "a");
+        let again = c.begin_apply("web", None, t0).expect("sticky");
+        c.finish_apply("web", &again, true);
+        assert!(
+            c.state().deleting.is_empty(),
+            "re-applied: no longer being deleted"
+        );
+        assert!(
+            c.reap_deleted("a", &placed_req(&[])).is_empty(),
+            "a heartbeat built before the apply finished cannot remove it"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! caller hears "done". Ops set or remove whole entries, never increment, so
 //! replaying one twice after a crash is harmless.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
@@ -60,6 +60,13 @@ pub struct ClusterState {
     /// when the node confirmed the dataset destroyed (or absent).
     #[serde(default)]
     pub volumes: BTreeMap<String, String>,
+    /// Placed jails whose DELETE was forwarded to their node and not yet
+    /// confirmed. A crash between the node's delete and the removal of the
+    /// placement leaves the name here, and the node's next heartbeat that
+    /// does not report the jail removes the placement (see
+    /// `Cluster::reap_deleted`).
+    #[serde(default)]
+    pub deleting: BTreeSet<String>,
 }
 
 /// A replicated service. Its replicas are ordinary placements named
@@ -106,6 +113,11 @@ pub enum Op {
         /// Jail name.
         name: String,
     },
+    /// A DELETE of a placed jail is about to be forwarded to its node.
+    MarkDeleting {
+        /// Jail name.
+        name: String,
+    },
     /// A service was created or scaled.
     PutService {
         /// Service name.
@@ -141,9 +153,16 @@ impl Replay<Op> for ClusterState {
             Op::PutPlacement { name, placement } => {
                 self.last_epoch = self.last_epoch.max(placement.epoch);
                 self.placements.insert(name.clone(), placement.clone());
+                self.deleting.remove(name);
             }
             Op::RemovePlacement { name } => {
                 self.placements.remove(name);
+                self.deleting.remove(name);
+            }
+            Op::MarkDeleting { name } => {
+                if self.placements.contains_key(name) {
+                    self.deleting.insert(name.clone());
+                }
             }
             Op::PutService { name, record } => {
                 self.services.insert(name.clone(), record.clone());

@@ -67,6 +67,16 @@ pub enum Command {
         /// Answered once the placement is durable.
         reply: Reply<()>,
     },
+    /// Mark a placed jail as being deleted, durably, before its DELETE is
+    /// forwarded.
+    BeginDelete {
+        /// Jail name.
+        name: String,
+        /// The node it is placed on.
+        node: String,
+        /// Answered once the mark is persisted.
+        reply: Reply<()>,
+    },
     /// The node confirmed a delete: forget the placement.
     RemovePlacement {
         /// Jail name.
@@ -231,6 +241,15 @@ impl WorkerHandle {
     /// See [`Command::VolumeHomes`].
     pub fn volume_homes(&self) -> Result<Vec<VolumeHome>, WorkerGone> {
         self.get(Command::VolumeHomes)
+    }
+
+    /// See [`Command::BeginDelete`].
+    pub fn begin_delete(&self, name: &str, node: &str) -> Result<Result<(), Refusal>, WorkerGone> {
+        self.ask(|reply| Command::BeginDelete {
+            name: name.to_string(),
+            node: node.to_string(),
+            reply,
+        })
     }
 
     /// See [`Command::RemovePlacement`].
@@ -435,7 +454,13 @@ impl Worker {
                 }
             },
             Command::Heartbeat(id, req, reply) => {
-                let _ = reply.send(self.cluster.heartbeat(&id, &req, now));
+                let answer = self.cluster.heartbeat(&id, &req, now);
+                if answer.is_ok() {
+                    // Persisted with the batch; a failed append reloads the
+                    // state from disk and the next heartbeat tries again.
+                    ops.extend(self.cluster.reap_deleted(&id, &req));
+                }
+                let _ = reply.send(answer);
             }
             Command::Nodes(reply) => {
                 let _ = reply.send(self.cluster.node_statuses(now));
@@ -470,6 +495,12 @@ impl Worker {
                     self.cluster
                         .finish_apply_reached(&name, &target, succeeded, reached),
                 );
+                deferred.push(Box::new(move |r| {
+                    let _ = reply.send(r);
+                }));
+            }
+            Command::BeginDelete { name, node, reply } => {
+                ops.extend(self.cluster.begin_delete(&name, &node));
                 deferred.push(Box::new(move |r| {
                     let _ = reply.send(r);
                 }));
