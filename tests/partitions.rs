@@ -23,7 +23,7 @@
 //! and the simulated jails first, then [`Net`] deletes the namespaces, which
 //! removes the veths and the bridge with them.
 //!
-//! Scenarios, each with heartbeats every 200 ms and Dead after 1 s:
+//! Scenarios, each with heartbeats every 200 ms and Dead after 2 s:
 //! (a) a node cut off longer than dead_after: its stateless replicas move,
 //! it keeps running its jails until the heal, then fencing removes its stale
 //! copies and no name runs twice; (b) a stateful replica's node cut off:

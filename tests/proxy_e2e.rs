@@ -310,7 +310,7 @@ fn requests_to_the_vip_rotate_over_replicas_and_survive_a_lost_node() {
     );
     let (served, failures) = client.finish();
     eprintln!(
-        "failover: full replica count {:.2} s after kill -9 of n3 (dead_after 1 s, heartbeats every 200 ms); {served} requests during it",
+        "failover: full replica count {:.2} s after kill -9 of n3 (dead_after 2 s, heartbeats every 200 ms); {served} requests during it",
         failover.as_secs_f64()
     );
     assert!(

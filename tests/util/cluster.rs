@@ -192,7 +192,7 @@ impl Cluster {
     }
 
     /// The control plane of the process tests: `--listen` on a free port,
-    /// heartbeats every 200 ms, Dead after 1 s; then `agents` agents `n1`,
+    /// heartbeats every 200 ms, Dead after 2 s; then `agents` agents `n1`,
     /// `n2`, ... on [`node_ip`] addresses, each with its own state dir and
     /// socket, heartbeating and reconciling every 200 ms, its service proxy
     /// listening on its [`node_ip`] (`--proxy-listen`).
@@ -478,7 +478,8 @@ impl Cluster {
 }
 
 /// The control plane's arguments in [`Cluster::standard`]: simulated,
-/// listening on `listen`, heartbeats every 200 ms, Dead after 1 s.
+/// listening on `listen`, heartbeats every 200 ms, Dead after 2 s (ten
+/// missed heartbeats: a loaded CI machine can stall an agent for a second).
 pub fn standard_controlplane_args(listen: SocketAddr) -> Vec<String> {
     [
         "--simulate",
@@ -487,7 +488,7 @@ pub fn standard_controlplane_args(listen: SocketAddr) -> Vec<String> {
         "--heartbeat-interval",
         "200ms",
         "--dead-after",
-        "1s",
+        "2s",
     ]
     .map(String::from)
     .to_vec()
