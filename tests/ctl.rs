@@ -9,53 +9,28 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use keel::common::cidr::Ipv4Net;
 use keel::common::wire::{JailStatus, Phase};
 
 use crate::util::agent::{Agent, process_alive};
+use crate::util::cluster::{Run, run};
 
 const KEELCTL: &str = env!("CARGO_BIN_EXE_keelctl");
 
 /// A timer pass every 200 ms keeps crash detection and backoff quick.
 const AGENT_ARGS: &[&str] = &["--simulate", "--reconcile-interval", "200ms"];
 
-/// What one keelctl run did.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 /// Runs keelctl against `agent` (socket from `$KEEL_SOCKET`, as the README
 /// does it) in the agent's directory, with `stdin` if given.
 fn keelctl_in(agent: &Agent, cwd: &Path, args: &[&str], stdin: Option<&str>) -> Run {
-    let mut child = Command::new(KEELCTL)
-        .args(args)
+    let mut cmd = Command::new(KEELCTL);
+    cmd.args(args)
         .current_dir(cwd)
-        .env("KEEL_SOCKET", agent.socket())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn keelctl");
-    if let Some(text) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin pipe");
-        pipe.write_all(text.as_bytes()).expect("write stdin");
-    }
-    let out = child.wait_with_output().expect("keelctl runs");
-    Run {
-        code: out.status.code().expect("keelctl exited, not killed"),
-        stdout: String::from_utf8(out.stdout).expect("utf-8 stdout"),
-        stderr: String::from_utf8(out.stderr).expect("utf-8 stderr"),
-    }
+        .env("KEEL_SOCKET", agent.socket());
+    run(cmd, stdin)
 }
 
 fn keelctl(agent: &Agent, args: &[&str]) -> Run {

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use keel::common::http::{Request, Response, Server, ServerLimits, ShutdownSignal
 use keel::common::spec::parse_ingress;
 use keel::common::wire::{IngressPhase, IngressStatus, RegisterRequest, Resources};
 
+use crate::util::cluster::{Run, run};
 use crate::util::controlplane::ControlPlane;
 
 const KEELCTL: &str = env!("CARGO_BIN_EXE_keelctl");
@@ -172,38 +173,12 @@ impl Drop for StandIn {
     }
 }
 
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 fn keelctl(args: &[&str], stdin: Option<&str>) -> Run {
-    use std::io::Write;
-    let mut child = Command::new(KEELCTL)
-        .args(args)
+    let mut cmd = Command::new(KEELCTL);
+    cmd.args(args)
         .env_remove("KEEL_SOCKET")
-        .env_remove("KEEL_CONTROLPLANE")
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn keelctl");
-    if let Some(text) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin pipe");
-        pipe.write_all(text.as_bytes()).expect("write stdin");
-    }
-    let out = child.wait_with_output().expect("keelctl runs");
-    Run {
-        code: out.status.code().expect("keelctl exited, not killed"),
-        stdout: String::from_utf8(out.stdout).expect("utf-8 stdout"),
-        stderr: String::from_utf8(out.stderr).expect("utf-8 stderr"),
-    }
+        .env_remove("KEEL_CONTROLPLANE");
+    run(cmd, stdin)
 }
 
 fn ok(args: &[&str], stdin: Option<&str>) -> Run {

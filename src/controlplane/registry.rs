@@ -1294,17 +1294,7 @@ mod tests {
             id,
             &HeartbeatRequest {
                 committed: Resources { cpu, memory: 0 },
-                jails: placed.len() as u32,
-                placed: placed
-                    .iter()
-                    .map(|(n, e)| PlacedJail {
-                        name: n.to_string(),
-                        epoch: *e,
-                        running: true,
-                        address: None,
-                    })
-                    .collect(),
-                peers_version: None,
+                ..placed_req(placed)
             },
             now,
         )

@@ -503,13 +503,20 @@ fn keelctl_in(
     env: &[(&str, &str)],
     stdin: Option<&str>,
 ) -> Run {
-    use std::io::Write;
-    let mut child = prefixed(prefix, KEELCTL)
-        .args(args)
+    let mut cmd = prefixed(prefix, KEELCTL);
+    cmd.args(args)
         .current_dir(dir)
         .env_remove("KEEL_SOCKET")
         .env_remove("KEEL_CONTROLPLANE")
-        .envs(env.iter().copied())
+        .envs(env.iter().copied());
+    run(cmd, stdin)
+}
+
+/// Runs `cmd` (a keelctl with its arguments, directory and environment set)
+/// to the end, feeding it `stdin` if given, and captures what it printed.
+pub fn run(mut cmd: Command, stdin: Option<&str>) -> Run {
+    use std::io::Write;
+    let mut child = cmd
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
