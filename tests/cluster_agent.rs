@@ -400,12 +400,22 @@ fn a_clustered_agent_registers_heartbeats_routes_fences_and_survives_the_control
     let body = jail_yaml("placed-1", "1", "128M");
     let mut headers = signed(&node, "PUT", "/jails/placed-1", body.as_bytes());
     headers.push((EPOCH_HEADER.to_string(), "3".to_string()));
-    let placed = status(
-        &agent
-            .tcp()
-            .request("PUT", "/jails/placed-1", &headers, body.as_bytes())
-            .expect("placed apply"),
+    let answer = agent
+        .tcp()
+        .request("PUT", "/jails/placed-1", &headers, body.as_bytes())
+        .expect("placed apply");
+    // The answer carries what the node commits now, both jails together,
+    // so the control plane can rank it before the next heartbeat.
+    assert_eq!(
+        answer
+            .header(keel::common::wire::COMMITTED_HEADER)
+            .and_then(keel::common::wire::parse_committed),
+        Some(keel::common::wire::Resources {
+            cpu: 1.5,
+            memory: 192 << 20
+        })
     );
+    let placed = status(&answer);
     assert!(pod.contains(placed.address), "{}", placed.address);
     assert_eq!(placed.epoch, Some(3));
 

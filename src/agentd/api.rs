@@ -19,7 +19,9 @@ use crate::agentd::volumes::VolumeError;
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::http::{Handler, Request, Response};
 use crate::common::spec;
-use crate::common::wire::{EPOCH_HEADER, VOLUMES_PARAM, parse_volumes_query};
+use crate::common::wire::{
+    COMMITTED_HEADER, EPOCH_HEADER, VOLUMES_PARAM, format_committed, parse_volumes_query,
+};
 use crate::host::zfs::ZfsError;
 
 /// The agent API.
@@ -214,7 +216,12 @@ impl AgentApi {
             }
         };
         Ok(match self.worker.apply(jail, epoch)? {
-            Ok(status) => Response::json(200, &status),
+            Ok(status) => {
+                let committed =
+                    crate::agentd::cluster::heartbeat_request(&self.worker.list()?).committed;
+                Response::json(200, &status)
+                    .with_header(COMMITTED_HEADER, &format_committed(&committed))
+            }
             Err(e) => error_response(&e),
         })
     }

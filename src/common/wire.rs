@@ -163,6 +163,27 @@ pub struct ServiceEndpoints {
     pub replicas: Vec<std::net::SocketAddrV4>,
 }
 
+/// Header of an agent's answer to `PUT /jails/{name}`: the node's committed
+/// resources after the apply, `CPU MEMORY` (cores, bytes), the same sum a
+/// heartbeat reports. The control plane ranks the node by it at once, so a
+/// burst of scheduled applies spreads instead of all landing on the node
+/// that had the most headroom at the last heartbeat.
+pub const COMMITTED_HEADER: &str = "X-Keel-Committed";
+
+/// [`COMMITTED_HEADER`]'s value for `r`.
+pub fn format_committed(r: &Resources) -> String {
+    format!("{} {}", r.cpu, r.memory)
+}
+
+/// Parses [`COMMITTED_HEADER`]; `None` for anything malformed (the
+/// heartbeat corrects the ranking anyway).
+pub fn parse_committed(value: &str) -> Option<Resources> {
+    let (cpu, memory) = value.trim().split_once(' ')?;
+    let cpu: f64 = cpu.parse().ok()?;
+    let memory: u64 = memory.trim().parse().ok()?;
+    (cpu.is_finite() && cpu >= 0.0).then_some(Resources { cpu, memory })
+}
+
 /// Answer to a heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeartbeatResponse {
@@ -408,6 +429,18 @@ pub struct IngressStatus {
 #[cfg(test)]
 mod volume_query_tests {
     use super::*;
+
+    #[test]
+    fn committed_resources_round_trip_and_garbage_is_none() {
+        let r = Resources {
+            cpu: 1.25,
+            memory: 536_870_912,
+        };
+        assert_eq!(parse_committed(&format_committed(&r)), Some(r));
+        for bad in ["", "1.5", "x 1", "1 -1", "NaN 1", "-1 1", "inf 1"] {
+            assert_eq!(parse_committed(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn the_volumes_query_round_trips_and_refuses_bad_names() {

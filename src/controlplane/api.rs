@@ -53,8 +53,8 @@ use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
 use crate::common::http::{Client, Endpoint, Handler, Request, Response};
 use crate::common::names::validate_name;
 use crate::common::wire::{
-    EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest, ServiceApply, VolumeStatus,
-    parse_volumes_query, volumes_query,
+    COMMITTED_HEADER, EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest, ServiceApply,
+    VolumeStatus, parse_committed, parse_volumes_query, volumes_query,
 };
 use crate::controlplane::registry::{HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::worker::{WorkerGone, WorkerHandle};
@@ -273,6 +273,9 @@ impl ControlPlaneApi {
         let succeeded = (200..300).contains(&response.status);
         let reached = !(400..500).contains(&response.status);
         let node_id = target.node.clone();
+        if let Some(committed) = response.header(COMMITTED_HEADER).and_then(parse_committed) {
+            self.worker.note_committed(&node_id, committed)?;
+        }
         match self.worker.finish_apply(name, target, succeeded, reached)? {
             Ok(()) => Ok(response.with_header("X-Keel-Node", &node_id)),
             Err(r) => Ok(Response::error(
@@ -471,6 +474,9 @@ fn heal(worker: &WorkerHandle, forwarder: &Forwarder, actions: Vec<HealAction>) 
                             Some(target.epoch),
                         );
                         reached = !(400..500).contains(&r.status);
+                        if let Some(c) = r.header(COMMITTED_HEADER).and_then(parse_committed) {
+                            let _ = worker.note_committed(&target.node, c);
+                        }
                         (200..300)
                             .contains(&r.status)
                             .then_some(())

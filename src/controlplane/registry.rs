@@ -886,6 +886,18 @@ impl Cluster {
         }
     }
 
+    /// The committed resources node `id` reported in an apply's answer
+    /// ([`crate::common::wire::COMMITTED_HEADER`]): the node is ranked by
+    /// them at once instead of at its next heartbeat.
+    pub fn note_committed(&mut self, id: &str, committed: Resources) {
+        let Some(live) = self.live.get_mut(id) else {
+            return;
+        };
+        live.committed = committed;
+        let ranked = live.rank.is_some();
+        self.rank(id, ranked);
+    }
+
     /// Marks `name` as being deleted on `node`, before the DELETE is
     /// forwarded (persisted with it, so a crash after the node deleted the
     /// jail is recovered by [`Cluster::reap_deleted`]). Nothing when the
@@ -1565,6 +1577,34 @@ mod tests {
                 .collect(),
             peers_version: None,
         }
+    }
+
+    #[test]
+    fn committed_resources_from_an_apply_rank_the_node_before_its_heartbeat() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 1, t0);
+        let first = c.begin_apply("j1", None, t0).expect("target");
+        assert_eq!(first.node, "a", "equal headroom: the smallest id");
+        c.finish_apply("j1", &first, true);
+        // The node's answer says what it commits now; no heartbeat yet.
+        let capacity = c.state().nodes["a"].capacity;
+        c.note_committed(
+            "a",
+            Resources {
+                cpu: capacity.cpu / 2.0,
+                memory: 0,
+            },
+        );
+        let second = c.begin_apply("j2", None, t0).expect("target");
+        assert_eq!(
+            second.node, "b",
+            "a burst spreads: a is ranked by what it reported"
+        );
+        c.finish_apply("j2", &second, false);
+        // An unknown node is ignored.
+        c.note_committed("zz", Resources::default());
     }
 
     #[test]

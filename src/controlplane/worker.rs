@@ -20,7 +20,8 @@ use std::time::Instant;
 
 use crate::common::journal::{Journal, JournalError};
 use crate::common::wire::{
-    HeartbeatRequest, NodeStatus, RegisterRequest, RegisterResponse, ServiceApply, ServiceStatus,
+    HeartbeatRequest, NodeStatus, RegisterRequest, RegisterResponse, Resources, ServiceApply,
+    ServiceStatus,
 };
 use crate::controlplane::registry::{Cluster, HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::state::{ClusterState, Op, STATE_NAME};
@@ -38,6 +39,8 @@ pub enum Command {
     Heartbeat(String, HeartbeatRequest, Reply<HeartbeatAnswer>),
     /// `GET /nodes`.
     Nodes(Sender<Vec<NodeStatus>>),
+    /// A node's committed resources from an apply's answer (no reply).
+    NoteCommitted(String, Resources),
     /// Address of an Alive node (named routes).
     ResolveNode(String, Reply<std::net::SocketAddr>),
     /// Where a placed jail lives (GET, DELETE).
@@ -222,6 +225,13 @@ impl WorkerHandle {
             reached,
             reply,
         })
+    }
+
+    /// See [`Command::NoteCommitted`]; does not wait.
+    pub fn note_committed(&self, node: &str, committed: Resources) -> Result<(), WorkerGone> {
+        self.tx
+            .send(Command::NoteCommitted(node.to_string(), committed))
+            .map_err(|_| WorkerGone)
     }
 
     /// See [`Command::ResolveVolume`].
@@ -462,6 +472,7 @@ impl Worker {
                 }
                 let _ = reply.send(answer);
             }
+            Command::NoteCommitted(id, committed) => self.cluster.note_committed(&id, committed),
             Command::Nodes(reply) => {
                 let _ = reply.send(self.cluster.node_statuses(now));
             }
