@@ -216,12 +216,15 @@ impl AgentApi {
             }
         };
         Ok(match self.worker.apply(jail, epoch)? {
-            Ok(status) => {
+            // Only the control plane (which sends an epoch) ranks nodes by
+            // it; a local apply skips the extra pass over every jail.
+            Ok(status) if epoch.is_some() => {
                 let committed =
                     crate::agentd::cluster::heartbeat_request(&self.worker.list()?).committed;
                 Response::json(200, &status)
                     .with_header(COMMITTED_HEADER, &format_committed(&committed))
             }
+            Ok(status) => Response::json(200, &status),
             Err(e) => error_response(&e),
         })
     }

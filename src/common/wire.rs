@@ -163,9 +163,9 @@ pub struct ServiceEndpoints {
     pub replicas: Vec<std::net::SocketAddrV4>,
 }
 
-/// Header of an agent's answer to `PUT /jails/{name}`: the node's committed
-/// resources after the apply, `CPU MEMORY` (cores, bytes), the same sum a
-/// heartbeat reports. The control plane ranks the node by it at once, so a
+/// Header of an agent's answer to a control-plane `PUT /jails/{name}` (one
+/// with an epoch): the node's committed resources after the apply,
+/// `CPU MEMORY` (cores, bytes), the same sum a heartbeat reports. The control plane ranks the node by it at once, so a
 /// burst of scheduled applies spreads instead of all landing on the node
 /// that had the most headroom at the last heartbeat.
 pub const COMMITTED_HEADER: &str = "X-Keel-Committed";

@@ -1414,33 +1414,11 @@ mod tests {
         let t0 = Instant::now();
         let mut c = cluster();
         register(&mut c, "a", 1, t0);
-        let alone = c
-            .heartbeat(
-                "a",
-                &HeartbeatRequest {
-                    committed: Resources::default(),
-                    jails: 0,
-                    placed: vec![],
-                    peers_version: None,
-                },
-                t0,
-            )
-            .expect("heartbeat");
+        let alone = c.heartbeat("a", &placed_req(&[]), t0).expect("heartbeat");
         assert!(decode(&alone, "a").peers.is_empty());
         register(&mut c, "b", 2, t0);
         register(&mut c, "c", 3, t0);
-        let answer = c
-            .heartbeat(
-                "b",
-                &HeartbeatRequest {
-                    committed: Resources::default(),
-                    jails: 0,
-                    placed: vec![],
-                    peers_version: None,
-                },
-                t0,
-            )
-            .expect("heartbeat");
+        let answer = c.heartbeat("b", &placed_req(&[]), t0).expect("heartbeat");
         let ids = |who: &str| -> Vec<String> {
             decode(&answer, who)
                 .peers
