@@ -573,3 +573,73 @@ fn an_ingress_brings_the_nginx_jail_and_its_deletion_takes_it_away() {
         (!by_name(&agent).contains_key("keel-ingress")).then_some(())
     });
 }
+
+/// Bad Ingress requests to the agent: each gets a 4xx naming the field, and
+/// nothing is recorded.
+#[test]
+fn bad_ingress_requests_are_refused_and_change_nothing() {
+    let agent = Agent::start(AGENT_ARGS);
+    let client =
+        keel::common::http::Client::new(keel::common::http::Endpoint::Unix(agent.socket()));
+    let put = |path: &str, body: &str| {
+        client
+            .request("PUT", path, &[], body.as_bytes())
+            .expect("agent answers")
+    };
+    let doc = |name: &str, host: &str| {
+        format!(
+            "kind: Ingress\nmetadata: {{name: {name}}}\nspec: {{host: '{host}', service: web}}\n"
+        )
+    };
+    for (path, body, status, fragment) in [
+        (
+            "/ingresses/site",
+            doc("other", "a.example.org"),
+            400,
+            "metadata.name",
+        ),
+        (
+            "/ingresses/site",
+            doc("site", "a.example.org; include /etc/passwd"),
+            400,
+            "spec.host",
+        ),
+        (
+            "/ingresses/site",
+            doc("site", "*.example.org"),
+            400,
+            "wildcards",
+        ),
+        (
+            "/ingresses/site",
+            "kind: Jail\nmetadata: {name: site}\nspec: {base: b, exec: {start: [x]}}\n".to_string(),
+            400,
+            "Ingress",
+        ),
+        (
+            "/ingresses/Bad_Name",
+            doc("site", "a.example.org"),
+            400,
+            "ingress name",
+        ),
+    ] {
+        let r = put(path, &body);
+        let text = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.status, status, "{path} {body:?}: {text}");
+        assert!(text.contains(fragment), "{path} {body:?}: {text}");
+    }
+    assert_eq!(ok(&agent, &["get", "ingresses", "-o", "json"]).trim(), "[]");
+
+    // Two Ingresses for one host: the second is refused, the first stays.
+    assert_eq!(
+        put("/ingresses/site", &doc("site", "a.example.org")).status,
+        200
+    );
+    let r = put("/ingresses/copy", &doc("copy", "a.example.org"));
+    assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
+    assert!(String::from_utf8_lossy(&r.body).contains("already served by Ingress site"));
+    let statuses: Vec<keel::common::wire::IngressStatus> =
+        serde_json::from_str(&ok(&agent, &["get", "ingresses", "-o", "json"])).expect("json");
+    assert_eq!(statuses.len(), 1, "{statuses:?}");
+    ok(&agent, &["delete", "ingress", "site"]);
+}

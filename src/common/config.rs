@@ -1680,6 +1680,10 @@ mod tests {
                 "[agent]\nadvertise_addr = \"10.0.0.1\"\n",
                 "agent.advertise_addr",
             ),
+            (
+                "[agent]\nproxy_listen = \"10.0.0.1:80\"\n",
+                "agent.proxy_listen",
+            ),
             ("[log]\nlevel = \"loud\"\n", "log.level"),
             (
                 "[ingress]\ndns_provider = \"route53\"\n",
