@@ -6,10 +6,14 @@
 //! go to bench/README.md by hand.
 //!
 //! Processes: this binary orchestrates and runs the clients; it re-executes
-//! itself as the backends (`backend`) and as the Keel proxy (`keel`), so the
+//! itself as the backends (`backend`) and as the Keel proxy (`keel IP THREADS`), so the
 //! proxy's RSS is its own. HAProxy is the Debian binary in the foreground.
 //!
-//! Measured, each for direct-to-backend, HAProxy and Keel, in
+//! Keel runs twice: as the agent runs it (one event loop per CPU, each with
+//! its own listener on every service address) and with a single event loop,
+//! so each run shows what the extra loops buy.
+//!
+//! Measured, each for direct-to-backend, HAProxy and both Keels, in
 //! [`ROUNDS`] interleaved rounds (the order rotates each round) whose median
 //! is reported, so a burst of load from elsewhere on the machine does not
 //! land on one side only:
@@ -37,6 +41,7 @@ use keel::common::wire::ServiceEndpoints;
 /// HAProxy as the Debian package installs it.
 const HAPROXY_BIN: &str = "/usr/sbin/haproxy";
 const KEEL_IP: Ipv4Addr = Ipv4Addr::new(127, 128, 250, 1);
+const KEEL_ONE_LOOP_IP: Ipv4Addr = Ipv4Addr::new(127, 128, 250, 3);
 const HAPROXY_IP: Ipv4Addr = Ipv4Addr::new(127, 128, 250, 2);
 const BACKEND_IPS: [Ipv4Addr; 3] = [
     Ipv4Addr::new(127, 128, 251, 1),
@@ -70,9 +75,12 @@ fn main() {
         .collect();
     let result = match args.first().map(String::as_str) {
         Some("backend") => run_backend(),
-        Some("keel") => match args.get(1).map(|a| a.parse()) {
-            Some(Ok(ip)) => run_keel(ip),
-            _ => Err(err("usage: proxy keel IP")),
+        Some("keel") => match (
+            args.get(1).map(|a| a.parse()),
+            args.get(2).map(|a| a.parse()),
+        ) {
+            (Some(Ok(ip)), Some(Ok(threads))) => run_keel(ip, threads),
+            _ => Err(err("usage: proxy keel IP THREADS")),
         },
         _ => orchestrate(),
     };
@@ -187,10 +195,15 @@ async fn serve_bulk(mut c: tokio::net::TcpStream) -> io::Result<()> {
 }
 
 /// The Keel proxy alone in this process, serving the three kinds.
-fn run_keel(vip: Ipv4Addr) -> io::Result<()> {
+fn run_keel(vip: Ipv4Addr, threads: u16) -> io::Result<()> {
     raise_nofile()?;
-    // As the agent starts it: its settings from the default agent config.
-    let proxy = Proxy::start(ProxyConfig::from_agent(&AgentConfig::default()))?;
+    // As the agent starts it: its settings from the default agent config,
+    // but for the number of event loops of the one-loop target.
+    let agent = AgentConfig {
+        proxy_threads: threads,
+        ..AgentConfig::default()
+    };
+    let proxy = Proxy::start(ProxyConfig::from_agent(&agent))?;
     let services: Vec<ServiceEndpoints> = KINDS
         .iter()
         .map(|(kind, port)| ServiceEndpoints {
@@ -375,6 +388,8 @@ fn haproxy_config(dir: &std::path::Path, maxconn: usize) -> io::Result<std::path
 struct Target {
     name: &'static str,
     ip: Ipv4Addr,
+    /// `agent.proxy_threads` of a Keel target (0: the default).
+    threads: u16,
 }
 
 impl Target {
@@ -384,23 +399,37 @@ impl Target {
 
     /// A Keel proxy process serving this target's address.
     fn start_keel(self) -> io::Result<Proc> {
-        Proc::this(&["keel", &self.ip.to_string()], "keel")
+        Proc::this(
+            &["keel", &self.ip.to_string(), &self.threads.to_string()],
+            "keel",
+        )
     }
 }
 
 const DIRECT: Target = Target {
     name: "direct",
     ip: BACKEND_IPS[0],
+    threads: 0,
 };
 const HAPROXY: Target = Target {
     name: "HAProxy",
     ip: HAPROXY_IP,
+    threads: 0,
 };
+/// Keel as the agent runs it: one event loop per CPU.
 const KEEL: Target = Target {
     name: "Keel",
     ip: KEEL_IP,
+    threads: 0,
 };
-const TARGETS: [Target; 3] = [DIRECT, HAPROXY, KEEL];
+/// Keel with a single event loop, the design before sharded listeners, kept
+/// side by side so every run shows what the extra loops buy.
+const KEEL_ONE_LOOP: Target = Target {
+    name: "Keel 1 loop",
+    ip: KEEL_ONE_LOOP_IP,
+    threads: 1,
+};
+const TARGETS: [Target; 4] = [DIRECT, HAPROXY, KEEL, KEEL_ONE_LOOP];
 
 /// One measure: its name and a sample per target per round.
 struct Row {

@@ -110,9 +110,16 @@ fn service(name: &str, vip: Ipv4Addr, replicas: &[SocketAddrV4]) -> ServiceEndpo
     }
 }
 
+/// A proxy with two event loops, as on any node with two CPUs or more, so
+/// every test also covers listeners shared by several loops.
 fn start(connect_timeout: Duration) -> Proxy {
+    start_with(connect_timeout, 2)
+}
+
+fn start_with(connect_timeout: Duration, threads: usize) -> Proxy {
     Proxy::start(ProxyConfig {
         connect_timeout,
+        threads,
         bind_ip_override: None,
     })
     .expect("start proxy")
@@ -175,19 +182,22 @@ fn connections_go_round_robin_across_three_backends() {
         .enumerate()
         .map(|(i, id)| Backend::start(id, ip(1, i as u8 + 10)))
         .collect();
-    let proxy = start(Duration::from_secs(1));
     let addrs: Vec<_> = backends.iter().map(|b| b.addr).collect();
-    update_ok(&proxy, &[service("rr", ip(1, 1), &addrs)]);
-    let listen = listen_addr(&proxy, "rr");
-    let ids: Vec<String> = (0..6)
-        .map(|_| {
-            let (mut s, id) = connect(listen);
-            assert_echoes(&mut s, b"hello");
-            id
-        })
-        .collect();
-    assert_eq!(ids, ["a", "b", "c", "a", "b", "c"]);
-    assert_eq!(proxy.services(), [("rr".to_string(), listen, 3)]);
+    // One rotation per service, whichever event loop accepts a connection.
+    for (threads, vip) in [(1, ip(1, 1)), (3, ip(1, 2))] {
+        let proxy = start_with(Duration::from_secs(1), threads);
+        update_ok(&proxy, &[service("rr", vip, &addrs)]);
+        let listen = listen_addr(&proxy, "rr");
+        let ids: Vec<String> = (0..6)
+            .map(|_| {
+                let (mut s, id) = connect(listen);
+                assert_echoes(&mut s, b"hello");
+                id
+            })
+            .collect();
+        assert_eq!(ids, ["a", "b", "c", "a", "b", "c"], "{threads} event loops");
+        assert_eq!(proxy.services(), [("rr".to_string(), listen, 3)]);
+    }
 }
 
 #[test]
@@ -256,6 +266,7 @@ fn removing_a_service_closes_its_listener_but_not_its_connections() {
     let a = Backend::start("a", ip(5, 10));
     let proxy = Proxy::start(ProxyConfig {
         connect_timeout: Duration::from_secs(1),
+        threads: 2,
         bind_ip_override: Some(ip(5, 2)),
     })
     .expect("start proxy");

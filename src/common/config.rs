@@ -95,6 +95,9 @@ pub struct AgentConfig {
     pub heartbeat_interval: Interval,
     /// Connect timeout of the service proxy towards a replica. Default `1s`.
     pub proxy_connect_timeout: Interval,
+    /// Event loops (threads) of the service proxy; `0` is one per CPU, at
+    /// most 8. Default `0`.
+    pub proxy_threads: u16,
     /// IP every service listener binds (at the service's port) instead of the
     /// service's VIP, which is then not aliased on the bridge; `""` (None)
     /// aliases each VIP on the bridge and listens there. For several
@@ -122,6 +125,7 @@ impl Default for AgentConfig {
             advertise_addr: None,
             heartbeat_interval: Interval::secs(5),
             proxy_connect_timeout: Interval::secs(1),
+            proxy_threads: 0,
             proxy_listen: None,
             key_file: "/usr/local/etc/keel/node.key".into(),
         }
@@ -808,6 +812,15 @@ impl Config {
         }
         check_interval("agent.heartbeat_interval", a.heartbeat_interval)?;
         check_interval("agent.proxy_connect_timeout", a.proxy_connect_timeout)?;
+        if a.proxy_threads > 64 {
+            return Err(invalid(
+                "agent.proxy_threads",
+                format!(
+                    "{} event loops is more than the 64 allowed; 0 gives one per CPU, at most 8",
+                    a.proxy_threads
+                ),
+            ));
+        }
         check_path("agent.key_file", &a.key_file)?;
 
         let z = &self.zfs;
@@ -1684,6 +1697,7 @@ mod tests {
                 "[agent]\nproxy_listen = \"10.0.0.1:80\"\n",
                 "agent.proxy_listen",
             ),
+            ("[agent]\nproxy_threads = -1\n", "agent.proxy_threads"),
             ("[log]\nlevel = \"loud\"\n", "log.level"),
             (
                 "[ingress]\ndns_provider = \"route53\"\n",
@@ -1768,6 +1782,7 @@ mod tests {
             ),
             ("[ingress]\nacme_contact = \"me\"\n", "ingress.acme_contact"),
             ("[ingress]\nresolvers = []\n", "ingress.resolvers"),
+            ("[agent]\nproxy_threads = 65\n", "agent.proxy_threads"),
             (
                 "[ingress]\npublic_interface = \"em 0\"\n",
                 "ingress.public_interface",

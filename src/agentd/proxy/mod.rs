@@ -30,17 +30,20 @@
 //! - Each accepted connection takes the next replica in rotation, connects
 //!   within `connect_timeout` and, on failure, tries the next replica exactly
 //!   once. A service with no replica accepts and closes at once.
-//! - One current-thread tokio runtime serves every listener and connection;
-//!   nothing blocks it. A two-worker runtime was measured against it on two
-//!   CPUs (bench/README.md, "proxy": three runs, medians, HAProxy in the same
-//!   runs, load average 7–9). Two workers moved bulk transfers faster
-//!   (1.35x HAProxy against 1.17x). They did not accept more new connections
-//!   per second: 1.01x against 1.00x there, and 0.71x against 0.88x in a
-//!   focused five-round run. They also spent more CPU on each connection
-//!   (152 µs against 145 µs; HAProxy 156 µs). So the cheaper runtime stays,
-//!   and one thread also bounds the proxy's CPU use on a node whose CPUs
-//!   belong to its jails. Neither runtime reached HAProxy's rate of new
-//!   connections on that loaded machine (bench/README.md says why).
+//! - The proxy runs `agent.proxy_threads` event loops (default: one per
+//!   CPU, at most [`AUTO_THREADS_MAX`]), each a current-thread tokio runtime
+//!   on its own thread: the model of HAProxy's threads and nginx's workers.
+//!   Every loop has its own listener on each service address
+//!   (`SO_REUSEPORT`, `SO_REUSEPORT_LB` on FreeBSD), so the kernel spreads
+//!   new connections over the loops and a connection lives on the loop that
+//!   accepted it: no work stealing, no cross-thread wake-ups. The rotation
+//!   over replicas stays one per service, shared by all loops. Both simpler
+//!   designs were measured and lost to HAProxy on new connections per second
+//!   (bench/README.md, "proxy"): a single current-thread runtime (0.91x on a
+//!   quiet machine; one thread cannot use a second CPU), and tokio's
+//!   work-stealing runtime with two workers (0.71x–0.98x, and more CPU per
+//!   connection, spent moving tasks between threads).
+//! - The control loop (service table, updates) runs on the first event loop.
 //! - Memory per connection is its task, two sockets and no buffer while idle
 //!   (see [`relay`]). That is 1,820 bytes of RSS per idle relayed
 //!   connection, measured at 9,900 connections, where HAProxy needs 3,376.
@@ -62,8 +65,10 @@ use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::mpsc;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::TcpListener;
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle as TaskHandle;
 
 use crate::common::config::AgentConfig;
@@ -75,7 +80,7 @@ use self::table::Change;
 /// Listen backlog of each service: connections arriving faster than the loop
 /// accepts them wait in the kernel instead of being refused (Linux caps it at
 /// `net.core.somaxconn`, FreeBSD at `kern.ipc.soacceptqueue`).
-pub const LISTEN_BACKLOG: u32 = 4096;
+pub const LISTEN_BACKLOG: i32 = 4096;
 
 /// Pause after an accept error that is not the client's fault (out of file
 /// descriptors or memory): accepting again at once would spin on the same
@@ -93,11 +98,19 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 /// couple of wake-ups a second.
 const TIMER_TICK_MIN: Duration = Duration::from_millis(250);
 
+/// Most event loops `agent.proxy_threads = 0` (automatic) starts, whatever
+/// the number of CPUs: a node's CPUs belong to its jails, and a loop per CPU
+/// beyond this buys nothing a node proxy needs.
+pub const AUTO_THREADS_MAX: usize = 8;
+
 /// How the proxy behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
     /// Bound on connecting to a replica (`agent.proxy_connect_timeout`).
     pub connect_timeout: Duration,
+    /// Number of event loops, at least 1 (`agent.proxy_threads`, resolved by
+    /// [`ProxyConfig::from_agent`]).
+    pub threads: usize,
     /// Listen on this IP instead of each service's VIP (`agent.proxy_listen`;
     /// tests, on hosts whose loopback answers only 127.0.0.1). Port 0 then picks a free port, which
     /// [`Proxy::services`] reports.
@@ -113,8 +126,15 @@ impl Default for ProxyConfig {
 impl ProxyConfig {
     /// The proxy settings of an agent configuration.
     pub fn from_agent(agent: &AgentConfig) -> ProxyConfig {
+        let threads = match agent.proxy_threads {
+            0 => std::thread::available_parallelism()
+                .map_or(1, usize::from)
+                .min(AUTO_THREADS_MAX),
+            n => usize::from(n),
+        };
         ProxyConfig {
             connect_timeout: agent.proxy_connect_timeout.0,
+            threads,
             bind_ip_override: agent.proxy_listen,
         }
     }
@@ -187,10 +207,14 @@ enum Request {
 }
 
 /// The running proxy. Dropping it (or [`Proxy::shutdown`]) closes every
-/// listener and connection and joins its thread.
+/// listener and connection and joins its threads.
 pub struct Proxy {
+    /// To the control loop, on the first event loop.
     requests: Option<mpsc::UnboundedSender<Request>>,
-    thread: Option<JoinHandle<()>>,
+    /// Dropping one ends that event loop (all but the first, which ends when
+    /// `requests` closes).
+    stops: Vec<oneshot::Sender<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl fmt::Debug for Proxy {
@@ -200,20 +224,44 @@ impl fmt::Debug for Proxy {
 }
 
 impl Proxy {
-    /// Starts the proxy's thread and event loop, serving nothing yet.
+    /// Starts the proxy's threads and event loops, serving nothing yet.
     pub fn start(config: ProxyConfig) -> io::Result<Proxy> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()?;
+        // Built field by field so that a failure half-way is cleaned up by
+        // `Drop` like a shutdown.
+        let mut proxy = Proxy {
+            requests: None,
+            stops: Vec::new(),
+            threads: Vec::new(),
+        };
+        let tick = timer_tick(config.connect_timeout);
+        let mut loops = Vec::with_capacity(config.threads.max(1));
+        for i in 1..config.threads.max(1) {
+            let runtime = event_loop()?;
+            loops.push(runtime.handle().clone());
+            let (stop, stopped) = oneshot::channel::<()>();
+            proxy.stops.push(stop);
+            proxy.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("keel-proxy-{i}"))
+                    .spawn(move || {
+                        runtime.block_on(async move {
+                            let ticking = tokio::spawn(keep_timer_armed(tick));
+                            let _ = stopped.await;
+                            ticking.abort();
+                        })
+                    })?,
+            );
+        }
+        let runtime = event_loop()?;
+        loops.insert(0, runtime.handle().clone());
         let (tx, rx) = mpsc::unbounded_channel();
-        let thread = std::thread::Builder::new()
-            .name("keel-proxy".into())
-            .spawn(move || runtime.block_on(control(config, rx)))?;
-        Ok(Proxy {
-            requests: Some(tx),
-            thread: Some(thread),
-        })
+        proxy.requests = Some(tx);
+        proxy.threads.push(
+            std::thread::Builder::new()
+                .name("keel-proxy".into())
+                .spawn(move || runtime.block_on(control(config, loops, rx)))?,
+        );
+        Ok(proxy)
     }
 
     /// Makes the served services match `services` (the heartbeat's table) and
@@ -237,7 +285,7 @@ impl Proxy {
         rx.recv().unwrap_or_default()
     }
 
-    /// Closes every listener and connection and joins the proxy's thread.
+    /// Closes every listener and connection and joins the proxy's threads.
     pub fn shutdown(self) {
         drop(self);
     }
@@ -251,13 +299,15 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        // Closing the channel ends the control loop; the runtime is dropped on
-        // its thread, which drops every task and so closes every socket.
+        // Closing the channel ends the control loop and dropping the stops
+        // ends the other loops; each runtime is dropped on its thread, which
+        // drops every task and so closes every socket.
         self.requests = None;
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            log::error!("proxy: its thread panicked");
+        self.stops.clear();
+        for thread in self.threads.drain(..) {
+            if thread.join().is_err() {
+                log::error!("proxy: one of its threads panicked");
+            }
         }
     }
 }
@@ -269,31 +319,55 @@ struct Served {
     /// The address bound (differs from `listen` only for port 0).
     bound: SocketAddrV4,
     backends: Arc<Backends>,
-    accept: TaskHandle<()>,
+    /// One accept task per event loop, each owning its listener.
+    accepts: Vec<TaskHandle<()>>,
 }
 
 impl Served {
-    /// Closes the listener, and waits until it is closed so the caller of
+    /// Closes the listeners, and waits until they are closed so the caller of
     /// `update` can rely on it. Connections are tasks of their own and live on.
     async fn close(self) {
-        self.accept.abort();
-        let _ = self.accept.await;
+        for accept in &self.accepts {
+            accept.abort();
+        }
+        for accept in self.accepts {
+            let _ = accept.await;
+        }
     }
 }
 
-/// The control loop: the only owner of the service table.
-async fn control(config: ProxyConfig, mut requests: mpsc::UnboundedReceiver<Request>) {
-    let tick = (config.connect_timeout / 2).max(TIMER_TICK_MIN);
-    let ticking = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(tick).await;
-        }
-    });
+fn event_loop() -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+}
+
+/// Period of [`keep_timer_armed`] for a connect timeout.
+fn timer_tick(connect_timeout: Duration) -> Duration {
+    (connect_timeout / 2).max(TIMER_TICK_MIN)
+}
+
+/// Runs on every event loop, forever (see [`TIMER_TICK_MIN`]).
+async fn keep_timer_armed(tick: Duration) {
+    loop {
+        tokio::time::sleep(tick).await;
+    }
+}
+
+/// The control loop: the only owner of the service table. `loops` are the
+/// handles of every event loop, this one first.
+async fn control(
+    config: ProxyConfig,
+    loops: Vec<Handle>,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+) {
+    let ticking = tokio::spawn(keep_timer_armed(timer_tick(config.connect_timeout)));
     let mut served: BTreeMap<String, Served> = BTreeMap::new();
     while let Some(request) = requests.recv().await {
         match request {
             Request::Update(services, reply) => {
-                let errors = apply(&config, &mut served, &services).await;
+                let errors = apply(&config, &loops, &mut served, &services).await;
                 let _ = reply.send(errors);
             }
             Request::Services(reply) => {
@@ -310,6 +384,7 @@ async fn control(config: ProxyConfig, mut requests: mpsc::UnboundedReceiver<Requ
 
 async fn apply(
     config: &ProxyConfig,
+    loops: &[Handle],
     served: &mut BTreeMap<String, Served>,
     services: &[ServiceEndpoints],
 ) -> Vec<ProxyError> {
@@ -338,12 +413,12 @@ async fn apply(
                 if let Some(old) = served.remove(&s.name) {
                     old.close().await;
                 }
-                if let Err(e) = open(config, served, s, listen_of(s)) {
+                if let Err(e) = open(config, loops, served, s, listen_of(s)) {
                     errors.push(e);
                 }
             }
             Change::Add(s) => {
-                if let Err(e) = open(config, served, s, listen_of(s)) {
+                if let Err(e) = open(config, loops, served, s, listen_of(s)) {
                     errors.push(e);
                 }
             }
@@ -352,9 +427,12 @@ async fn apply(
     errors
 }
 
-/// Binds the service's listener and starts accepting.
+/// Binds one listener per event loop on the service's address and starts
+/// accepting on each. All or nothing: when one bind fails, the listeners
+/// already bound are closed before returning.
 fn open(
     config: &ProxyConfig,
+    loops: &[Handle],
     served: &mut BTreeMap<String, Served>,
     service: &ServiceEndpoints,
     listen: SocketAddrV4,
@@ -364,21 +442,41 @@ fn open(
         addr: listen,
         source,
     };
-    let listener = bind(listen).map_err(err)?;
-    let bound = match listener.local_addr().map_err(err)? {
+    let shared = loops.len() > 1;
+    let first = bind(listen, shared).map_err(err)?;
+    // Port 0 is resolved by the first bind; the other loops join that port.
+    let bound = match first.local_addr().map_err(err)? {
         SocketAddr::V4(a) => a,
         SocketAddr::V6(_) => listen,
     };
+    let mut listeners = vec![first];
+    for _ in 1..loops.len() {
+        listeners.push(bind(bound, shared).map_err(err)?);
+    }
     let backends = Arc::new(Backends::new(&service.replicas));
-    let accept = tokio::spawn(accept_loop(
-        listener,
-        Arc::clone(&backends),
-        config.connect_timeout,
-    ));
+    let mut accepts = Vec::with_capacity(loops.len());
+    for (listener, event_loop) in listeners.into_iter().zip(loops) {
+        // Registered with the reactor of the loop that will accept on it.
+        let _entered = event_loop.enter();
+        match TcpListener::from_std(listener) {
+            Ok(listener) => accepts.push(event_loop.spawn(accept_loop(
+                listener,
+                Arc::clone(&backends),
+                config.connect_timeout,
+            ))),
+            Err(e) => {
+                for accept in &accepts {
+                    accept.abort();
+                }
+                return Err(err(e));
+            }
+        }
+    }
     log::info!(
-        "proxy: service {} listening on {bound} with {} replicas",
+        "proxy: service {} listening on {bound} with {} replicas ({} event loops)",
         service.name,
-        service.replicas.len()
+        service.replicas.len(),
+        loops.len()
     );
     served.insert(
         service.name.clone(),
@@ -386,19 +484,45 @@ fn open(
             listen,
             bound,
             backends,
-            accept,
+            accepts,
         },
     );
     Ok(())
 }
 
-fn bind(addr: SocketAddrV4) -> io::Result<TcpListener> {
-    let socket = TcpSocket::new_v4()?;
+/// A listening socket on `addr`; `shared` lets one such socket per event
+/// loop listen on the same address, the kernel spreading new connections
+/// over them.
+fn bind(addr: SocketAddrV4, shared: bool) -> io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
     // An agent restarted while connections to a VIP sit in TIME_WAIT must be
     // able to listen on it again at once.
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr.into())?;
-    socket.listen(LISTEN_BACKLOG)
+    socket.set_reuse_address(true)?;
+    if shared {
+        share_port(&socket)?;
+    }
+    // Accepted sockets inherit TCP_NODELAY from the listener (Linux and
+    // FreeBSD alike), which saves a setsockopt per connection; a small
+    // response must not wait for Nagle's timer on the client side.
+    socket.set_tcp_nodelay(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&SocketAddr::V4(addr).into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
+}
+
+/// FreeBSD's `SO_REUSEPORT` lets several sockets bind but gives every
+/// connection to one of them; `SO_REUSEPORT_LB` balances.
+#[cfg(target_os = "freebsd")]
+fn share_port(socket: &Socket) -> io::Result<()> {
+    socket.set_reuse_port_lb(true)
+}
+
+/// Linux balances connections over the sockets sharing a port with
+/// `SO_REUSEPORT`.
+#[cfg(not(target_os = "freebsd"))]
+fn share_port(socket: &Socket) -> io::Result<()> {
+    socket.set_reuse_port(true)
 }
 
 async fn accept_loop(listener: TcpListener, backends: Arc<Backends>, connect_timeout: Duration) {
@@ -418,5 +542,58 @@ async fn accept_loop(listener: TcpListener, backends: Arc<Backends>, connect_tim
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr_of(listener: &std::net::TcpListener) -> SocketAddrV4 {
+        match listener.local_addr().expect("local addr") {
+            SocketAddr::V4(a) => a,
+            SocketAddr::V6(a) => panic!("bound {a}"),
+        }
+    }
+
+    /// `relay::serve` no longer sets TCP_NODELAY on the client socket: it
+    /// relies on the kernel copying it from the listener.
+    #[test]
+    fn accepted_sockets_inherit_nodelay_from_the_listener() {
+        let listener = bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), false).expect("bind");
+        listener.set_nonblocking(false).expect("blocking");
+        let _client = std::net::TcpStream::connect(addr_of(&listener)).expect("connect");
+        let (accepted, _) = listener.accept().expect("accept");
+        assert!(accepted.nodelay().expect("getsockopt"));
+    }
+
+    #[test]
+    fn shared_listeners_join_one_port_and_never_a_foreign_one() {
+        let first = bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), true).expect("bind");
+        let port = addr_of(&first);
+        let second = bind(port, true).expect("a second event loop joins the port");
+        assert_eq!(addr_of(&second), port);
+
+        // A socket that did not opt in keeps its port to itself.
+        let foreign = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        let taken = match foreign.local_addr().expect("addr") {
+            SocketAddr::V4(a) => a,
+            SocketAddr::V6(a) => panic!("bound {a}"),
+        };
+        let err = bind(taken, true).expect_err("the port is taken");
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+    }
+
+    #[test]
+    fn thread_count_comes_from_the_agent_config() {
+        let mut agent = AgentConfig {
+            proxy_threads: 3,
+            ..AgentConfig::default()
+        };
+        assert_eq!(ProxyConfig::from_agent(&agent).threads, 3);
+        agent.proxy_threads = 0;
+        let auto = ProxyConfig::from_agent(&agent).threads;
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(auto, cpus.min(AUTO_THREADS_MAX));
     }
 }

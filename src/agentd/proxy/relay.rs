@@ -75,9 +75,8 @@ pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: 
             }
         }
     };
-    // Without TCP_NODELAY a small response could wait for Nagle's timer on the
-    // client side; the backend side was set before connecting.
-    let _ = client.set_nodelay(true);
+    // TCP_NODELAY: the client socket inherited it from the listener, the
+    // backend's was set before connecting.
     if let Err(e) = relay(client, backend).await {
         log::debug!("proxy: connection ended with {e}");
     }
