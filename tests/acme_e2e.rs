@@ -1,297 +1,34 @@
 //! Ingress certificates against real peers: Pebble (the ACME test CA) and
 //! pebble-challtestsrv (its DNS server) on loopback, with a fake OVH API in the
-//! test that checks every signature exactly as OVH documents it and forwards
-//! TXT records to challtestsrv. The resolver list points at challtestsrv's DNS
+//! test (all three from `util::acme`) that checks every signature exactly as
+//! OVH documents it and forwards TXT records to challtestsrv. The resolver list points at challtestsrv's DNS
 //! port, so the propagation wait really queries DNS, and Pebble validates the
 //! DNS-01 challenge against the same server.
 //!
 //! Without the pebble binaries the test prints why and passes, unless `CI` is
 //! set: there `.ci/run` installs them and their absence is a failure.
 
-use std::collections::BTreeMap;
 use std::fs;
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::net::{SocketAddr, UdpSocket};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use keel::agentd::ingress::acme::{AcmeSettings, CertFiles, RenewReason};
 use keel::agentd::ingress::dns::{OvhCredentials, OvhDns};
 use keel::agentd::ingress::nginx::{NginxLayout, Site, render};
-use keel::agentd::ingress::propagation::{Answer, query_txt};
 use keel::agentd::ingress::{CertManager, CertStatus};
 use keel::common::auth::{KeyFilePolicy, unix_now};
 use keel::common::backoff::ManualClock;
-use keel::common::http::{
-    Client, Endpoint, Request, Response, Server, ServerLimits, ShutdownSignal,
-};
-use sha1::{Digest, Sha1};
 
+use crate::util::acme::{
+    FakeOvh, Peers, assert_chains_to_root, assert_no_challenge_record, mode_of, pem_chain,
+    start_fake_ovh, start_peers, write_ovh_credentials,
+};
 use crate::util::nginx::{
     self, Backend, Nginx, free_port as free_tcp_port, https_client, raw_http,
 };
-use crate::util::pki::TestCa;
 use crate::util::poll_until;
-
-const PEBBLE: &str = "/usr/bin/pebble";
-const CHALLTESTSRV: &str = "/usr/bin/pebble-challtestsrv";
-const AK: &str = "test-application-key";
-const AS: &str = "test-application-secret";
-const CK: &str = "test-consumer-key";
-/// The fake OVH's clock runs this far ahead of ours: requests only verify if
-/// the client derived its timestamps from `/auth/time`.
-const OVH_CLOCK_AHEAD: i64 = 3600;
-
-/// A TCP port nobody listens on, whose UDP twin is free too (challtestsrv
-/// serves DNS on both).
-fn free_port() -> u16 {
-    loop {
-        let tcp = TcpListener::bind("127.0.0.1:0").expect("bind tcp");
-        let port = tcp.local_addr().expect("addr").port();
-        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
-
-/// Pebble and challtestsrv, killed on drop.
-struct Peers {
-    children: Vec<Child>,
-    dir: tempfile::TempDir,
-    directory_url: String,
-    management: String,
-    ca_pem: PathBuf,
-    dns: SocketAddr,
-    challtestsrv: SocketAddr,
-}
-
-impl Drop for Peers {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn spawn(cmd: &mut Command, log: &Path) -> Child {
-    let out = fs::File::create(log).expect("log file");
-    let err = out.try_clone().expect("log file");
-    cmd.stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("spawn peer")
-}
-
-fn start_peers() -> Option<Peers> {
-    if !Path::new(PEBBLE).exists() || !Path::new(CHALLTESTSRV).exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{PEBBLE} or {CHALLTESTSRV} is missing under CI: .ci/run must install the Debian \
-             package pebble"
-        );
-        eprintln!("skipping ACME end-to-end test: install the Debian package pebble to run it");
-        return None;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    // Pebble's HTTPS listener needs a certificate; Debian ships none, so the
-    // test makes a throwaway CA and a leaf for 127.0.0.1.
-    let ca = TestCa::new("keel test CA for pebble");
-    let listener = ca.leaf(&["127.0.0.1", "localhost"], dir.path(), "pebble-listener");
-    let ca_pem = dir.path().join("ca.pem");
-    fs::write(&ca_pem, &ca.pem).expect("write ca");
-
-    let (acme, management, dns, chall_mgmt) = (free_port(), free_port(), free_port(), free_port());
-    let config = serde_json::json!({
-        "pebble": {
-            "listenAddress": format!("127.0.0.1:{acme}"),
-            "managementListenAddress": format!("127.0.0.1:{management}"),
-            "certificate": listener.cert,
-            "privateKey": listener.key,
-            "httpPort": free_port(),
-            "tlsPort": free_port(),
-            "ocspResponderURL": "",
-            "externalAccountBindingRequired": false
-        }
-    });
-    let config_path = dir.path().join("pebble.json");
-    fs::write(&config_path, config.to_string()).expect("write config");
-
-    let mut children = Vec::new();
-    children.push(spawn(
-        Command::new(CHALLTESTSRV).args([
-            "-dns01",
-            &format!("127.0.0.1:{dns}"),
-            "-management",
-            &format!("127.0.0.1:{chall_mgmt}"),
-            "-http01",
-            "",
-            "-https01",
-            "",
-            "-tlsalpn01",
-            "",
-        ]),
-        &dir.path().join("challtestsrv.log"),
-    ));
-    children.push(spawn(
-        Command::new(PEBBLE)
-            .arg("-config")
-            .arg(&config_path)
-            .args(["-dnsserver", &format!("127.0.0.1:{dns}")])
-            .env("PEBBLE_VA_NOSLEEP", "1")
-            .env("PEBBLE_WFE_NONCEREJECT", "0")
-            // Every order proves its challenge again, so renewal publishes too.
-            .env("PEBBLE_AUTHZREUSE", "0"),
-        &dir.path().join("pebble.log"),
-    ));
-    let peers = Peers {
-        children,
-        directory_url: format!("https://127.0.0.1:{acme}/dir"),
-        management: format!("https://127.0.0.1:{management}"),
-        ca_pem,
-        dns: SocketAddr::from(([127, 0, 0, 1], dns)),
-        challtestsrv: SocketAddr::from(([127, 0, 0, 1], chall_mgmt)),
-        dir,
-    };
-    for port in [acme, management, chall_mgmt] {
-        poll_until(&format!("a peer listening on port {port}"), || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-    }
-    Some(peers)
-}
-
-/// What the fake OVH API saw and holds.
-#[derive(Default)]
-struct OvhState {
-    /// `METHOD path` of every verified call, in order.
-    calls: Vec<String>,
-    /// Calls whose signature or timestamp did not verify.
-    rejected: Vec<String>,
-    /// Record id -> (fqdn, value).
-    records: BTreeMap<u64, (String, String)>,
-    next_id: u64,
-    /// Refuse record creation like an under-privileged consumer key.
-    refuse_create: bool,
-}
-
-/// The OVH API as the test sees it: `base` is the endpoint URL.
-struct FakeOvh {
-    state: Arc<Mutex<OvhState>>,
-    base: String,
-    shutdown: ShutdownSignal,
-}
-
-impl Drop for FakeOvh {
-    fn drop(&mut self) {
-        self.shutdown.trigger();
-    }
-}
-
-fn ovh_now() -> i64 {
-    unix_now() as i64 + OVH_CLOCK_AHEAD
-}
-
-fn json(status: u16, value: serde_json::Value) -> Response {
-    Response::json(status, &value)
-}
-
-fn challtestsrv_call(addr: SocketAddr, path: &str, body: serde_json::Value) {
-    let r = Client::new(Endpoint::Tcp(addr.to_string()))
-        .request("POST", path, &[], body.to_string().as_bytes())
-        .expect("challtestsrv answers");
-    assert_eq!(r.status, 200, "challtestsrv {path}");
-}
-
-fn start_fake_ovh(challtestsrv: SocketAddr) -> FakeOvh {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let base = format!("http://{}/1.0", listener.local_addr().expect("addr"));
-    let state = Arc::new(Mutex::new(OvhState::default()));
-    let shared = Arc::clone(&state);
-    let origin = format!("http://{}", listener.local_addr().expect("addr"));
-    let handler = move |req: Request| -> Response {
-        let mut st = shared.lock().expect("ovh state");
-        if req.method == "GET" && req.path == "/1.0/auth/time" {
-            return Response::text(200, ovh_now().to_string());
-        }
-        // The documented check: "$1$" + SHA1_HEX(AS+"+"+CK+"+"+METHOD+"+"+URL+"+"+BODY+"+"+TSTAMP).
-        let header = |n: &str| req.header(n).unwrap_or_default().to_string();
-        let ts = header("X-Ovh-Timestamp");
-        let body = String::from_utf8_lossy(&req.body).into_owned();
-        let url = format!("{origin}{}", req.raw_path);
-        let signed = format!("{AS}+{CK}+{}+{url}+{body}+{ts}", req.method);
-        let expected = format!("$1${:x}", Sha1::digest(signed.as_bytes()));
-        let fresh = ts.parse::<i64>().is_ok_and(|t| (t - ovh_now()).abs() <= 5);
-        if header("X-Ovh-Application") != AK
-            || header("X-Ovh-Consumer") != CK
-            || header("X-Ovh-Signature") != expected
-            || !fresh
-        {
-            st.rejected.push(format!("{} {}", req.method, req.path));
-            return json(400, serde_json::json!({"message": "Invalid signature"}));
-        }
-        st.calls.push(format!("{} {}", req.method, req.path));
-        let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
-        match (req.method.as_str(), segments.as_slice()) {
-            ("GET", ["1.0", "domain", "zone"]) => {
-                json(200, serde_json::json!(["example.org", "example.com"]))
-            }
-            ("POST", ["1.0", "domain", "zone", zone, "record"]) => {
-                if st.refuse_create {
-                    return json(
-                        403,
-                        serde_json::json!({"message": "This call has not been granted"}),
-                    );
-                }
-                let v: serde_json::Value = serde_json::from_slice(&req.body).expect("json body");
-                assert_eq!(v["fieldType"], "TXT");
-                assert!(v["ttl"].is_u64());
-                let fqdn = format!("{}.{zone}", v["subDomain"].as_str().expect("subDomain"));
-                let value = v["target"].as_str().expect("target").to_string();
-                st.next_id += 1;
-                let id = st.next_id;
-                challtestsrv_call(
-                    challtestsrv,
-                    "/set-txt",
-                    serde_json::json!({"host": format!("{fqdn}."), "value": value}),
-                );
-                st.records.insert(id, (fqdn, value));
-                json(
-                    200,
-                    serde_json::json!({"id": id, "zone": zone, "fieldType": "TXT"}),
-                )
-            }
-            ("POST", ["1.0", "domain", "zone", _, "refresh"]) => json(200, serde_json::Value::Null),
-            ("DELETE", ["1.0", "domain", "zone", _, "record", id]) => {
-                let id: u64 = id.parse().expect("numeric id");
-                match st.records.remove(&id) {
-                    Some((fqdn, _)) => {
-                        challtestsrv_call(
-                            challtestsrv,
-                            "/clear-txt",
-                            serde_json::json!({"host": format!("{fqdn}.")}),
-                        );
-                        json(200, serde_json::Value::Null)
-                    }
-                    None => json(404, serde_json::json!({"message": "no such record"})),
-                }
-            }
-            _ => json(404, serde_json::json!({"message": "no such route"})),
-        }
-    };
-    let shutdown = ShutdownSignal::new();
-    Server::new(Arc::new(handler), ServerLimits::default(), shutdown.clone())
-        .serve_tcp(listener)
-        .expect("serve");
-    FakeOvh {
-        state,
-        base,
-        shutdown,
-    }
-}
 
 fn manager(
     peers: &Peers,
@@ -300,14 +37,7 @@ fn manager(
     timeout: Duration,
 ) -> CertManager {
     let creds_path = peers.dir.path().join("ovh.toml");
-    fs::write(
-        &creds_path,
-        format!(
-            "application_key = \"{AK}\"\napplication_secret = \"{AS}\"\nconsumer_key = \"{CK}\"\n"
-        ),
-    )
-    .expect("write creds");
-    fs::set_permissions(&creds_path, fs::Permissions::from_mode(0o600)).expect("chmod");
+    write_ovh_credentials(&creds_path);
     let policy = KeyFilePolicy {
         require_root_owner: false,
     };
@@ -333,29 +63,11 @@ fn settle(m: &CertManager, host: &str, dir: &Path, unix: i64) -> CertStatus {
     m.ensure(host, dir, unix).expect("ensure")
 }
 
-fn pem_chain(path: &Path) -> Vec<Vec<u8>> {
-    let text = fs::read(path).expect("chain");
-    x509_parser::pem::Pem::iter_from_buffer(&text)
-        .map(|p| p.expect("pem").contents)
-        .collect()
-}
-
-fn assert_no_challenge_record(peers: &Peers, host: &str) {
-    let name = format!("_acme-challenge.{host}");
-    match query_txt(peers.dns, &name, Duration::from_secs(2)).expect("challtestsrv answers") {
-        Answer::Txt(values) => assert!(values.is_empty(), "{name} still has TXT {values:?}"),
-        Answer::NoName => {}
-        other => panic!("unexpected answer for {name}: {other:?}"),
-    }
-}
-
-fn mode_of(path: &Path) -> u32 {
-    fs::metadata(path).expect("metadata").permissions().mode() & 0o777
-}
-
 #[test]
 fn certificate_issued_renewed_and_challenges_cleaned() {
-    let Some(peers) = start_peers() else { return };
+    let Some(peers) = start_peers("the ACME end-to-end test") else {
+        return;
+    };
     let ovh = start_fake_ovh(peers.challtestsrv);
     let certs = peers.dir.path().join("rootfs-certs");
     fs::create_dir(&certs).expect("cert dir");
@@ -389,46 +101,8 @@ fn certificate_issued_renewed_and_challenges_cleaned() {
     // The chain: leaf for the host, signed by the intermediate, signed by
     // Pebble's root as its management API serves it.
     let chain = pem_chain(&files.chain);
-    assert!(
-        chain.len() >= 2,
-        "leaf and intermediate expected, got {}",
-        chain.len()
-    );
-    let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).expect("leaf");
-    let (_, inter) = x509_parser::parse_x509_certificate(&chain[1]).expect("intermediate");
-    let names: Vec<String> = leaf
-        .subject_alternative_name()
-        .expect("san ext")
-        .expect("san")
-        .value
-        .general_names
-        .iter()
-        .map(|n| n.to_string())
-        .collect();
-    assert!(names.iter().any(|n| n.contains(host)), "SANs {names:?}");
-    assert_eq!(leaf.validity().not_after.timestamp(), first);
-    leaf.verify_signature(Some(inter.public_key()))
-        .expect("leaf signed by the intermediate");
-    let tls = ureq::tls::TlsConfig::builder()
-        .root_certs(ureq::tls::RootCerts::new_with_certs(&[
-            ureq::tls::Certificate::from_pem(&fs::read(&peers.ca_pem).expect("ca"))
-                .expect("ca pem"),
-        ]))
-        .build();
-    let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
-    let root_pem = agent
-        .get(&format!("{}/roots/0", peers.management))
-        .call()
-        .expect("pebble root")
-        .body_mut()
-        .read_to_string()
-        .expect("root body");
-    let (_, root_der) = x509_parser::pem::parse_x509_pem(root_pem.as_bytes()).expect("root pem");
-    let (_, root) = x509_parser::parse_x509_certificate(&root_der.contents).expect("root");
-    inter
-        .verify_signature(Some(root.public_key()))
-        .expect("intermediate signed by Pebble's root");
-    assert_eq!(inter.issuer(), root.subject());
+    let root_pem = peers.root_pem();
+    assert_eq!(assert_chains_to_root(&files.chain, host, &root_pem), first);
 
     // The challenge record went up through signed OVH calls and came down.
     {

@@ -26,12 +26,7 @@ const NODES: [&str; 3] = ["n1", "n2", "n3"];
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn python3() -> PathBuf {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("python3"))
-        .find(|p| p.is_file())
-        .expect("python3 on PATH (the replicas' workload; .ci/run installs it)")
+    crate::util::python3().expect("python3 on PATH (the replicas' workload; .ci/run installs it)")
 }
 
 fn echo_service(replicas: u32, port: u16) -> String {

@@ -22,6 +22,7 @@ mod golden_routes;
 mod golden_zfs;
 mod hostile;
 mod http;
+mod ingress_e2e;
 mod nginx_conf;
 mod packaging;
 mod partitions;

@@ -2,9 +2,11 @@
 
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub mod acme;
 pub mod agent;
 pub mod cluster;
 pub mod controlplane;
@@ -25,4 +27,14 @@ pub fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// python3 on `PATH` (the workload of the fixtures in tests/fixtures;
+/// .ci/run installs it), if any.
+pub fn python3() -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("python3"))
+        .find(|p| p.is_file())
 }

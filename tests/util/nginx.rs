@@ -215,7 +215,12 @@ fn read_head(conn: &mut TcpStream) -> String {
 /// Sends `request` as is to `127.0.0.1:port` and returns everything the
 /// server wrote before closing (empty when it closed without answering).
 pub fn raw_http(port: u16, request: &str) -> String {
-    let mut conn = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect");
+    raw_http_at(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port), request)
+}
+
+/// [`raw_http`] to any address (an ingress jail's, say).
+pub fn raw_http_at(addr: SocketAddrV4, request: &str) -> String {
+    let mut conn = TcpStream::connect(addr).expect("connect");
     conn.set_read_timeout(Some(DEADLINE)).expect("timeout");
     conn.write_all(request.as_bytes()).expect("send request");
     let mut answer = Vec::new();
@@ -223,13 +228,13 @@ pub fn raw_http(port: u16, request: &str) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
-/// Resolves every host name to 127.0.0.1, keeping the URL's port, so a
-/// request for `https://HOST:PORT/` reaches the local nginx with `HOST` as
+/// Resolves every host name to one address, keeping the URL's port, so a
+/// request for `https://HOST:PORT/` reaches the nginx there with `HOST` as
 /// SNI and `Host`.
 #[derive(Debug)]
-struct Loopback;
+struct Fixed(Ipv4Addr);
 
-impl Resolver for Loopback {
+impl Resolver for Fixed {
     fn resolve(
         &self,
         uri: &ureq::http::Uri,
@@ -237,10 +242,7 @@ impl Resolver for Loopback {
         _timeout: NextTimeout,
     ) -> Result<ResolvedSocketAddrs, ureq::Error> {
         let mut addrs = self.empty();
-        addrs.push(SocketAddr::from((
-            Ipv4Addr::LOCALHOST,
-            uri.port_u16().unwrap_or(443),
-        )));
+        addrs.push(SocketAddr::from((self.0, uri.port_u16().unwrap_or(443))));
         Ok(addrs)
     }
 }
@@ -249,6 +251,11 @@ impl Resolver for Loopback {
 /// loopback; statuses are answers, not errors, and redirects are not
 /// followed.
 pub fn https_client(root_pem: &[u8]) -> ureq::Agent {
+    https_client_at(root_pem, Ipv4Addr::LOCALHOST)
+}
+
+/// [`https_client`] reaching every host at `ip` (an ingress jail's address).
+pub fn https_client_at(root_pem: &[u8], ip: Ipv4Addr) -> ureq::Agent {
     let root = ureq::tls::Certificate::from_pem(root_pem).expect("root pem");
     let tls = ureq::tls::TlsConfig::builder()
         .root_certs(ureq::tls::RootCerts::new_with_certs(&[root]))
@@ -259,5 +266,5 @@ pub fn https_client(root_pem: &[u8]) -> ureq::Agent {
         .max_redirects(0)
         .timeout_global(Some(DEADLINE))
         .build();
-    ureq::Agent::with_parts(config, DefaultConnector::new(), Loopback)
+    ureq::Agent::with_parts(config, DefaultConnector::new(), Fixed(ip))
 }

@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 use crate::agentd::ingress::nginx::{NginxLayout, Site, render};
 use crate::agentd::ingress::pf::{INGRESS_ANCHOR, ingress_rules};
 use crate::agentd::ingress::{CertManager, CertStatus};
-use crate::agentd::reconciler::Reconciler;
+use crate::agentd::reconciler::{Phase, Reconciler};
 use crate::common::backoff::Backoff;
 use crate::common::spec::{ExecSpec, Ingress, Jail, JailSpec, Metadata, NetworkSpec, Resources};
 use crate::common::store::{Store, StoreError};
@@ -463,6 +463,15 @@ impl IngressController {
         }
         rename_in_root(root, &next, &live)
             .map_err(|e| format!("installing nginx's configuration: {e}"))?;
+        // nginx crashed (its first start, before the jail's root had a
+        // configuration, always does) and waits for its restart: there is
+        // no master to signal, and the restart reads the live file.
+        if reconciler
+            .get(INGRESS_JAIL)
+            .is_some_and(|j| j.state == Phase::CrashLoop)
+        {
+            return Ok(());
+        }
         let reload = [
             nginx,
             "-c".into(),
@@ -910,6 +919,48 @@ mod tests {
         let before = w.log.matching("jail.exec").len();
         w.pass();
         assert_eq!(w.log.matching("jail.exec").len(), before);
+    }
+
+    /// nginx's first start in a fresh root crashes (no configuration yet);
+    /// until the reconciler restarts it there is no nginx to reload, and the
+    /// checked configuration is simply left for the restart to read.
+    #[test]
+    fn while_nginx_waits_for_its_restart_the_checked_configuration_is_left_for_it() {
+        let mut w = world(true);
+        w.controller.put(ingress("web", HOST, "web")).expect("put");
+        w.controller.set_services(BTreeMap::from([(
+            "web".into(),
+            SocketAddrV4::new([10, 96, 0, 7].into(), 8080),
+        )]));
+        w.pass(); // creates the jail
+        w.jails.crash(INGRESS_JAIL);
+        w.reconciler.reconcile();
+        assert_eq!(
+            w.reconciler.get(INGRESS_JAIL).map(|j| j.state),
+            Some(Phase::CrashLoop)
+        );
+        let before = w.log.matching("jail.exec").len();
+        w.install_certificate(HOST);
+        w.pass();
+        assert_eq!(
+            w.phase("web"),
+            IngressPhase::Serving,
+            "{:?}",
+            w.controller.problems
+        );
+        assert!(
+            w.controller.problems.is_empty(),
+            "{:?}",
+            w.controller.problems
+        );
+        let conf = w.live_conf().expect("live configuration written");
+        assert!(conf.contains("proxy_pass http://10.96.0.7:8080;"), "{conf}");
+        let execs = w.log.matching("jail.exec")[before..].to_vec();
+        assert!(
+            execs.len() == 1
+                && execs[0].contains("-t -c /usr/local/etc/keel-ingress/nginx.conf.next"),
+            "checked, never reloaded: {execs:?}"
+        );
     }
 
     #[test]
