@@ -4,10 +4,9 @@
 //! control plane creates the node and operator keys), plus `keelctl` run
 //! against it with the operator key.
 //!
-//! Each agent gets its own `--state-dir` and `--socket`; their simulated
-//! datasets share `./keel-sim/jails`, which is safe because the control
-//! plane's placement table keeps jail names unique across the cluster (each
-//! rootfs is `jails/{name}`).
+//! Each agent gets its own `--state-dir` (`./keel-sim/{id}`, which also holds
+//! its simulated datasets: a jail's rootfs is `keel-sim/{id}/jails/{name}`)
+//! and `--socket` (`./keel-sim/{id}.sock`).
 //!
 //! Any daemon can be started behind a command prefix (`Cluster::start_controlplane_in`,
 //! `Cluster::start_agent_in`), e.g. `ip netns exec NS`, which execs the
