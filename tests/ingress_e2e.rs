@@ -280,11 +280,16 @@ fn an_ingress_through_the_agent_serves_https_with_an_issued_certificate() {
     // with the host when the status says Serving (a reload is asynchronous),
     // so the first answers are awaited; then every answer is a replica's
     // name, and both replicas answer in turn.
-    let address = jails(&cluster)
-        .into_iter()
-        .find(|j| j.name == INGRESS_JAIL && j.state == Phase::Running)
-        .expect("the ingress jail runs")
-        .address;
+    // nginx's first start in the fresh jail crashes (its configuration is
+    // written once the jail's root exists); the restart comes after the
+    // crash-loop delay, which a loaded machine may not have reached yet.
+    let address = wait_long(&cluster, "the ingress jail running", |last| {
+        let all = jails(&cluster);
+        *last = format!("{all:?}");
+        all.into_iter()
+            .find(|j| j.name == INGRESS_JAIL && j.state == Phase::Running)
+            .map(|j| j.address)
+    });
     let client = https_client_at(root_pem.as_bytes(), address);
     let url = format!("https://{HOST}/");
     let mut served = BTreeSet::new();
