@@ -23,6 +23,7 @@ use keel::common::auth::{self, KeyFilePolicy, Keyring, Role, Verifier};
 use keel::common::http::{Request, Response, Server, ServerLimits, ShutdownSignal};
 use keel::common::spec::parse_ingress;
 use keel::common::wire::{IngressPhase, IngressStatus, RegisterRequest, Resources};
+use keel::ctl::output::NodeIngress;
 
 use crate::util::cluster::{Run, run};
 use crate::util::controlplane::ControlPlane;
@@ -340,13 +341,37 @@ fn keelctl_reaches_a_nodes_ingresses_through_the_control_plane_with_node() {
     );
 
     agent.serving("shop", EXPIRES);
-    let table = run(&["get", "ingresses", "--node", "n1"], None);
-    assert_eq!(table.code, 0, "{table:?}");
+    // The list needs no --node: every Alive node's, with the node alongside.
+    let expected = "NAME   NODE   HOST               SERVICE   CERT EXPIRES           STATUS    LAST ERROR\n\
+                    shop   n1     shop.example.com   web       2027-01-15T08:00:00Z   Serving\n";
+    for args in [
+        &["get", "ingresses"][..],
+        &["get", "ingresses", "--node", "n1"],
+    ] {
+        let table = run(args, None);
+        assert_eq!(
+            (table.code, table.stdout.as_str()),
+            (0, expected),
+            "{table:?}"
+        );
+    }
+    let listed: Vec<NodeIngress> =
+        serde_json::from_str(&run(&["get", "ingresses", "-o", "json"], None).stdout)
+            .expect("json list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(
-        table.stdout,
-        "NAME   HOST               SERVICE   CERT EXPIRES           STATUS    LAST ERROR\n\
-         shop   shop.example.com   web       2027-01-15T08:00:00Z   Serving\n"
+        (
+            listed[0].node.as_deref(),
+            listed[0].status.certificate_expires
+        ),
+        (Some("n1"), Some(EXPIRES))
     );
+    // One ingress is asked of its node: without --node nothing is sent.
+    let sent = agent.seen().len();
+    let refused = run(&["get", "ingress", "shop"], None);
+    assert_eq!(refused.code, 2, "{refused:?}");
+    assert!(refused.stderr.contains("needs --node ID"), "{refused:?}");
+    assert_eq!(agent.seen().len(), sent);
     let one = run(
         &["get", "ingress", "shop", "--node", "n1", "-o", "json"],
         None,
@@ -369,6 +394,8 @@ fn keelctl_reaches_a_nodes_ingresses_through_the_control_plane_with_node() {
         paths,
         [
             ("PUT", "/ingresses/shop"),
+            ("GET", "/ingresses"),
+            ("GET", "/ingresses"),
             ("GET", "/ingresses"),
             ("GET", "/ingresses/shop"),
             ("DELETE", "/ingresses/shop"),

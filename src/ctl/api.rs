@@ -315,6 +315,12 @@ impl Api {
         )
     }
 
+    /// `GET /nodes/{id}/ingresses` on the control plane.
+    pub fn list_ingresses_on(&self, node: &str) -> Result<Vec<IngressStatus>, ApiError> {
+        let path = format!("/nodes/{node}/ingresses");
+        decode(self.call("GET", &path, &[], b"")?, &self.client)
+    }
+
     /// One ingress; an unknown name is a 404.
     pub fn get_ingress(&self, name: &str) -> Result<IngressStatus, ApiError> {
         decode(

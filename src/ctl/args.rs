@@ -152,7 +152,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "get ingresses [NAME]",
-        "list the ingresses, or show one (with --controlplane: of the --node)",
+        "list the ingresses (of every node, or the --node's), or show one (with --controlplane: of the --node)",
     ),
     ("delete jail NAME...", "delete jails by name"),
     (
@@ -199,8 +199,8 @@ pub enum Resource {
     Services,
     /// `get volumes` (also `get volume`, `get vol`): volume datasets.
     Volumes,
-    /// `get ingresses` (also `get ingress`, `get ing`): one node's public
-    /// HTTPS hosts.
+    /// `get ingresses` (also `get ingress`, `get ing`): public HTTPS hosts,
+    /// each served by one node.
     Ingresses,
 }
 

@@ -14,9 +14,10 @@
 //! ingresses of one file are applied in the file's order, each to its own
 //! route.
 //!
-//! Through the control plane, `get jails` is assembled here: the node list,
-//! then each Alive node's jails, merged by name with the node alongside; Dead
-//! nodes cannot answer and are named on stderr rather than silently missing.
+//! Through the control plane, `get jails` and `get ingresses` are assembled
+//! here: the node list, then each Alive node's list, merged by name with the
+//! node alongside; Dead nodes cannot answer and are named on stderr rather
+//! than silently missing.
 //!
 //! This file decides what happens and in which order; it never formats (that
 //! is `output.rs`), never builds a request path (`api.rs`) and never chooses an
@@ -31,9 +32,10 @@ use crate::common::http::Endpoint;
 use crate::common::spec::{self, Document, Ingress, Jail, Service};
 use crate::common::wire::Liveness;
 
+use super::api::ApiError;
 use super::api::{Api, Route};
 use super::args::{Command, Input, Invocation, OutputFormat, Resource};
-use super::output::NodeJail;
+use super::output::{NodeIngress, NodeJail, OnNode};
 use super::{CONTROLPLANE_ENV, CtlError, Env, Remote, Target, output, target};
 
 /// stdout as commands use it: a reader that went away (`| head`) silently
@@ -291,10 +293,10 @@ pub fn execute(
             resource: Resource::Ingresses,
             name,
             output: format,
-        } => {
-            let api = ingress_api(invocation, env, "`get ingresses`")?;
-            match name {
-                None => {
+        } => match name {
+            None => {
+                let api = resolve()?;
+                if *api.route() == Route::Agent {
                     let list = api.list_ingresses().map_err(|error| CtlError::Request {
                         action: "get ingresses".into(),
                         error,
@@ -304,18 +306,26 @@ pub fn execute(
                     } else {
                         show(out, *format, &list, || output::ingress_table(&list))?;
                     }
-                }
-                Some(name) => {
-                    let one = api.get_ingress(name).map_err(|error| CtlError::Request {
-                        action: format!("get ingress/{name}"),
-                        error,
-                    })?;
-                    show(out, *format, &one, || {
-                        output::ingress_table(std::slice::from_ref(&one))
-                    })?;
+                } else {
+                    let list = cluster_ingresses(&api, stderr)?;
+                    if *format == OutputFormat::Table && list.is_empty() {
+                        let _ = writeln!(stderr, "No ingresses found.");
+                    } else {
+                        show(out, *format, &list, || output::cluster_ingress_table(&list))?;
+                    }
                 }
             }
-        }
+            Some(name) => {
+                let api = ingress_api(invocation, env, "`get ingress NAME`")?;
+                let one = api.get_ingress(name).map_err(|error| CtlError::Request {
+                    action: format!("get ingress/{name}"),
+                    error,
+                })?;
+                show(out, *format, &one, || {
+                    output::ingress_table(std::slice::from_ref(&one))
+                })?;
+            }
+        },
         Command::DeleteIngresses { names } => {
             let api = ingress_api(invocation, env, "`delete ingress`")?;
             for name in names {
@@ -392,10 +402,11 @@ fn controlplane_only(invocation: &Invocation, env: &Env, what: &str) -> Result<A
     }
 }
 
-/// The client for an ingress command (`what` names it): an agent's own
-/// routes, or the control plane's `/nodes/{id}/ingresses` with `--node`.
+/// The client for a command on one Ingress (`what` names it): an agent's
+/// own routes, or the control plane's `/nodes/{id}/ingresses` with `--node`.
 /// Without `--node` the control plane has nowhere to send it: an Ingress
-/// serves on one node's public address.
+/// serves on one node's public address. (Listing them all is
+/// [`cluster_ingresses`].)
 fn ingress_api(invocation: &Invocation, env: &Env, what: &str) -> Result<Api, CtlError> {
     let target = target(&invocation.global, env)?;
     if let Target::ControlPlane(Remote { node: None, .. }) = &target {
@@ -472,12 +483,47 @@ fn services_need_controlplane(
     }
 }
 
-/// Every jail of the cluster: `GET /nodes`, then each Alive node's jails
-/// (only the named one's with `--node`), sorted by name then node. A node
-/// that is Dead, or dies between the two requests, is named on stderr.
+/// Every jail of the cluster (only the `--node`'s with one), sorted by
+/// name then node.
 fn cluster_jails(api: &Api, stderr: &mut dyn Write) -> Result<Vec<NodeJail>, CtlError> {
+    per_node(api, "jails", stderr, Api::list_jails_on)
+}
+
+/// Every Ingress of the cluster (only the `--node`'s with one), sorted by
+/// name then node.
+fn cluster_ingresses(api: &Api, stderr: &mut dyn Write) -> Result<Vec<NodeIngress>, CtlError> {
+    per_node(api, "ingresses", stderr, Api::list_ingresses_on)
+}
+
+/// A named object an agent lists.
+trait Named {
+    fn name(&self) -> &str;
+}
+
+impl Named for crate::common::wire::JailStatus {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Named for crate::common::wire::IngressStatus {
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// One list per node, merged: `GET /nodes`, then `list_on` for each Alive
+/// node (only the named one with `--node`), sorted by name then node. A
+/// node that is Dead, or dies between the two requests, is named on stderr
+/// (`what` says what it lists).
+fn per_node<T: Named>(
+    api: &Api,
+    what: &str,
+    stderr: &mut dyn Write,
+    list_on: fn(&Api, &str) -> Result<Vec<T>, ApiError>,
+) -> Result<Vec<OnNode<T>>, CtlError> {
     let failed = |error| CtlError::Request {
-        action: "get jails".into(),
+        action: format!("get {what}"),
         error,
     };
     let nodes = api.list_nodes().map_err(failed)?;
@@ -485,34 +531,34 @@ fn cluster_jails(api: &Api, stderr: &mut dyn Write) -> Result<Vec<NodeJail>, Ctl
         Route::Node(id) => {
             let Some(node) = nodes.into_iter().find(|n| &n.node_id == id) else {
                 // Let the control plane say it (404 no node named ...).
-                api.list_jails_on(id).map_err(failed)?;
+                list_on(api, id).map_err(failed)?;
                 return Ok(Vec::new());
             };
             vec![node]
         }
         _ => nodes,
     };
-    let mut jails = Vec::new();
+    let mut all = Vec::new();
     for node in nodes {
         if node.status == Liveness::Dead {
             let _ = writeln!(
                 stderr,
-                "node {} is Dead: its jails are not listed",
+                "node {} is Dead: its {what} are not listed",
                 output::one_line(&node.node_id)
             );
             continue;
         }
-        match api.list_jails_on(&node.node_id) {
-            Ok(list) => jails.extend(list.into_iter().map(|status| NodeJail {
+        match list_on(api, &node.node_id) {
+            Ok(list) => all.extend(list.into_iter().map(|status| OnNode {
                 node: Some(node.node_id.clone()),
                 status,
             })),
-            Err(super::api::ApiError::Refused {
+            Err(ApiError::Refused {
                 status: 503, body, ..
             }) => {
                 let _ = writeln!(
                     stderr,
-                    "node {}: {}; its jails are not listed",
+                    "node {}: {}; its {what} are not listed",
                     output::one_line(&node.node_id),
                     output::one_line(&body.error)
                 );
@@ -520,8 +566,8 @@ fn cluster_jails(api: &Api, stderr: &mut dyn Write) -> Result<Vec<NodeJail>, Ctl
             Err(error) => return Err(failed(error)),
         }
     }
-    jails.sort_by(|a, b| (&a.status.name, &a.node).cmp(&(&b.status.name, &b.node)));
-    Ok(jails)
+    all.sort_by(|a, b| (a.status.name(), &a.node).cmp(&(b.status.name(), &b.node)));
+    Ok(all)
 }
 
 /// `key generate PATH` without `--id`: the file's name without `.key`.

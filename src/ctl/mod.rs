@@ -703,9 +703,10 @@ mod tests {
             );
             assert!(err.contains("nothing was sent"), "{err}");
         }
+        // Listing them all needs no --node (every node's list); one ingress
+        // does.
         for (words, what) in [
-            (&["get", "ingresses"][..], "`get ingresses`"),
-            (&["get", "ing", "www"], "`get ingresses`"),
+            (&["get", "ing", "www"][..], "`get ingress NAME`"),
             (&["delete", "ingress", "www"], "`delete ingress`"),
         ] {
             let args: Vec<&str> = cp.iter().chain(words).copied().collect();

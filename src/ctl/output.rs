@@ -71,19 +71,37 @@ pub const INGRESS_COLUMNS: [&str; 6] = [
     "LAST ERROR",
 ];
 
-/// A jail as `get jails` shows it through the control plane: the agent's
-/// status with the node it runs on. JSON and YAML put `node` first, then the
-/// status's own fields.
+/// Column headers of `get ingresses` through the control plane: NODE follows
+/// NAME.
+pub const CLUSTER_INGRESS_COLUMNS: [&str; 7] = [
+    "NAME",
+    "NODE",
+    "HOST",
+    "SERVICE",
+    "CERT EXPIRES",
+    "STATUS",
+    "LAST ERROR",
+];
+
+/// An object as a listing through the control plane shows it: what the
+/// node's agent reported, with the node. JSON and YAML put `node` first, then
+/// the status's own fields.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NodeJail {
+pub struct OnNode<T> {
     /// The node's id; absent when the answer did not say (a scheduled
     /// `get jails NAME` whose control plane does not send `X-Keel-Node`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// What the node's agent reported.
     #[serde(flatten)]
-    pub status: JailStatus,
+    pub status: T,
 }
+
+/// A jail as `get jails` shows it through the control plane.
+pub type NodeJail = OnNode<JailStatus>;
+
+/// An Ingress as `get ingresses` shows it through the control plane.
+pub type NodeIngress = OnNode<IngressStatus>;
 
 /// Aligns `rows` (the first is the header) into columns. Widths count
 /// characters, trailing spaces are trimmed, every line ends with `\n`.
@@ -292,18 +310,42 @@ pub fn ingress_table(ingresses: &[IngressStatus]) -> String {
         return String::new();
     }
     let mut rows = vec![INGRESS_COLUMNS.iter().map(|h| h.to_string()).collect()];
-    rows.extend(ingresses.iter().map(|i| {
-        vec![
-            one_line(&i.name),
-            one_line(&i.host),
-            one_line(&i.service),
-            i.certificate_expires
-                .map_or_else(|| "-".into(), utc_datetime),
-            i.phase.to_string(),
-            i.last_error.as_deref().map(one_line).unwrap_or_default(),
-        ]
-    }));
+    rows.extend(ingresses.iter().map(|i| ingress_row(i, None)));
     table(&rows)
+}
+
+/// The `get ingresses` table through the control plane (a NODE column after
+/// NAME), or `""` when there is no ingress.
+pub fn cluster_ingress_table(ingresses: &[NodeIngress]) -> String {
+    if ingresses.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![
+        CLUSTER_INGRESS_COLUMNS
+            .iter()
+            .map(|h| h.to_string())
+            .collect(),
+    ];
+    rows.extend(
+        ingresses
+            .iter()
+            .map(|i| ingress_row(&i.status, Some(i.node.as_deref().unwrap_or("-")))),
+    );
+    table(&rows)
+}
+
+fn ingress_row(i: &IngressStatus, node: Option<&str>) -> Vec<String> {
+    let mut row = vec![one_line(&i.name)];
+    row.extend(node.map(one_line));
+    row.extend([
+        one_line(&i.host),
+        one_line(&i.service),
+        i.certificate_expires
+            .map_or_else(|| "-".into(), utc_datetime),
+        i.phase.to_string(),
+        i.last_error.as_deref().map(one_line).unwrap_or_default(),
+    ]);
+    row
 }
 
 /// The line `apply` prints for one applied ingress:
