@@ -37,7 +37,7 @@ use crate::util::acme::{
 };
 use crate::util::cluster::{Cluster, Run, free_port, node_ip};
 use crate::util::nginx::{self, https_client_at, raw_http_at};
-use crate::util::{DEADLINE, python3};
+use crate::util::{DEADLINE, fixture_service, python3};
 
 const NODE: &str = "n1";
 const HOST: &str = "shop.example.com";
@@ -120,24 +120,6 @@ fn start_agent(cluster: &mut Cluster, config: &Path) {
     cluster.start_agent(NODE, &args);
 }
 
-fn web_service(port: u16, python: &Path) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/http_name.py");
-    format!(
-        "kind: Service
-metadata: {{name: web}}
-spec:
-  replicas: 2
-  port: {port}
-  template:
-    base: 14.2-RELEASE
-    resources: {{cpu: 0.1}}
-    exec:
-      start: [{python}, {script}, '{port}']
-",
-        python = python.display()
-    )
-}
-
 const SHOP: &str = "kind: Ingress
 metadata: {name: shop}
 spec: {host: shop.example.com, service: web}
@@ -185,7 +167,11 @@ fn an_ingress_through_the_agent_serves_https_with_an_issued_certificate() {
 
     // The backend: two replicas answering HTTP with their names.
     let port = free_port(Ipv4Addr::LOCALHOST);
-    apply(&cluster, &[], &web_service(port, &python));
+    apply(
+        &cluster,
+        &[],
+        &fixture_service("web", "http_name.py", 2, port, &python),
+    );
     let service: ServiceStatus = cluster.wait_for("both replicas of web ready", || {
         let out = cluster.keelctl(&["get", "service", "web", "-o", "json"]);
         let s: ServiceStatus = serde_json::from_str(&out.stdout).ok()?;

@@ -19,6 +19,7 @@ use keel::common::http::{Client, Endpoint};
 use keel::common::wire::{JailStatus, Liveness, NodeStatus, ServiceStatus};
 
 use crate::util::cluster::{Cluster, Run, node_ip};
+use crate::util::fixture_service;
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 
@@ -27,24 +28,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn python3() -> PathBuf {
     crate::util::python3().expect("python3 on PATH (the replicas' workload; .ci/run installs it)")
-}
-
-fn echo_service(replicas: u32, port: u16) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/echo_name.py");
-    format!(
-        "kind: Service
-metadata: {{name: echo}}
-spec:
-  replicas: {replicas}
-  port: {port}
-  template:
-    base: 14.2-RELEASE
-    resources: {{cpu: 0.1}}
-    exec:
-      start: [{python}, {script}, '{port}']
-",
-        python = python3().display()
-    )
 }
 
 /// A port free on every node's address (the three proxies listen on it).
@@ -70,7 +53,16 @@ fn ok(cluster: &Cluster, args: &[&str]) -> Run {
 }
 
 fn apply(cluster: &Cluster, replicas: u32, port: u16) {
-    let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&echo_service(replicas, port)));
+    let run = cluster.keelctl_with(
+        &["apply", "-f", "-"],
+        Some(&fixture_service(
+            "echo",
+            "echo_name.py",
+            replicas,
+            port,
+            &python3(),
+        )),
+    );
     assert_eq!(run.code, 0, "{run:?}\n{}", cluster.logs());
 }
 

@@ -38,3 +38,32 @@ pub fn python3() -> Option<PathBuf> {
         .map(|dir| dir.join("python3"))
         .find(|p| p.is_file())
 }
+
+/// A `kind: Service` document whose replicas run the python3 fixture
+/// `tests/fixtures/{fixture}` with the service's port as its argument.
+pub fn fixture_service(
+    name: &str,
+    fixture: &str,
+    replicas: u32,
+    port: u16,
+    python: &std::path::Path,
+) -> String {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(fixture);
+    format!(
+        "kind: Service
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  port: {port}
+  template:
+    base: 14.2-RELEASE
+    resources: {{cpu: 0.1}}
+    exec:
+      start: [{python}, {script}, '{port}']
+",
+        python = python.display(),
+        script = script.display()
+    )
+}
