@@ -643,3 +643,61 @@ fn bad_ingress_requests_are_refused_and_change_nothing() {
     assert_eq!(statuses.len(), 1, "{statuses:?}");
     ok(&agent, &["delete", "ingress", "site"]);
 }
+
+/// A jail's own root user may replace a directory on a volume's mount path
+/// with a symbolic link pointing anywhere on the host, then wait for the
+/// volume to be mounted again (after a host reboot, or a crash of the
+/// workload as here). The agent refuses that mount, says why in the jail's
+/// status, and creates nothing where the link points.
+#[test]
+fn a_volume_mount_redirected_by_a_link_inside_the_jail_is_refused() {
+    let agent = Agent::start(AGENT_ARGS);
+    let file = write(
+        &agent,
+        "db.yaml",
+        "kind: Jail\nmetadata: {name: db}\nspec:\n  base: 14.2-RELEASE\n  \
+         exec: {start: [/bin/sleep, '300']}\n  \
+         volumes:\n    - {name: dbdata, mountPath: /srv/data, size: 1M}\n",
+    );
+    ok(&agent, &["apply", "-f", &file]);
+    let pid = wait_for("db running", &agent, || {
+        agent
+            .jail_pids()
+            .get("db")
+            .copied()
+            .filter(|_| by_name(&agent)["db"].state == Phase::Running)
+    });
+
+    // What the jail's root could do from inside: its /srv becomes a link
+    // to a host directory (the simulated mount is itself a link, removed
+    // first, as a reboot would unmount it).
+    let root = agent.dir().join("keel-sim/jails/db");
+    let host_dir = agent.dir().join("host-side");
+    std::fs::create_dir(&host_dir).expect("host dir");
+    std::fs::remove_file(root.join("srv/data")).expect("the simulated mount");
+    std::fs::remove_dir(root.join("srv")).expect("srv");
+    std::os::unix::fs::symlink(&host_dir, root.join("srv")).expect("plant the link");
+    let killed = Command::new("/bin/kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+
+    let error = wait_for("the refused mount in the jail's status", &agent, || {
+        by_name(&agent)["db"]
+            .last_error
+            .clone()
+            .filter(|e| e.contains("refusing to mount"))
+    });
+    assert!(error.contains("is a symbolic link"), "{error}");
+    assert!(
+        error.contains(&root.join("srv").display().to_string()),
+        "{error}"
+    );
+    assert_ne!(by_name(&agent)["db"].state, Phase::Running);
+    assert_eq!(
+        std::fs::read_dir(&host_dir).expect("host dir").count(),
+        0,
+        "nothing may be created through the link"
+    );
+}

@@ -16,6 +16,8 @@ fn mounts(runner: Arc<RecordingRunner>) -> FreeBsdMounts<Arc<RecordingRunner>> {
 }
 
 const VOLUME: &str = "/usr/local/keel/volumes/pg-data";
+/// The jail root `TARGET` lies in.
+const ROOT: &str = "/usr/local/jails/pg-0";
 const TARGET: &str = "/usr/local/jails/pg-0/var/db/postgres";
 
 #[test]
@@ -55,7 +57,7 @@ fn list_rejects_malformed_lines() {
 fn mount_nullfs_creates_the_mount_point_first() {
     golden::check("mount_nullfs", |r| {
         mounts(r)
-            .mount_nullfs(Path::new(VOLUME), Path::new(TARGET))
+            .mount_nullfs(Path::new(VOLUME), Path::new(ROOT), Path::new(TARGET))
             .expect("mounted");
     });
 }
@@ -64,7 +66,7 @@ fn mount_nullfs_creates_the_mount_point_first() {
 fn mount_nullfs_reports_mount_failures() {
     golden::check("mount_nullfs_fails", |r| {
         let err = mounts(r)
-            .mount_nullfs(Path::new(VOLUME), Path::new(TARGET))
+            .mount_nullfs(Path::new(VOLUME), Path::new(ROOT), Path::new(TARGET))
             .expect_err("no source");
         assert!(
             matches!(&err, MountError::Command(CmdError::Failed { stderr, .. }) if stderr.contains("No such file")),

@@ -10,7 +10,7 @@
 //! new entries" means "nothing was changed".
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use keel::agentd::reconciler::{
@@ -868,7 +868,11 @@ fn a_keel_jail_without_a_record_is_torn_down_and_others_are_left_alone() {
         .expect("stray");
     let stray_mount = PathBuf::from(format!("{}/data", root("stray")));
     host.mounts
-        .mount_nullfs(&PathBuf::from(format!("{VOLUMES}/shared")), &stray_mount)
+        .mount_nullfs(
+            &PathBuf::from(format!("{VOLUMES}/shared")),
+            Path::new(&root("stray")),
+            &stray_mount,
+        )
         .expect("mounted");
     // A jail the admin runs by hand, outside Keel's jails directory.
     host.jails

@@ -421,7 +421,9 @@ fn volume_data_survives_destroying_the_rootfs_it_was_mounted_in() {
     std::fs::write(volume.join("before"), "kept").expect("write");
     let rootfs = zfs.clone_rootfs("14.2-RELEASE", "db").expect("rootfs");
     let target = rootfs.join("var/db/postgres");
-    mounts.mount_nullfs(&volume, &target).expect("mounts");
+    mounts
+        .mount_nullfs(&volume, &rootfs, &target)
+        .expect("mounts");
     std::fs::write(target.join("through-mount"), "also kept").expect("write via mount");
 
     let busy = zfs
@@ -489,7 +491,7 @@ fn list_names_datasets_and_counts_their_bytes() {
     std::fs::write(web.join("index.html"), "0123456789").expect("write");
     s.host
         .mounts
-        .mount_nullfs(&pg, &web.join("data"))
+        .mount_nullfs(&pg, &web, &web.join("data"))
         .expect("mounts");
 
     let listed = zfs.list().expect("lists");
@@ -568,11 +570,11 @@ fn mounts_survive_a_restart_and_unmount_removes_only_the_link() {
     std::fs::create_dir_all(&target).expect("an empty mount point");
     s.host
         .mounts
-        .mount_nullfs(&volume, &target)
+        .mount_nullfs(&volume, &rootfs, &target)
         .expect("mounts");
     s.host
         .mounts
-        .mount_nullfs(&volume, &target)
+        .mount_nullfs(&volume, &rootfs, &target)
         .expect("mounting again is success");
     assert_eq!(
         std::fs::read_to_string(target.join("file")).expect("visible"),
@@ -620,7 +622,7 @@ fn mounting_over_a_non_empty_directory_is_refused() {
     let err = s
         .host
         .mounts
-        .mount_nullfs(&volume, &target)
+        .mount_nullfs(&volume, &rootfs, &target)
         .expect_err("refused");
     assert!(err.to_string().contains("not an empty directory"), "{err}");
     assert!(target.join("existing").exists());

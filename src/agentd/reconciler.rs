@@ -944,7 +944,7 @@ where
         for (v, target) in spec.volumes.iter().zip(&wanted) {
             if !mounted.contains(target) {
                 self.mounts
-                    .mount_nullfs(&layout.volume_path(&v.name), target)?;
+                    .mount_nullfs(&layout.volume_path(&v.name), &root, target)?;
                 mounted.push(target.clone());
             }
         }

@@ -5,6 +5,10 @@
 //! followed a still-mounted nullfs volume is how other jail managers lost data.
 //! (`mkdir -p` of a mount point is the one thing it creates.)
 //!
+//! A mount point lies in a jail's root, which the jail's root user controls:
+//! [`check_mount_point`] refuses one that a symbolic link could redirect out
+//! of the jail, before anything follows the path.
+//!
 //! [`FreeBsdMounts`] runs mount(8), umount(8) and mkdir(1) (formats in
 //! `reference/freebsd.md` section 6); [`FakeMounts`] keeps a mount table in
 //! memory.
@@ -47,6 +51,18 @@ pub enum MountError {
     Parse(String),
     /// A path that is not UTF-8 cannot be passed to a command unchanged.
     NotUtf8(PathBuf),
+    /// A component of the mount point inside the jail's root is a symbolic
+    /// link or not a directory, so mkdir(1) and mount(8) would follow it,
+    /// possibly out of the jail's root and onto the host's tree.
+    Redirected {
+        /// The mount point asked for.
+        target: PathBuf,
+        /// The offending component.
+        component: PathBuf,
+        /// What it is: `a symbolic link`, `not a directory`, or the error
+        /// reading it.
+        what: String,
+    },
 }
 
 impl fmt::Display for MountError {
@@ -63,6 +79,18 @@ impl fmt::Display for MountError {
                 f,
                 "{} is not valid UTF-8 and cannot be mounted by Keel; use a UTF-8 path",
                 path.display()
+            ),
+            MountError::Redirected {
+                target,
+                component,
+                what,
+            } => write!(
+                f,
+                "refusing to mount a volume at {}: {} is {what}, which the jail's own root \
+                 user may have placed there to redirect the mount outside the jail; inspect \
+                 it, remove it, and the next pass mounts the volume",
+                target.display(),
+                component.display()
             ),
         }
     }
@@ -81,7 +109,11 @@ pub trait MountManager: Send {
     /// Every nullfs mount on the host, in one `mount -p -t nullfs`.
     fn list(&self) -> Result<Vec<MountEntry>, MountError>;
     /// Creates `target` if needed (mkdir -p) and nullfs-mounts `source` there.
-    fn mount_nullfs(&self, source: &Path, target: &Path) -> Result<(), MountError>;
+    /// `target` lies below `root`, the jail's root filesystem, which the
+    /// jail's root user controls: a component of `target` below `root` that
+    /// is a symbolic link or not a directory is refused
+    /// ([`MountError::Redirected`], see [`check_mount_point`]).
+    fn mount_nullfs(&self, source: &Path, root: &Path, target: &Path) -> Result<(), MountError>;
     /// Unmounts `target`; not mounted is success, in use is [`MountError::Busy`].
     fn unmount(&self, target: &Path) -> Result<(), MountError>;
 }
@@ -114,12 +146,18 @@ impl<R: CommandRunner> MountManager for FreeBsdMounts<R> {
         parse_mount_p(&out.stdout)
     }
 
-    fn mount_nullfs(&self, source: &Path, target: &Path) -> Result<(), MountError> {
-        let (source, target) = (utf8(source)?, utf8(target)?);
-        let mkdir = argv(&[&*self.paths.mkdir.to_string_lossy(), "-p", target]);
+    fn mount_nullfs(&self, source: &Path, root: &Path, target: &Path) -> Result<(), MountError> {
+        // Checked before mkdir(1) follows the path, and again before mount(8)
+        // does. Volumes are mounted before the jail is created, so no process
+        // of the jail runs between the checks and the mount.
+        check_mount_point(root, target)?;
+        let (source, target_str) = (utf8(source)?, utf8(target)?);
+        let mkdir = argv(&[&*self.paths.mkdir.to_string_lossy(), "-p", target_str]);
         self.runner
             .run(&mkdir, None, MKDIR_TIMEOUT)?
             .check(&mkdir)?;
+        check_mount_point(root, target)?;
+        let target = target_str;
         let mount = argv(&[
             &*self.paths.mount.to_string_lossy(),
             "-t",
@@ -158,6 +196,44 @@ impl<R: CommandRunner> MountManager for FreeBsdMounts<R> {
         out.check(&argv)?;
         Ok(())
     }
+}
+
+/// Refuses a mount point that something inside the jail could redirect:
+/// every component of `target` below `root` that exists must be a directory
+/// and not a symbolic link (checked with `lstat`, never followed).
+/// Components that do not exist yet are fine: `mkdir -p` creates them as
+/// directories. A `target` outside `root` is refused as well.
+pub fn check_mount_point(root: &Path, target: &Path) -> Result<(), MountError> {
+    let redirected = |component: &Path, what: String| MountError::Redirected {
+        target: target.to_path_buf(),
+        component: component.to_path_buf(),
+        what,
+    };
+    let Ok(inside) = target.strip_prefix(root) else {
+        return Err(redirected(
+            target,
+            format!("outside the jail's root {}", root.display()),
+        ));
+    };
+    let mut path = root.to_path_buf();
+    for part in inside.components() {
+        if !matches!(part, std::path::Component::Normal(_)) {
+            return Err(redirected(&path, "not a plain path component".into()));
+        }
+        path.push(part);
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(redirected(&path, "a symbolic link".into()));
+            }
+            Ok(meta) if !meta.is_dir() => {
+                return Err(redirected(&path, "not a directory".into()));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(redirected(&path, format!("unreadable ({e})"))),
+        }
+    }
+    Ok(())
 }
 
 fn utf8(path: &Path) -> Result<&str, MountError> {
@@ -255,7 +331,7 @@ impl MountManager for FakeMounts {
         Ok(self.mounts())
     }
 
-    fn mount_nullfs(&self, source: &Path, target: &Path) -> Result<(), MountError> {
+    fn mount_nullfs(&self, source: &Path, _root: &Path, target: &Path) -> Result<(), MountError> {
         self.injected("mount", &target.display().to_string())?;
         lock(&self.mounts).push(MountEntry {
             source: source.to_path_buf(),
@@ -286,6 +362,66 @@ impl MountManager for FakeMounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mount_point_redirected_by_a_link_or_a_file_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("jail");
+        let outside = dir.path().join("host");
+        std::fs::create_dir_all(root.join("var/db")).expect("dirs");
+        std::fs::create_dir_all(&outside).expect("dirs");
+
+        // Existing directories, then components still to be created: fine.
+        check_mount_point(&root, &root.join("var/db/pg/data")).expect("plain path");
+
+        // A link anywhere below the root, the last component included.
+        std::os::unix::fs::symlink(&outside, root.join("srv")).expect("link");
+        for target in [root.join("srv"), root.join("srv/data")] {
+            match check_mount_point(&root, &target) {
+                Err(MountError::Redirected {
+                    component, what, ..
+                }) => {
+                    assert_eq!(
+                        (component, what.as_str()),
+                        (root.join("srv"), "a symbolic link")
+                    );
+                }
+                other => panic!("{}: {other:?}", target.display()),
+            }
+        }
+        // A file where a directory must be.
+        std::fs::write(root.join("var/db/file"), b"").expect("file");
+        let err = check_mount_point(&root, &root.join("var/db/file/data")).expect_err("file");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("redirect the mount outside the jail"),
+            "{err}"
+        );
+        // Outside the root, or with `..`.
+        assert!(check_mount_point(&root, &outside).is_err());
+        assert!(check_mount_point(&root, &root.join("var/../srv")).is_err());
+    }
+
+    /// The FreeBSD implementation refuses before running anything.
+    #[test]
+    fn freebsd_mounts_run_nothing_through_a_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("jail");
+        std::fs::create_dir_all(&root).expect("root");
+        std::os::unix::fs::symlink("/", root.join("data")).expect("link");
+        let runner = std::sync::Arc::new(crate::common::cmd::RecordingRunner::permissive());
+        let mounts = FreeBsdMounts::new(std::sync::Arc::clone(&runner), CommandPaths::default());
+        let err = mounts
+            .mount_nullfs(
+                Path::new("/zroot/keel/volumes/pg"),
+                &root,
+                &root.join("data"),
+            )
+            .expect_err("refused");
+        assert!(matches!(err, MountError::Redirected { .. }), "{err:?}");
+        assert!(runner.ran().is_empty(), "{:?}", runner.ran());
+    }
     use proptest::prelude::*;
 
     #[test]
@@ -320,9 +456,9 @@ mod tests {
     fn fake_stacks_mounts_and_unmounts_the_topmost() {
         let log = CallLog::new();
         let fake = FakeMounts::new(log.clone(), Faults::default());
-        fake.mount_nullfs(Path::new("/v/a"), Path::new("/j/data"))
+        fake.mount_nullfs(Path::new("/v/a"), Path::new("/j"), Path::new("/j/data"))
             .expect("mount");
-        fake.mount_nullfs(Path::new("/v/b"), Path::new("/j/data"))
+        fake.mount_nullfs(Path::new("/v/b"), Path::new("/j"), Path::new("/j/data"))
             .expect("mount");
         fake.unmount(Path::new("/j/data")).expect("unmount");
         assert_eq!(fake.mounts().len(), 1);
@@ -347,7 +483,7 @@ mod tests {
     fn fake_unmount_fault_is_busy_and_keeps_the_mount() {
         let faults = Faults::default();
         let fake = FakeMounts::new(CallLog::new(), faults.clone());
-        fake.mount_nullfs(Path::new("/v/a"), Path::new("/dst"))
+        fake.mount_nullfs(Path::new("/v/a"), Path::new("/"), Path::new("/dst"))
             .expect("mount");
         faults.fail("unmount", Some("/dst"));
         let err = fake.unmount(Path::new("/dst")).expect_err("busy");

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::{SimError, create_dir, read_state, write_state};
 use crate::common::cmd::CmdError;
 use crate::host::fake::{Faults, lock};
-use crate::host::mount::{MountEntry, MountError, MountManager};
+use crate::host::mount::{MountEntry, MountError, MountManager, check_mount_point};
 
 const STATE_FILE: &str = "sim-mounts.json";
 
@@ -129,7 +129,25 @@ impl MountManager for SimMounts {
     /// else there is refused, because a symlink cannot cover it the way a
     /// real mount would. Mounting the same source again is success; another
     /// source on the same target is refused (simulated mounts do not stack).
-    fn mount_nullfs(&self, source: &Path, target: &Path) -> Result<(), MountError> {
+    /// The target's parents below `root` must be real directories, as on
+    /// FreeBSD (the target itself is this simulation's mount link).
+    fn mount_nullfs(&self, source: &Path, root: &Path, target: &Path) -> Result<(), MountError> {
+        if let Some(parent) = target.parent()
+            && parent.starts_with(root)
+        {
+            check_mount_point(root, parent).map_err(|e| match e {
+                MountError::Redirected {
+                    component, what, ..
+                } => MountError::Redirected {
+                    target: target.to_path_buf(),
+                    component,
+                    what,
+                },
+                other => other,
+            })?;
+        } else {
+            check_mount_point(root, target)?;
+        }
         let mut table = lock(&self.table);
         if !source.is_dir() {
             return Err(mount_failed(
