@@ -983,16 +983,16 @@ impl Cluster {
         };
         let vip = match self.state.services.get(name) {
             Some(existing) => {
-                if existing.port != apply.port {
+                if existing.applied.port != apply.port {
                     return Err(conflict(
                         "spec.port",
                         format!(
                             "service {name} has port {}; the port cannot change (delete and re-create the service)",
-                            existing.port
+                            existing.applied.port
                         ),
                     ));
                 }
-                if existing.template_digest != apply.template_digest {
+                if existing.applied.template_digest != apply.template_digest {
                     return Err(conflict(
                         "spec.template",
                         format!(
@@ -1010,12 +1010,7 @@ impl Cluster {
             }
         };
         let record = ServiceRecord {
-            document: apply.document.clone(),
-            replicas: apply.replicas,
-            port: apply.port,
-            stateful: apply.stateful,
-            template_digest: apply.template_digest.clone(),
-            volumes: apply.volumes.clone(),
+            applied: apply.clone(),
             vip,
         };
         if self.state.services.get(name) == Some(&record) {
@@ -1029,7 +1024,10 @@ impl Cluster {
 
     /// The document of a service, for forwarding replica applies.
     pub fn service_document(&self, name: &str) -> Option<String> {
-        self.state.services.get(name).map(|s| s.document.clone())
+        self.state
+            .services
+            .get(name)
+            .map(|s| s.applied.document.clone())
     }
 
     /// Every placed replica of `name` (`{name}-{index}`), with its index.
@@ -1084,10 +1082,10 @@ impl Cluster {
         Some(ServiceStatus {
             name: name.to_string(),
             vip: rec.vip,
-            port: rec.port,
-            desired: rec.replicas,
+            port: rec.applied.port,
+            desired: rec.applied.replicas,
             ready: replicas.iter().filter(|r| r.ready).count() as u32,
-            stateful: rec.stateful,
+            stateful: rec.applied.stateful,
             replicas,
         })
     }
@@ -1109,12 +1107,12 @@ impl Cluster {
             .map(|(name, rec)| ServiceEndpoints {
                 name: name.clone(),
                 vip: rec.vip,
-                port: rec.port,
+                port: rec.applied.port,
                 replicas: self
                     .replica_view(name, now)
                     .into_iter()
                     .filter(|r| r.ready)
-                    .filter_map(|r| r.address.map(|a| SocketAddrV4::new(a, rec.port)))
+                    .filter_map(|r| r.address.map(|a| SocketAddrV4::new(a, rec.applied.port)))
                     .collect(),
             })
             .collect()
@@ -1145,7 +1143,7 @@ impl Cluster {
             let placed = self.placed_replicas(&name);
             let mut service_actions = Vec::new();
             for (index, replica, p) in &placed {
-                if *index >= rec.replicas {
+                if *index >= rec.applied.replicas {
                     let addr = self.resolve_node(&p.node, now).ok();
                     service_actions.push(HealAction::Remove {
                         service: name.clone(),
@@ -1156,14 +1154,14 @@ impl Cluster {
                 }
             }
             let present = |c: &Cluster, p: &Placement| {
-                rec.stateful || c.liveness(&p.node, now) == Some(Liveness::Alive)
+                rec.applied.stateful || c.liveness(&p.node, now) == Some(Liveness::Alive)
             };
             let mut occupied: BTreeSet<String> = placed
                 .iter()
-                .filter(|(i, _, p)| *i < rec.replicas && present(self, p))
+                .filter(|(i, _, p)| *i < rec.applied.replicas && present(self, p))
                 .map(|(_, _, p)| p.node.clone())
                 .collect();
-            for index in 0..rec.replicas {
+            for index in 0..rec.applied.replicas {
                 let replica = format!("{name}-{index}");
                 let ok = self
                     .state
@@ -1174,6 +1172,7 @@ impl Cluster {
                     continue;
                 }
                 let replica_volumes: Vec<String> = rec
+                    .applied
                     .volumes
                     .iter()
                     .map(|v| format!("{replica}-{v}"))

@@ -73,20 +73,11 @@ pub struct ClusterState {
 /// `{name}-{index}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceRecord {
-    /// The Service document, forwarded untouched to the agents.
-    pub document: String,
-    /// Desired replicas.
-    pub replicas: u32,
-    /// Port; immutable.
-    pub port: u16,
-    /// The template declares volumes (replicas pinned to their nodes).
-    pub stateful: bool,
-    /// SHA-256 of the template; immutable.
-    pub template_digest: String,
-    /// The template's volume names; replica `{name}-{i}` holds
-    /// `{name}-{i}-{volume}` for each.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub volumes: Vec<String>,
+    /// What keelctl stated about the Service (document, replicas, port,
+    /// template digest, volumes), as applied; flattened, so the journal
+    /// stores the same fields as before this struct was folded.
+    #[serde(flatten)]
+    pub applied: crate::common::wire::ServiceApply,
     /// Virtual IP from `service_cidr`; never changes.
     pub vip: std::net::Ipv4Addr,
 }
@@ -183,6 +174,22 @@ impl Replay<Op> for ClusterState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Journals written before `ServiceRecord` held a `ServiceApply` stored
+    /// its fields flat; they must still load.
+    #[test]
+    fn a_service_record_reads_the_flat_journal_form() {
+        let flat = r#"{"document":"kind: Service","replicas":3,"port":80,"stateful":false,
+            "template_digest":"ab12","vip":"10.96.0.7"}"#;
+        let record: ServiceRecord = serde_json::from_str(flat).expect("flat record");
+        assert_eq!(
+            (record.applied.replicas, record.applied.port, record.vip),
+            (3, 80, std::net::Ipv4Addr::new(10, 96, 0, 7))
+        );
+        assert!(record.applied.volumes.is_empty());
+        let back: serde_json::Value = serde_json::to_value(&record).expect("json");
+        assert_eq!(back["template_digest"], "ab12", "{back}");
+    }
 
     #[test]
     fn replaying_every_op_twice_gives_the_same_state() {
