@@ -822,6 +822,17 @@ mod tests {
             self.reconciler.rootfs_path(INGRESS_JAIL)
         }
 
+        /// Ingress `web` for [`HOST`], its Service `web` at 10.96.0.7:8080.
+        fn web_ingress(&mut self) {
+            self.controller
+                .put(ingress("web", HOST, "web"))
+                .expect("put");
+            self.controller.set_services(BTreeMap::from([(
+                "web".into(),
+                SocketAddrV4::new([10, 96, 0, 7].into(), 8080),
+            )]));
+        }
+
         /// A valid certificate for `host` where the controller looks (what
         /// the certificate thread leaves after an issuance).
         fn install_certificate(&self, host: &str) {
@@ -871,11 +882,7 @@ mod tests {
     #[test]
     fn without_credentials_an_ingress_waits_and_says_why() {
         let mut w = world(false);
-        w.controller.put(ingress("web", HOST, "web")).expect("put");
-        w.controller.set_services(BTreeMap::from([(
-            "web".into(),
-            SocketAddrV4::new([10, 96, 0, 7].into(), 8080),
-        )]));
+        w.web_ingress();
         w.pass();
         let status = w.controller.status("web").expect("status");
         assert_eq!(status.phase, IngressPhase::Issuing);
@@ -891,11 +898,7 @@ mod tests {
     #[test]
     fn a_host_with_a_certificate_is_checked_then_reloaded() {
         let mut w = world(true);
-        w.controller.put(ingress("web", HOST, "web")).expect("put");
-        w.controller.set_services(BTreeMap::from([(
-            "web".into(),
-            SocketAddrV4::new([10, 96, 0, 7].into(), 8080),
-        )]));
+        w.web_ingress();
         w.pass(); // creates the jail
         w.install_certificate(HOST);
         w.pass();
@@ -927,11 +930,7 @@ mod tests {
     #[test]
     fn while_nginx_waits_for_its_restart_the_checked_configuration_is_left_for_it() {
         let mut w = world(true);
-        w.controller.put(ingress("web", HOST, "web")).expect("put");
-        w.controller.set_services(BTreeMap::from([(
-            "web".into(),
-            SocketAddrV4::new([10, 96, 0, 7].into(), 8080),
-        )]));
+        w.web_ingress();
         w.pass(); // creates the jail
         w.jails.crash(INGRESS_JAIL);
         w.reconciler.reconcile();
