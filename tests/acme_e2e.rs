@@ -5,6 +5,13 @@
 //! port, so the propagation wait really queries DNS, and Pebble validates the
 //! DNS-01 challenge against the same server.
 //!
+//! ACME Renewal Information (RFC 9773) runs against the same Pebble through
+//! `util::acme::AriFront`, which serves Pebble's directory with a
+//! `renewalInfo` URL of its own (Debian's Pebble 2.4 has none) and answers
+//! the windows the test sets: the window is fetched for each certificate,
+//! decides over the lifetime third, is asked again only after Retry-After
+//! (the manager's clock is a test clock), and renews when it opens.
+//!
 //! Without the pebble binaries the test prints why and passes, unless `CI` is
 //! set: there `.ci/run` installs them and their absence is a failure.
 
@@ -14,16 +21,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel::agentd::ingress::acme::{AcmeSettings, CertFiles, RenewReason};
+use instant_acme::CertificateIdentifier;
+use keel::agentd::ingress::acme::{AcmeSettings, CertFiles, RenewReason, Validity};
 use keel::agentd::ingress::dns::{OvhCredentials, OvhDns};
 use keel::agentd::ingress::nginx::{NginxLayout, Site, render};
 use keel::agentd::ingress::{CertManager, CertStatus};
 use keel::common::auth::{KeyFilePolicy, unix_now};
-use keel::common::backoff::ManualClock;
+use keel::common::backoff::{Clock, ManualClock};
+use rustls_pki_types::CertificateDer;
 
 use crate::util::acme::{
-    FakeOvh, Peers, assert_chains_to_root, assert_no_challenge_record, mode_of, pem_chain,
-    start_fake_ovh, start_peers, write_ovh_credentials,
+    ARI_RETRY_AFTER, AriFront, FakeOvh, Peers, assert_chains_to_root, assert_no_challenge_record,
+    mode_of, pem_chain, start_fake_ovh, start_peers, write_ovh_credentials,
 };
 use crate::util::nginx::{
     self, Backend, Nginx, free_port as free_tcp_port, https_client, raw_http,
@@ -36,6 +45,21 @@ fn manager(
     resolvers: Vec<SocketAddr>,
     timeout: Duration,
 ) -> CertManager {
+    // A clock that stands still: a failed host stays in backoff for the
+    // whole test, however slow the machine.
+    let clock = Arc::new(ManualClock::new());
+    manager_at(peers, ovh, &peers.directory_url, resolvers, timeout, clock)
+}
+
+/// [`manager`] with the ACME directory `directory_url` and the clock `clock`.
+fn manager_at(
+    peers: &Peers,
+    ovh: &FakeOvh,
+    directory_url: &str,
+    resolvers: Vec<SocketAddr>,
+    timeout: Duration,
+    clock: Arc<dyn Clock>,
+) -> CertManager {
     let creds_path = peers.dir.path().join("ovh.toml");
     write_ovh_credentials(&creds_path);
     let policy = KeyFilePolicy {
@@ -43,7 +67,7 @@ fn manager(
     };
     let creds = OvhCredentials::load(&creds_path, policy).expect("credentials");
     let settings = AcmeSettings {
-        directory_url: peers.directory_url.clone(),
+        directory_url: directory_url.to_string(),
         account_file: peers.dir.path().join("keel").join("acme-account.json"),
         contact: Some("ops@example.com".into()),
         extra_root: Some(peers.ca_pem.clone()),
@@ -51,9 +75,6 @@ fn manager(
         propagation_timeout: timeout,
         key_policy: policy,
     };
-    // A clock that stands still: a failed host stays in backoff for the
-    // whole test, however slow the machine.
-    let clock = Arc::new(ManualClock::new());
     CertManager::start(settings, Box::new(OvhDns::new(&ovh.base, creds)), clock).expect("start")
 }
 
@@ -212,6 +233,166 @@ fn certificate_issued_renewed_and_challenges_cleaned() {
     // What was installed is what nginx needs: it serves the host with the
     // renewed chain and key to a client trusting only Pebble's root.
     nginx_serves_the_certificate(peers.dir.path(), host, &files, &root_pem);
+}
+
+/// Waits for the order running for `host` to end and returns the validity of
+/// what it installed.
+fn installed_after_order(m: &CertManager, host: &str, files: &CertFiles) -> Validity {
+    poll_until(&format!("the order for {host}"), || !m.issuing(host));
+    files.installed().unwrap_or_else(|e| {
+        panic!(
+            "nothing installed ({e}); last error: {:?}",
+            m.last_error(host)
+        )
+    })
+}
+
+/// Runs `ensure` at `unix` until the certificate is Valid with `renew_at`
+/// (the renewal window's answer arrived); every pass must find it Valid.
+fn await_renew_at(m: &CertManager, host: &str, dir: &Path, unix: i64, renew_at: i64) {
+    poll_until(&format!("renew_at {renew_at} for {host}"), || {
+        match m.ensure(host, dir, unix).expect("ensure") {
+            CertStatus::Valid { renew_at: r, .. } => r == renew_at,
+            other => panic!("{other:?}; last error: {:?}", m.last_error(host)),
+        }
+    });
+}
+
+/// The ARI identifier (RFC 9773 section 4.1) of the installed leaf.
+fn ari_id(files: &CertFiles) -> String {
+    let der = CertificateDer::from(pem_chain(&files.chain).remove(0));
+    CertificateIdentifier::try_from(&der)
+        .expect("ari id")
+        .to_string()
+}
+
+/// The serial number of the installed leaf.
+fn serial(files: &CertFiles) -> Vec<u8> {
+    let leaf = pem_chain(&files.chain).remove(0);
+    let (_, cert) = x509_parser::parse_x509_certificate(&leaf).expect("leaf");
+    cert.tbs_certificate.raw_serial().to_vec()
+}
+
+#[test]
+fn renewal_information_decides_and_renews_when_the_window_opens() {
+    let Some(peers) = start_peers("the ACME renewal information test") else {
+        return;
+    };
+    let front = AriFront::start(&peers);
+    let ovh = start_fake_ovh(peers.challtestsrv);
+    let certs = peers.dir.path().join("rootfs-certs");
+    fs::create_dir(&certs).expect("cert dir");
+    let host = "ari.example.com";
+    let clock = ManualClock::new();
+    let m = manager_at(
+        &peers,
+        &ovh,
+        &front.directory_url,
+        vec![peers.dns],
+        Duration::from_secs(20),
+        Arc::new(clock.clone()),
+    );
+    let files = CertFiles::new(&certs, host);
+    let now = unix_now() as i64;
+
+    // The first certificate: nothing installed, so no window to ask for.
+    assert_eq!(
+        m.ensure(host, &certs, now).expect("ensure"),
+        CertStatus::Issuing {
+            not_after: None,
+            reason: RenewReason::Missing
+        }
+    );
+    let first = installed_after_order(&m, host, &files);
+    assert!(front.requested().is_empty(), "{:?}", front.requested());
+
+    // The CA suggests renewing later than the lifetime third, so only its
+    // window can explain the renew_at `ensure` ends with.
+    let lifetime = first.not_after - first.not_before;
+    let third = first.not_after - lifetime / 3;
+    let w1 = first.not_after - lifetime / 6;
+    front.set_window(w1, w1 + 3600);
+    await_renew_at(&m, host, &certs, now, w1);
+    let id1 = ari_id(&files);
+    assert_eq!(front.requested(), std::slice::from_ref(&id1));
+    // Past the lifetime third the window still decides, and nobody asks
+    // again before Retry-After.
+    let late = third + 60;
+    assert_eq!(
+        m.ensure(host, &certs, late).expect("ensure"),
+        CertStatus::Valid {
+            not_after: first.not_after,
+            renew_at: w1
+        }
+    );
+    assert_eq!(front.requested().len(), 1);
+
+    // After Retry-After it is asked again; while that answer is pending the
+    // last window keeps deciding (no renewal by the lifetime third).
+    let w2 = w1 + 3600;
+    front.set_window(w2, w2 + 3600);
+    front.hold(true);
+    clock.advance(ARI_RETRY_AFTER + Duration::from_secs(1));
+    let valid_until_w1 = CertStatus::Valid {
+        not_after: first.not_after,
+        renew_at: w1,
+    };
+    assert_eq!(
+        m.ensure(host, &certs, late).expect("ensure"),
+        valid_until_w1
+    );
+    poll_until("the recheck reaching the front", || {
+        front.requested().len() == 2
+    });
+    assert_eq!(
+        m.ensure(host, &certs, late).expect("ensure"),
+        valid_until_w1
+    );
+    front.hold(false);
+    await_renew_at(&m, host, &certs, late, w2);
+    assert_eq!(front.requested(), [id1.clone(), id1.clone()]);
+
+    // The CA opens the window now, though the certificate is fresh: after
+    // Retry-After the next passes ask, and renew for that reason alone.
+    front.set_window(now - 60, now + 3600);
+    clock.advance(ARI_RETRY_AFTER + Duration::from_secs(1));
+    let mut started = None;
+    poll_until("the renewal the open window starts", || {
+        match m.ensure(host, &certs, now).expect("ensure") {
+            CertStatus::Valid { renew_at, .. } if renew_at == w2 => false,
+            other => {
+                started = Some(other);
+                true
+            }
+        }
+    });
+    assert_eq!(
+        started,
+        Some(CertStatus::Issuing {
+            not_after: Some(first.not_after),
+            reason: RenewReason::AriWindow
+        }),
+        "last error: {:?}",
+        m.last_error(host)
+    );
+    let old_serial = serial(&files);
+    let second = installed_after_order(&m, host, &files);
+    assert_ne!(serial(&files), old_serial, "the leaf was not replaced");
+    assert_eq!(m.last_error(host), None);
+    {
+        let st = ovh.state.lock().expect("state");
+        assert!(st.rejected.is_empty(), "bad signatures: {:?}", st.rejected);
+        assert!(st.records.is_empty(), "left at OVH: {:?}", st.records);
+    }
+    assert_no_challenge_record(&peers, host);
+
+    // The new certificate gets its own window; the old one's no longer counts.
+    let w3 = second.not_after - (second.not_after - second.not_before) / 6;
+    front.set_window(w3, w3 + 3600);
+    await_renew_at(&m, host, &certs, now, w3);
+    let id2 = ari_id(&files);
+    assert_ne!(id2, id1);
+    assert_eq!(front.requested(), [id1.clone(), id1.clone(), id1, id2]);
 }
 
 /// What the backend answers; nginx only relays it.

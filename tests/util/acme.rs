@@ -4,17 +4,23 @@
 //! records to challtestsrv's management API. Shared by `acme_e2e` (the
 //! certificate manager alone) and `ingress_e2e` (the whole agent).
 //!
+//! Debian's Pebble (2.4) has no ACME Renewal Information (RFC 9773), so
+//! [`AriFront`] adds it: an HTTPS server serving Pebble's directory plus a
+//! `renewalInfo` URL of its own, whose windows the test sets.
+//!
 //! Every peer listens on 127.0.0.1 and writes its log into the test's
 //! temporary directory; the processes are killed and the fake server stopped
 //! when their handles drop. Nothing here is trusted outside the test.
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
 use std::time::Duration;
 
 use keel::agentd::ingress::propagation::{Answer, query_txt};
@@ -22,6 +28,9 @@ use keel::common::auth::unix_now;
 use keel::common::http::{
     Client, Endpoint, Request, Response, Server, ServerLimits, ShutdownSignal,
 };
+use keel::ctl::output::utc_datetime;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sha1::{Digest, Sha1};
 
 use super::pki::TestCa;
@@ -65,6 +74,8 @@ pub struct Peers {
     pub management: String,
     /// The CA of Pebble's HTTPS listener (not of the certificates it issues).
     pub ca_pem: PathBuf,
+    /// That CA itself, to issue other listeners the ACME client trusts.
+    pub ca: TestCa,
     /// challtestsrv's DNS server.
     pub dns: SocketAddr,
     /// challtestsrv's management API.
@@ -169,6 +180,7 @@ pub fn start_peers(test: &str) -> Option<Peers> {
         directory_url: format!("https://127.0.0.1:{acme}/dir"),
         management: format!("https://127.0.0.1:{management}"),
         ca_pem,
+        ca,
         dns: SocketAddr::from(([127, 0, 0, 1], dns)),
         challtestsrv: SocketAddr::from(([127, 0, 0, 1], chall_mgmt)),
         dir,
@@ -185,14 +197,7 @@ impl Peers {
     /// The root Pebble signs its intermediates with (PEM), as its management
     /// API serves it (fetched over HTTPS trusting the listener's test CA).
     pub fn root_pem(&self) -> String {
-        let tls = ureq::tls::TlsConfig::builder()
-            .root_certs(ureq::tls::RootCerts::new_with_certs(&[
-                ureq::tls::Certificate::from_pem(&fs::read(&self.ca_pem).expect("ca"))
-                    .expect("ca pem"),
-            ]))
-            .build();
-        let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
-        agent
+        self.https_client()
             .get(&format!("{}/roots/0", self.management))
             .call()
             .expect("pebble root")
@@ -200,6 +205,207 @@ impl Peers {
             .read_to_string()
             .expect("root body")
     }
+
+    /// An HTTPS client trusting only the listener CA ([`Peers::ca`]).
+    fn https_client(&self) -> ureq::Agent {
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::new_with_certs(&[
+                ureq::tls::Certificate::from_pem(self.ca.pem.as_bytes()).expect("ca pem"),
+            ]))
+            .build();
+        ureq::Agent::config_builder().tls_config(tls).build().into()
+    }
+}
+
+/// The `Retry-After` (seconds) of every [`AriFront`] answer: the client may
+/// ask about a certificate again this long after its last answer.
+pub const ARI_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// What the ARI front answers and saw.
+#[derive(Default)]
+struct AriState {
+    /// The suggested window (Unix seconds) for every certificate; `None`
+    /// answers 404, as a CA does for a certificate it does not know.
+    window: Option<(i64, i64)>,
+    /// While set, requests are received but not answered.
+    hold: bool,
+    /// The certificate identifiers asked about, in order.
+    requested: Vec<String>,
+    stopped: bool,
+}
+
+/// ACME Renewal Information in front of Pebble: `GET /dir` is Pebble's
+/// directory (its URLs still lead to Pebble) plus `renewalInfo`, and
+/// `GET /renewal-info/{id}` answers the window the test set, with
+/// [`ARI_RETRY_AFTER`]. Served over HTTPS on loopback with a leaf of
+/// [`Peers::ca`], which the ACME client already trusts; one connection at a
+/// time, each closed after its answer (the client asks rarely). Stopped on
+/// drop.
+pub struct AriFront {
+    /// The directory URL to configure as `ingress.acme_directory`.
+    pub directory_url: String,
+    state: Arc<(Mutex<AriState>, Condvar)>,
+    addr: SocketAddr,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl AriFront {
+    /// Starts the front for `peers`' Pebble (whose directory it fetches once).
+    pub fn start(peers: &Peers) -> AriFront {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind ari front");
+        let addr = listener.local_addr().expect("addr");
+        let text = peers
+            .https_client()
+            .get(&peers.directory_url)
+            .call()
+            .expect("pebble directory")
+            .body_mut()
+            .read_to_string()
+            .expect("directory body");
+        let mut directory: serde_json::Value = serde_json::from_str(&text).expect("directory json");
+        assert!(
+            directory.get("renewalInfo").is_none(),
+            "this Pebble offers ARI itself; the front is not needed"
+        );
+        directory["renewalInfo"] = format!("https://{addr}/renewal-info").into();
+        let leaf = peers
+            .ca
+            .leaf(&["127.0.0.1"], peers.dir.path(), "ari-front-listener");
+        let certs = CertificateDer::pem_file_iter(&leaf.cert)
+            .expect("leaf pem")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("leaf");
+        let key = PrivateKeyDer::from_pem_file(&leaf.key).expect("leaf key");
+        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("tls versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("tls config");
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tls = Arc::new(tls);
+        let state = Arc::new((Mutex::new(AriState::default()), Condvar::new()));
+        let shared = Arc::clone(&state);
+        let directory = directory.to_string();
+        let thread = thread::spawn(move || {
+            for stream in listener.incoming() {
+                if shared.0.lock().expect("ari state").stopped {
+                    return;
+                }
+                let Ok(stream) = stream else { continue };
+                // A client that breaks off only loses its own answer.
+                let _ = serve_ari(stream, &tls, &shared, &directory);
+            }
+        });
+        AriFront {
+            directory_url: format!("https://{addr}/dir"),
+            state,
+            addr,
+            thread: Some(thread),
+        }
+    }
+
+    /// Suggests the window `start..end` (Unix seconds) from now on.
+    pub fn set_window(&self, start: i64, end: i64) {
+        self.state.0.lock().expect("ari state").window = Some((start, end));
+    }
+
+    /// Holds requests unanswered (`true`) or answers them (`false`).
+    pub fn hold(&self, on: bool) {
+        let (state, changed) = &*self.state;
+        state.lock().expect("ari state").hold = on;
+        changed.notify_all();
+    }
+
+    /// The certificate identifiers asked about so far, in order.
+    pub fn requested(&self) -> Vec<String> {
+        self.state.0.lock().expect("ari state").requested.clone()
+    }
+}
+
+impl Drop for AriFront {
+    fn drop(&mut self) {
+        let (state, changed) = &*self.state;
+        {
+            let mut st = state.lock().expect("ari state");
+            st.stopped = true;
+            st.hold = false;
+        }
+        changed.notify_all();
+        // Wakes the accept loop, which then sees `stopped`.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One connection of the ARI front: one request, one answer, closed.
+fn serve_ari(
+    tcp: TcpStream,
+    tls: &Arc<rustls::ServerConfig>,
+    state: &(Mutex<AriState>, Condvar),
+    directory: &str,
+) -> std::io::Result<()> {
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let conn = rustls::ServerConnection::new(Arc::clone(tls)).map_err(std::io::Error::other)?;
+    let mut stream = rustls::StreamOwned::new(conn, tcp);
+    let mut buf = Vec::new();
+    let (method, path) = loop {
+        let mut chunk = [0u8; 4096];
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut req = httparse::Request::new(&mut headers);
+        if let httparse::Status::Complete(_) = req.parse(&buf).map_err(std::io::Error::other)? {
+            break (
+                req.method.unwrap_or_default().to_string(),
+                req.path.unwrap_or_default().to_string(),
+            );
+        }
+    };
+    let (status, extra, body) = match (method.as_str(), path.strip_prefix("/renewal-info/")) {
+        ("GET", None) if path == "/dir" => ("200 OK", String::new(), directory.to_string()),
+        ("GET", Some(id)) => {
+            let (lock, changed) = state;
+            let mut st = lock.lock().expect("ari state");
+            st.requested.push(id.to_string());
+            let (st, _) = changed
+                .wait_timeout_while(st, super::DEADLINE, |st| st.hold)
+                .expect("ari state");
+            match st.window {
+                Some((start, end)) => (
+                    "200 OK",
+                    format!("Retry-After: {}\r\n", ARI_RETRY_AFTER.as_secs()),
+                    serde_json::json!({
+                        "suggestedWindow": {"start": utc_datetime(start), "end": utc_datetime(end)}
+                    })
+                    .to_string(),
+                ),
+                None => (
+                    "404 Not Found",
+                    String::new(),
+                    serde_json::json!({"type": "urn:ietf:params:acme:error:malformed",
+                                       "detail": "no such certificate"})
+                    .to_string(),
+                ),
+            }
+        }
+        _ => ("404 Not Found", String::new(), String::new()),
+    };
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         {extra}Connection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    stream.conn.send_close_notify();
+    stream.flush()
 }
 
 /// What the fake OVH API saw and holds.

@@ -274,8 +274,43 @@ enum Ari {
         not_after: i64,
         recheck: Instant,
     },
-    /// A request is queued.
-    Asking,
+    /// A request is queued. The previous answer (window and the `not_after`
+    /// of the certificate it was for), if any, keeps deciding until the new
+    /// one arrives: falling back to the lifetime third during every recheck
+    /// would renew a certificate the CA had said to keep.
+    Asking {
+        previous: Option<(Option<RenewalWindow>, i64)>,
+    },
+}
+
+impl Ari {
+    /// The window that decides for the installed certificate whose notAfter
+    /// is `installed`: the last answer, if it was about that certificate.
+    fn window_for(self, installed: Option<i64>) -> Option<RenewalWindow> {
+        let (window, not_after) = match self {
+            Ari::Known {
+                window, not_after, ..
+            } => (window, not_after),
+            Ari::Asking {
+                previous: Some(previous),
+            } => previous,
+            Ari::Unknown | Ari::Asking { previous: None } => return None,
+        };
+        window.filter(|_| installed == Some(not_after))
+    }
+
+    /// The state once a new request is queued.
+    fn asking(self) -> Ari {
+        match self {
+            Ari::Known {
+                window, not_after, ..
+            } => Ari::Asking {
+                previous: Some((window, not_after)),
+            },
+            Ari::Asking { previous } => Ari::Asking { previous },
+            Ari::Unknown => Ari::Asking { previous: None },
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -381,17 +416,7 @@ impl CertManager {
         if let Some(reason) = state.issuing {
             return Ok(CertStatus::Issuing { not_after, reason });
         }
-        let window = match (state.ari, installed) {
-            (
-                Ari::Known {
-                    window,
-                    not_after: n,
-                    ..
-                },
-                Some(v),
-            ) if n == v.not_after => window,
-            _ => None,
-        };
+        let window = state.ari.window_for(not_after);
         match acme::renewal_due(unix_now, installed, window) {
             Renewal::NotDue { renew_at } => {
                 let now = self.clock.now();
@@ -402,11 +427,11 @@ impl CertManager {
                         not_after: n,
                         ..
                     } => now >= recheck || Some(n) != not_after,
-                    Ari::Asking => false,
+                    Ari::Asking { .. } => false,
                 };
                 if stale && ari_supported != Some(false) {
                     if let Some(not_after) = not_after {
-                        state.ari = Ari::Asking;
+                        state.ari = state.ari.asking();
                         let job = Job::Ari {
                             host: host.to_string(),
                             files,
@@ -586,5 +611,58 @@ impl Issuer {
                 recheck,
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: RenewalWindow = RenewalWindow {
+        start: 5_000,
+        end: 6_000,
+    };
+
+    #[test]
+    fn the_last_window_keeps_deciding_while_it_is_asked_again() {
+        let known = Ari::Known {
+            window: Some(WINDOW),
+            not_after: 9_000,
+            recheck: Instant::now(),
+        };
+        assert_eq!(known.window_for(Some(9_000)), Some(WINDOW));
+        // A recheck is queued: the CA's last word still holds meanwhile, so a
+        // certificate past its lifetime third whose window has not opened is
+        // not renewed during the recheck.
+        let asking = known.asking();
+        assert_eq!(asking.window_for(Some(9_000)), Some(WINDOW));
+        assert_eq!(
+            acme::renewal_due(
+                4_000,
+                Some(acme::Validity {
+                    not_before: 0,
+                    not_after: 9_000
+                }),
+                asking.window_for(Some(9_000))
+            ),
+            Renewal::NotDue { renew_at: 5_000 }
+        );
+        // Queued twice, it still remembers.
+        assert_eq!(asking.asking().window_for(Some(9_000)), Some(WINDOW));
+    }
+
+    #[test]
+    fn a_window_is_only_for_the_certificate_it_was_asked_for() {
+        let known = Ari::Known {
+            window: Some(WINDOW),
+            not_after: 9_000,
+            recheck: Instant::now(),
+        };
+        // Renewed (another notAfter) or removed: the old answer is void.
+        assert_eq!(known.window_for(Some(19_000)), None);
+        assert_eq!(known.window_for(None), None);
+        assert_eq!(known.asking().window_for(Some(19_000)), None);
+        assert_eq!(Ari::Unknown.window_for(Some(9_000)), None);
+        assert_eq!(Ari::Unknown.asking().window_for(Some(9_000)), None);
     }
 }
