@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use instant_acme::CertificateIdentifier;
-use keel::agentd::ingress::acme::{AcmeSettings, CertFiles, RenewReason, Validity};
+use keel::agentd::ingress::acme::{AcmeSettings, CertFiles, RenewReason, RenewalWindow, Validity};
 use keel::agentd::ingress::dns::{OvhCredentials, OvhDns};
 use keel::agentd::ingress::nginx::{NginxLayout, Site, render};
 use keel::agentd::ingress::{CertManager, CertStatus};
@@ -310,8 +310,14 @@ fn renewal_information_decides_and_renews_when_the_window_opens() {
     // window can explain the renew_at `ensure` ends with.
     let lifetime = first.not_after - first.not_before;
     let third = first.not_after - lifetime / 3;
-    let w1 = first.not_after - lifetime / 6;
-    front.set_window(w1, w1 + 3600);
+    // Keel renews at a moment of the window picked from the certificate
+    // (RFC 9773's random time, stable per certificate).
+    let window = |start: i64| RenewalWindow {
+        start,
+        end: start + 3600,
+    };
+    let w1 = window(first.not_after - lifetime / 6).renew_at(first);
+    front.set_window(window(first.not_after - lifetime / 6));
     await_renew_at(&m, host, &certs, now, w1);
     let id1 = ari_id(&files);
     assert_eq!(front.requested(), std::slice::from_ref(&id1));
@@ -329,8 +335,8 @@ fn renewal_information_decides_and_renews_when_the_window_opens() {
 
     // After Retry-After it is asked again; while that answer is pending the
     // last window keeps deciding (no renewal by the lifetime third).
-    let w2 = w1 + 3600;
-    front.set_window(w2, w2 + 3600);
+    let w2 = window(w1 + 3600).renew_at(first);
+    front.set_window(window(w1 + 3600));
     front.hold(true);
     clock.advance(ARI_RETRY_AFTER + Duration::from_secs(1));
     let valid_until_w1 = CertStatus::Valid {
@@ -352,9 +358,29 @@ fn renewal_information_decides_and_renews_when_the_window_opens() {
     await_renew_at(&m, host, &certs, late, w2);
     assert_eq!(front.requested(), [id1.clone(), id1.clone()]);
 
+    // A recheck that fails (the CA answers 404) keeps the last window: a CA
+    // briefly in trouble does not make Keel fall back to the lifetime third.
+    front.forget_window();
+    clock.advance(ARI_RETRY_AFTER + Duration::from_secs(1));
+    let valid_until_w2 = CertStatus::Valid {
+        not_after: first.not_after,
+        renew_at: w2,
+    };
+    assert_eq!(
+        m.ensure(host, &certs, late).expect("ensure"),
+        valid_until_w2
+    );
+    poll_until("the failed recheck taken in", || {
+        front.requested().len() == 3 && !m.asking_renewal_info(host)
+    });
+    assert_eq!(
+        m.ensure(host, &certs, late).expect("ensure"),
+        valid_until_w2
+    );
+
     // The CA opens the window now, though the certificate is fresh: after
     // Retry-After the next passes ask, and renew for that reason alone.
-    front.set_window(now - 60, now + 3600);
+    front.set_window(window(now - 7200));
     clock.advance(ARI_RETRY_AFTER + Duration::from_secs(1));
     let mut started = None;
     poll_until("the renewal the open window starts", || {
@@ -387,12 +413,16 @@ fn renewal_information_decides_and_renews_when_the_window_opens() {
     assert_no_challenge_record(&peers, host);
 
     // The new certificate gets its own window; the old one's no longer counts.
-    let w3 = second.not_after - (second.not_after - second.not_before) / 6;
-    front.set_window(w3, w3 + 3600);
+    let w3_start = second.not_after - (second.not_after - second.not_before) / 6;
+    let w3 = window(w3_start).renew_at(second);
+    front.set_window(window(w3_start));
     await_renew_at(&m, host, &certs, now, w3);
     let id2 = ari_id(&files);
     assert_ne!(id2, id1);
-    assert_eq!(front.requested(), [id1.clone(), id1.clone(), id1, id2]);
+    assert_eq!(
+        front.requested(),
+        [id1.clone(), id1.clone(), id1.clone(), id1, id2]
+    );
 }
 
 /// What the backend answers; nginx only relays it.

@@ -23,6 +23,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
+use keel::agentd::ingress::acme::RenewalWindow;
 use keel::agentd::ingress::propagation::{Answer, query_txt};
 use keel::common::auth::unix_now;
 use keel::common::http::{
@@ -307,9 +308,15 @@ impl AriFront {
         }
     }
 
-    /// Suggests the window `start..end` (Unix seconds) from now on.
-    pub fn set_window(&self, start: i64, end: i64) {
-        self.state.0.lock().expect("ari state").window = Some((start, end));
+    /// Suggests `window` (Unix seconds) from now on.
+    pub fn set_window(&self, window: RenewalWindow) {
+        self.state.0.lock().expect("ari state").window = Some((window.start, window.end));
+    }
+
+    /// Answers 404 from now on, as for a certificate the CA does not know:
+    /// to the client, a failed request.
+    pub fn forget_window(&self) {
+        self.state.0.lock().expect("ari state").window = None;
     }
 
     /// Holds requests unanswered (`true`) or answers them (`false`).

@@ -90,6 +90,26 @@ pub struct RenewalWindow {
     pub end: i64,
 }
 
+impl RenewalWindow {
+    /// The moment in the window to renew `cert` at. RFC 9773 asks clients
+    /// to pick a uniformly random time in the window, so that certificates
+    /// the CA asks to renew together do not all come back in the same
+    /// second; the pick is a hash of the certificate's validity, which spreads
+    /// certificates as well, and gives the same answer on every pass and
+    /// after a restart. A window that is empty or reversed means its start.
+    pub fn renew_at(self, cert: Validity) -> i64 {
+        let width = self.end.saturating_sub(self.start);
+        if width <= 0 {
+            return self.start;
+        }
+        let mut seed = [0u8; 16];
+        seed[..8].copy_from_slice(&cert.not_before.to_be_bytes());
+        seed[8..].copy_from_slice(&cert.not_after.to_be_bytes());
+        let spread = i64::from(crate::common::cidr::fnv1a32(&seed)) % width;
+        self.start + spread
+    }
+}
+
 /// Why a certificate is (re)issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenewReason {
@@ -126,15 +146,16 @@ pub enum Renewal {
 }
 
 /// Whether the installed certificate must be renewed at `now`: always when
-/// none is installed; when the CA gave a renewal window, once that window
-/// opens; otherwise once a third of its lifetime remains (30 days of a 90-day
-/// certificate, 15 of a 45-day one).
+/// none is installed; when the CA gave a renewal window, once
+/// [`RenewalWindow::renew_at`] in that window has come; otherwise once a
+/// third of its lifetime remains (30 days of a 90-day certificate, 15 of a
+/// 45-day one).
 pub fn renewal_due(now: i64, installed: Option<Validity>, ari: Option<RenewalWindow>) -> Renewal {
     let Some(v) = installed else {
         return Renewal::Due(RenewReason::Missing);
     };
     let (renew_at, reason) = match ari {
-        Some(w) => (w.start, RenewReason::AriWindow),
+        Some(w) => (w.renew_at(v), RenewReason::AriWindow),
         None => {
             let lifetime = v.not_after.saturating_sub(v.not_before).max(0);
             (
@@ -570,13 +591,20 @@ mod tests {
             start: 80 * DAY,
             end: 82 * DAY,
         };
-        // Past the lifetime third but before the window: the CA says wait.
+        let at = window.renew_at(cert(90).expect("cert"));
+        assert!((80 * DAY..82 * DAY).contains(&at), "{at}");
+        // Past the lifetime third but before the moment picked in the
+        // window: the CA says wait.
         assert_eq!(
             renewal_due(70 * DAY, cert(90), Some(window)),
-            Renewal::NotDue { renew_at: 80 * DAY }
+            Renewal::NotDue { renew_at: at }
         );
         assert_eq!(
-            renewal_due(80 * DAY, cert(90), Some(window)),
+            renewal_due(at - 1, cert(90), Some(window)),
+            Renewal::NotDue { renew_at: at }
+        );
+        assert_eq!(
+            renewal_due(at, cert(90), Some(window)),
             Renewal::Due(RenewReason::AriWindow)
         );
         // A window opening early (revocation announced) renews early.
@@ -585,7 +613,7 @@ mod tests {
             end: 6 * DAY,
         };
         assert_eq!(
-            renewal_due(5 * DAY, cert(90), Some(early)),
+            renewal_due(6 * DAY, cert(90), Some(early)),
             Renewal::Due(RenewReason::AriWindow)
         );
         // A window past expiry never keeps an expired certificate.
@@ -597,6 +625,31 @@ mod tests {
             renewal_due(90 * DAY, cert(90), Some(late)),
             Renewal::Due(RenewReason::AriWindow)
         );
+    }
+
+    /// RFC 9773: a random moment in the window, so certificates renewed
+    /// together are spread over it; stable for one certificate.
+    #[test]
+    fn renewals_spread_over_the_window() {
+        let window = RenewalWindow {
+            start: 1_000,
+            end: 1_000 + DAY,
+        };
+        let picks: std::collections::BTreeSet<i64> = (0..64)
+            .map(|i| {
+                let v = Validity {
+                    not_before: i * 60,
+                    not_after: 90 * DAY + i * 60,
+                };
+                let at = window.renew_at(v);
+                assert!((window.start..window.end).contains(&at), "{at}");
+                assert_eq!(at, window.renew_at(v), "stable");
+                at
+            })
+            .collect();
+        assert!(picks.len() > 60, "{} distinct moments of 64", picks.len());
+        let point = RenewalWindow { start: 7, end: 7 };
+        assert_eq!(point.renew_at(cert(90).expect("cert")), 7);
     }
 
     #[test]

@@ -485,6 +485,15 @@ impl CertManager {
             .and_then(|s| s.last_error.clone())
     }
 
+    /// True while a renewal-information request for `host` is queued or
+    /// running (its answer not taken in yet).
+    pub fn asking_renewal_info(&self, host: &str) -> bool {
+        lock(&self.shared)
+            .hosts
+            .get(host)
+            .is_some_and(|s| matches!(s.ari, Ari::Asking { .. }))
+    }
+
     /// True while an order for `host` is queued or running.
     pub fn issuing(&self, host: &str) -> bool {
         lock(&self.shared)
@@ -600,8 +609,21 @@ impl Issuer {
                 (None, now + ARI_RETRY)
             }
             Err(e) => {
-                log::warn!("ingress {host}: no renewal information from the CA: {e}");
-                (None, now + ARI_RETRY)
+                // A CA unreachable for a while does not void what it said
+                // about this certificate before.
+                let previous = shared
+                    .hosts
+                    .get(host)
+                    .and_then(|state| state.ari.window_for(Some(not_after)));
+                log::warn!(
+                    "ingress {host}: no renewal information from the CA: {e}; {}",
+                    if previous.is_some() {
+                        "its last window keeps deciding"
+                    } else {
+                        "renewal falls back to a third of the lifetime"
+                    }
+                );
+                (previous, now + ARI_RETRY)
             }
         };
         if let Some(state) = shared.hosts.get_mut(host) {
@@ -645,7 +667,12 @@ mod tests {
                 }),
                 asking.window_for(Some(9_000))
             ),
-            Renewal::NotDue { renew_at: 5_000 }
+            Renewal::NotDue {
+                renew_at: WINDOW.renew_at(acme::Validity {
+                    not_before: 0,
+                    not_after: 9_000
+                })
+            }
         );
         // Queued twice, it still remembers.
         assert_eq!(asking.asking().window_for(Some(9_000)), Some(WINDOW));
