@@ -536,3 +536,52 @@ fn shutdown_closes_listeners() {
     let refused = TcpStream::connect(listen).expect_err("no listener after shutdown");
     assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
 }
+
+/// With `agent.proxy_listen` every service listens on one IP, so two
+/// services with the same port collide. The listeners share ports across
+/// event loops, so the kernel would let both bind and split connections
+/// between them: the proxy refuses the second instead, naming the first.
+#[test]
+fn two_services_on_one_address_are_refused_not_shared() {
+    let a = Backend::start("a", ip(11, 10));
+    let b = Backend::start("b", ip(11, 11));
+    let shared_ip = ip(11, 2);
+    let proxy = Proxy::start(ProxyConfig {
+        connect_timeout: Duration::from_secs(1),
+        threads: 2,
+        bind_ip_override: Some(shared_ip),
+    })
+    .expect("start proxy");
+    let port = TcpListener::bind((shared_ip, 0))
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let first = ServiceEndpoints {
+        port,
+        ..service("first", ip(11, 1), &[a.addr])
+    };
+    let second = ServiceEndpoints {
+        port,
+        ..service("second", ip(11, 3), &[b.addr])
+    };
+    let errors = proxy.update(&[first, second]);
+    match errors.as_slice() {
+        [ProxyError::Taken { service, addr, by }] => {
+            assert_eq!(
+                (service.as_str(), *addr, by.as_str()),
+                ("second", SocketAddrV4::new(shared_ip, port), "first")
+            );
+        }
+        other => panic!("expected second refused, got {other:?}"),
+    }
+    assert!(
+        errors[0].to_string().contains("ports must differ"),
+        "{}",
+        errors[0]
+    );
+    for _ in 0..6 {
+        let (_, id) = connect(SocketAddrV4::new(shared_ip, port));
+        assert_eq!(id, "a", "every connection belongs to the first service");
+    }
+}

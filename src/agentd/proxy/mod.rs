@@ -153,6 +153,19 @@ pub enum ProxyError {
         /// What the kernel said.
         source: io::Error,
     },
+    /// Another service of this proxy already listens on the address (with
+    /// `agent.proxy_listen` every service shares one IP, so two services with
+    /// the same port collide). Listeners share ports across event loops, so
+    /// the kernel would not refuse it: without this check the two services
+    /// would split each other's connections.
+    Taken {
+        /// Service name.
+        service: String,
+        /// The address it should listen on.
+        addr: SocketAddrV4,
+        /// The service listening there.
+        by: String,
+    },
     /// The proxy's thread has stopped (it panicked, or was shut down), so no
     /// service is served; restarting the agent restarts it.
     Stopped,
@@ -180,6 +193,11 @@ impl fmt::Display for ProxyError {
                     _ => Ok(()),
                 }
             }
+            ProxyError::Taken { service, addr, by } => write!(
+                f,
+                "service {service}: cannot listen on {addr}: service {by} listens there \
+                 (agent.proxy_listen puts every service on one IP, so their ports must differ)"
+            ),
             ProxyError::Stopped => f.write_str(
                 "the service proxy has stopped (see earlier log lines); restart keel-agentd",
             ),
@@ -191,7 +209,7 @@ impl std::error::Error for ProxyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ProxyError::Listen { source, .. } => Some(source),
-            ProxyError::Stopped => None,
+            ProxyError::Taken { .. } | ProxyError::Stopped => None,
         }
     }
 }
@@ -442,8 +460,16 @@ fn open(
         addr: listen,
         source,
     };
-    let shared = loops.len() > 1;
-    let first = bind(listen, shared).map_err(err)?;
+    if listen.port() != 0
+        && let Some((by, _)) = served.iter().find(|(_, s)| s.bound == listen)
+    {
+        return Err(ProxyError::Taken {
+            service: service.name.clone(),
+            addr: listen,
+            by: by.clone(),
+        });
+    }
+    let first = bind(listen).map_err(err)?;
     // Port 0 is resolved by the first bind; the other loops join that port.
     let bound = match first.local_addr().map_err(err)? {
         SocketAddr::V4(a) => a,
@@ -451,7 +477,7 @@ fn open(
     };
     let mut listeners = vec![first];
     for _ in 1..loops.len() {
-        listeners.push(bind(bound, shared).map_err(err)?);
+        listeners.push(bind(bound).map_err(err)?);
     }
     let backends = Arc::new(Backends::new(&service.replicas));
     let mut accepts = Vec::with_capacity(loops.len());
@@ -490,17 +516,17 @@ fn open(
     Ok(())
 }
 
-/// A listening socket on `addr`; `shared` lets one such socket per event
-/// loop listen on the same address, the kernel spreading new connections
-/// over them.
-fn bind(addr: SocketAddrV4, shared: bool) -> io::Result<std::net::TcpListener> {
+/// A listening socket on `addr` that one such socket per event loop can
+/// join, the kernel spreading new connections over them. The port is shared
+/// whatever the number of loops, so the proxy behaves the same on every
+/// host; a socket that did not ask to share (another program) still gets
+/// `EADDRINUSE`, and [`open`] refuses two services on one address itself.
+fn bind(addr: SocketAddrV4) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
     // An agent restarted while connections to a VIP sit in TIME_WAIT must be
     // able to listen on it again at once.
     socket.set_reuse_address(true)?;
-    if shared {
-        share_port(&socket)?;
-    }
+    share_port(&socket)?;
     // Accepted sockets inherit TCP_NODELAY from the listener (Linux and
     // FreeBSD alike), which saves a setsockopt per connection; a small
     // response must not wait for Nagle's timer on the client side.
@@ -560,7 +586,7 @@ mod tests {
     /// relies on the kernel copying it from the listener.
     #[test]
     fn accepted_sockets_inherit_nodelay_from_the_listener() {
-        let listener = bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), false).expect("bind");
+        let listener = bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).expect("bind");
         listener.set_nonblocking(false).expect("blocking");
         let _client = std::net::TcpStream::connect(addr_of(&listener)).expect("connect");
         let (accepted, _) = listener.accept().expect("accept");
@@ -569,9 +595,9 @@ mod tests {
 
     #[test]
     fn shared_listeners_join_one_port_and_never_a_foreign_one() {
-        let first = bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), true).expect("bind");
+        let first = bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).expect("bind");
         let port = addr_of(&first);
-        let second = bind(port, true).expect("a second event loop joins the port");
+        let second = bind(port).expect("a second event loop joins the port");
         assert_eq!(addr_of(&second), port);
 
         // A socket that did not opt in keeps its port to itself.
@@ -580,7 +606,7 @@ mod tests {
             SocketAddr::V4(a) => a,
             SocketAddr::V6(a) => panic!("bound {a}"),
         };
-        let err = bind(taken, true).expect_err("the port is taken");
+        let err = bind(taken).expect_err("the port is taken");
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
     }
 
