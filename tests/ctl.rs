@@ -534,6 +534,9 @@ fn an_ingress_brings_the_nginx_jail_and_its_deletion_takes_it_away() {
             .remove("keel-ingress")
             .filter(|j| j.state == keel::agentd::reconciler::Phase::Running)
     });
+    // nginx found its first configuration in the fresh root: it started
+    // once, without crashing for want of one.
+    assert_eq!(ingress.restarts, 0, "{ingress:?}\n{}", agent.log());
     let statuses: Vec<keel::common::wire::IngressStatus> =
         serde_json::from_str(&ok(&agent, &["get", "ingresses", "-o", "json"])).expect("json");
     assert_eq!(statuses.len(), 1, "{statuses:?}");

@@ -266,9 +266,8 @@ fn an_ingress_through_the_agent_serves_https_with_an_issued_certificate() {
     // with the host when the status says Serving (a reload is asynchronous),
     // so the first answers are awaited; then every answer is a replica's
     // name, and both replicas answer in turn.
-    // nginx's first start in the fresh jail crashes (its configuration is
-    // written once the jail's root exists); the restart comes after the
-    // crash-loop delay, which a loaded machine may not have reached yet.
+    // The jail runs once nginx has started in it (the status may lag a
+    // pass behind on a loaded machine).
     let address = wait_long(&cluster, "the ingress jail running", |last| {
         let all = jails(&cluster);
         *last = format!("{all:?}");

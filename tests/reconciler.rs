@@ -218,6 +218,57 @@ fn provision_runs_clone_volumes_mounts_epair_jail_limits_in_that_order() {
     assert_eq!(quota, Some(1 << 30));
 }
 
+/// A seed (what a system jail needs in its root before its workload
+/// starts) runs after the root and mounts are in place and before the jail
+/// is created, at every provision, restarts included; a failing seed fails
+/// that provision, and the jail is not created until a later pass succeeds.
+#[test]
+fn a_root_seed_runs_after_the_mounts_and_before_the_jail_starts() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    let log = host.log.clone();
+    let fail = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let failing = std::sync::Arc::clone(&fail);
+    agent.seed_root(
+        "db",
+        Box::new(move |root: &Path, address: Ipv4Addr| {
+            log.push(format!("seed {} {address}", root.display()));
+            if failing.load(std::sync::atomic::Ordering::SeqCst) {
+                Err("disk full".into())
+            } else {
+                Ok(())
+            }
+        }),
+    );
+    let err = agent
+        .apply(jail_with_volumes("db"), None)
+        .expect_err("the seed failed");
+    assert!(
+        err.to_string()
+            .contains("preparing the jail's root before its start: disk full"),
+        "{err}"
+    );
+    let ran = host.take();
+    assert!(!ran.iter().any(|e| e.starts_with("jail.create")), "{ran:?}");
+    assert_eq!(
+        ran.last().map(String::as_str),
+        Some(format!("seed {} 10.20.3.2", root("db")).as_str()),
+        "{ran:?}"
+    );
+
+    fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    host.clock.advance(Duration::from_secs(60));
+    agent.reconcile();
+    let ran = host.take();
+    let at = |prefix: &str| {
+        ran.iter()
+            .position(|e| e.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in {ran:?}"))
+    };
+    assert!(at("seed ") < at("jail.create db"), "{ran:?}");
+    assert!(host.jails.is_running("db"));
+}
+
 #[test]
 fn delete_runs_the_reverse_order_and_never_destroys_a_volume() {
     let host = Host::new();

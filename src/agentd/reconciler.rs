@@ -204,6 +204,9 @@ pub enum HostError {
     Mount(MountError),
     /// The host converged but the state file could not be written.
     Store(String),
+    /// Preparing a system jail's root before its start failed
+    /// ([`Reconciler::seed_root`]).
+    Seed(String),
     /// A volume mount under the jail root could not be unmounted, so the
     /// delete stopped before touching the root filesystem.
     UnmountBlocked {
@@ -222,6 +225,7 @@ impl fmt::Display for HostError {
             HostError::Net(e) => write!(f, "{e}"),
             HostError::Mount(e) => write!(f, "{e}"),
             HostError::Store(e) => write!(f, "{e}"),
+            HostError::Seed(e) => write!(f, "preparing the jail's root before its start: {e}"),
             HostError::UnmountBlocked { target, reason } => write!(
                 f,
                 "delete stopped before destroying the root filesystem: {} is still mounted ({reason})",
@@ -359,7 +363,17 @@ pub struct Reconciler<J, Z, N, M> {
     backoff: Backoff<String>,
     clock: Box<dyn Clock>,
     runtime: BTreeMap<String, Runtime>,
+    /// What system jails need in their root before their workload starts
+    /// (see [`Reconciler::seed_root`]); not persisted, registered again by
+    /// their owner after a restart.
+    seeds: BTreeMap<String, RootSeed>,
 }
+
+/// Puts what a jail's workload needs into its root filesystem (the path on
+/// the host) before the workload starts; the jail's address is known by
+/// then. It must leave what is already there alone: it runs at every
+/// provision, restarts included.
+pub type RootSeed = Box<dyn Fn(&Path, Ipv4Addr) -> Result<(), String> + Send>;
 
 impl<J, Z, N, M> Reconciler<J, Z, N, M>
 where
@@ -396,7 +410,19 @@ where
             backoff,
             clock,
             runtime: BTreeMap::new(),
+            seeds: BTreeMap::new(),
         }
+    }
+
+    /// Registers `seed` for jail `name` (replacing an earlier one): every
+    /// provision of that jail runs it once the root filesystem, volumes and
+    /// address are in place and before the jail and its workload start. A
+    /// seed that fails fails the provision like any host step (the jail
+    /// backs off and is retried). For system jails whose workload refuses to
+    /// start without a file only Keel writes, such as the ingress jail's
+    /// nginx and its configuration.
+    pub fn seed_root(&mut self, name: &str, seed: RootSeed) {
+        self.seeds.insert(name.to_string(), seed);
     }
 
     /// The node network this reconciler provisions into.
@@ -951,6 +977,9 @@ where
 
         if !epair_present {
             self.net.attach(&self.node.bridge, name)?;
+        }
+        if let Some(seed) = self.seeds.get(name) {
+            seed(&root, rec.address).map_err(HostError::Seed)?;
         }
         let params = self.jail_params(name, rec, &root);
         self.jails.create(&params)?;

@@ -143,6 +143,8 @@ pub struct IngressController {
     /// The configuration nginx was last loaded with, and the hosts in it.
     running: Option<(String, BTreeSet<String>)>,
     observed: BTreeMap<String, Observed>,
+    /// The reconciler holds the seed writing the jail's first configuration.
+    seed_registered: bool,
     /// Problems of the last pass that concern no single Ingress.
     pub problems: Vec<String>,
 }
@@ -177,6 +179,7 @@ impl IngressController {
             anchor_retry: Backoff::new(),
             running: None,
             observed: BTreeMap::new(),
+            seed_registered: false,
             problems: Vec::new(),
         })
     }
@@ -271,7 +274,7 @@ impl IngressController {
         self.ensure_anchor(address, now);
 
         let root = reconciler.rootfs_path(INGRESS_JAIL);
-        let seen = |p: &str| self.as_seen_by_nginx(&root, p);
+        let seen = |p: &str| self.settings.as_seen_by_nginx(&root, p);
         let cert_dir_host = root.join(relative(CONF_DIR)).join(CERT_DIR);
         if let Err(e) = make_dirs_in_root(&root, &Path::new(CONF_DIR).join(CERT_DIR)) {
             let message = format!("ingress jail files: {e}");
@@ -360,7 +363,7 @@ impl IngressController {
             );
         }
 
-        let layout = self.layout(&root, address);
+        let layout = self.settings.layout(&root, address);
         let (conf, refused) = render(&sites, &layout);
         for r in &refused {
             if let Some((name, _)) = self
@@ -443,8 +446,12 @@ impl IngressController {
         let live = Path::new(CONF_DIR).join(CONF_FILE);
         write_in_root(root, &next, conf.as_bytes(), 0o644)
             .map_err(|e| format!("writing nginx's configuration: {e}"))?;
-        let seen_next = self.as_seen_by_nginx(root, &next.to_string_lossy());
-        let seen_live = self.as_seen_by_nginx(root, &live.to_string_lossy());
+        let seen_next = self
+            .settings
+            .as_seen_by_nginx(root, &next.to_string_lossy());
+        let seen_live = self
+            .settings
+            .as_seen_by_nginx(root, &live.to_string_lossy());
         let nginx = self.settings.nginx.to_string_lossy().into_owned();
         let check = [
             nginx.clone(),
@@ -463,9 +470,8 @@ impl IngressController {
         }
         rename_in_root(root, &next, &live)
             .map_err(|e| format!("installing nginx's configuration: {e}"))?;
-        // nginx crashed (its first start, before the jail's root had a
-        // configuration, always does) and waits for its restart: there is
-        // no master to signal, and the restart reads the live file.
+        // nginx crashed and waits for its restart: there is no master to
+        // signal, and the restart reads the live file.
         if reconciler
             .get(INGRESS_JAIL)
             .is_some_and(|j| j.state == Phase::CrashLoop)
@@ -491,7 +497,9 @@ impl IngressController {
     /// The jail spec of the ingress jail: nginx in the foreground with Keel's
     /// configuration.
     fn jail_spec(&self, root: &Path) -> Jail {
-        let live = self.as_seen_by_nginx(root, &format!("{CONF_DIR}/{CONF_FILE}"));
+        let live = self
+            .settings
+            .as_seen_by_nginx(root, &format!("{CONF_DIR}/{CONF_FILE}"));
         Jail {
             metadata: Metadata {
                 name: INGRESS_JAIL.into(),
@@ -517,8 +525,8 @@ impl IngressController {
         }
     }
 
-    /// Applies the ingress jail when missing (writing a first, empty
-    /// configuration into its root before nginx starts); its address.
+    /// Applies the ingress jail when missing (the reconciler writes a first,
+    /// empty configuration into its root before nginx starts); its address.
     fn ensure_jail<J, Z, N, M>(
         &mut self,
         reconciler: &mut Reconciler<J, Z, N, M>,
@@ -529,6 +537,17 @@ impl IngressController {
         N: NetManager,
         M: MountManager,
     {
+        if !self.seed_registered {
+            // nginx does not start without a configuration, and a fresh root
+            // (first Ingress, new base) has none: the reconciler writes the
+            // first one between cloning the root and starting the jail.
+            let settings = self.settings.clone();
+            reconciler.seed_root(
+                INGRESS_JAIL,
+                Box::new(move |root, address| settings.seed_first_configuration(root, address)),
+            );
+            self.seed_registered = true;
+        }
         let root = reconciler.rootfs_path(INGRESS_JAIL);
         let spec = self.jail_spec(&root);
         if let Some(record) = reconciler.record(INGRESS_JAIL)
@@ -538,17 +557,10 @@ impl IngressController {
         }
         match reconciler.apply(spec, None) {
             Ok(status) => {
-                // A fresh root has no configuration, so nginx's first start
-                // fails; the one serving nothing lets the crash-loop restart
-                // succeed, and this pass then loads the real one through
+                // nginx started with the first configuration (default
+                // servers only); this pass loads the real one through
                 // nginx -t and a reload.
                 self.running = None;
-                let (empty, _) = render(&[], &self.layout(&root, status.address));
-                let live = Path::new(CONF_DIR).join(CONF_FILE);
-                if let Err(e) = write_in_root(&root, &live, empty.as_bytes(), 0o644) {
-                    self.problems
-                        .push(format!("first nginx configuration of {INGRESS_JAIL}: {e}"));
-                }
                 Some(status.address)
             }
             Err(e) => {
@@ -606,7 +618,11 @@ impl IngressController {
         self.running = None;
         self.observed.clear();
     }
+}
 
+impl IngressSettings {
+    /// Where nginx keeps its files in the jail `root` (with address
+    /// `address`), as nginx opens them.
     fn layout(&self, root: &Path, address: Ipv4Addr) -> NginxLayout {
         let seen = |p: &str| self.as_seen_by_nginx(root, p);
         NginxLayout {
@@ -614,7 +630,7 @@ impl IngressController {
             error_log: seen("/var/log/nginx/error.log"),
             access_log: seen("/var/log/nginx/access.log"),
             temp_dir: seen("/var/tmp/nginx"),
-            listen: self.settings.simulate.then_some(address),
+            listen: self.simulate.then_some(address),
             ..NginxLayout::default()
         }
     }
@@ -622,10 +638,28 @@ impl IngressController {
     /// A path inside the jail as nginx opens it: itself on FreeBSD (nginx
     /// runs in the jail), under the jail's root in simulate mode.
     fn as_seen_by_nginx(&self, root: &Path, path: &str) -> PathBuf {
-        if self.settings.simulate {
+        if self.simulate {
             root.join(relative(path))
         } else {
             PathBuf::from(path)
+        }
+    }
+
+    /// The first configuration of a fresh ingress jail (default servers
+    /// only, refusing every name), written into its root before nginx
+    /// starts there unless a configuration is already in place: nginx does
+    /// not start without one, and an existing one is the controller's to
+    /// replace (checked with `nginx -t` first).
+    fn seed_first_configuration(&self, root: &Path, address: Ipv4Addr) -> Result<(), String> {
+        let live = Path::new(CONF_DIR).join(CONF_FILE);
+        match fs::symlink_metadata(root.join(relative(&live.to_string_lossy()))) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let (empty, _) = render(&[], &self.layout(root, address));
+                write_in_root(root, &live, empty.as_bytes(), 0o644)
+                    .map_err(|e| format!("first nginx configuration of {INGRESS_JAIL}: {e}"))
+            }
+            Err(e) => Err(format!("first nginx configuration of {INGRESS_JAIL}: {e}")),
         }
     }
 }
@@ -924,9 +958,9 @@ mod tests {
         assert_eq!(w.log.matching("jail.exec").len(), before);
     }
 
-    /// nginx's first start in a fresh root crashes (no configuration yet);
-    /// until the reconciler restarts it there is no nginx to reload, and the
-    /// checked configuration is simply left for the restart to read.
+    /// While nginx waits for a crash-loop restart there is no nginx to
+    /// reload, and the checked configuration is simply left for the restart
+    /// to read.
     #[test]
     fn while_nginx_waits_for_its_restart_the_checked_configuration_is_left_for_it() {
         let mut w = world(true);
