@@ -25,7 +25,9 @@
 //!
 //! Provision order: bridge (only when missing), rootfs clone, volume datasets,
 //! volume mounts (before the jail starts, so the workload never sees an empty
-//! mount point), epair on the bridge, jail creation (jail.conf sets the address
+//! mount point), epair on the bridge, the root's seed when one is registered
+//! ([`Reconciler::seed_root`]: files a system jail's workload needs before it
+//! starts), jail creation (jail.conf sets the address
 //! and default route, then runs exec.start), rctl limits. Delete order is the
 //! reverse: remove the jail (runs exec.stop), clear limits, destroy the epair,
 //! unmount everything under the jail root deepest first, destroy the rootfs.
