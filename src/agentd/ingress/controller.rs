@@ -6,7 +6,7 @@
 //! loaded. It runs on the agent's worker thread, next to the reconciler, once
 //! per reconcile pass and after every Ingress change; it reaches the host only
 //! through the reconciler (the ingress jail is provisioned like any other
-//! jail), [`JailRuntime::exec`](crate::host::JailRuntime::exec) (`nginx -t`,
+//! jail), [`crate::host::JailRuntime::exec`] (`nginx -t`,
 //! `nginx -s reload` inside the jail), the [`Firewall`] seam and the
 //! [`CertManager`], whose slow work runs on its own thread.
 //!
