@@ -2,9 +2,9 @@
 //! control plane lists, a listener on `<vip>:<port>` that relays each
 //! accepted connection to one of the service's replicas, round-robin.
 //!
-//! It owns the listeners, the relayed connections and the thread their event
-//! loop runs on (DESIGN.md section 3: "the L4 proxy runs on its own event
-//! loop"). It never touches the host's configuration: on FreeBSD the agent
+//! It owns the listeners, the relayed connections and the threads their
+//! event loops run on (DESIGN.md section 3: "the L4 proxy runs on its own
+//! event loop"; here one per CPU, see below). It never touches the host's configuration: on FreeBSD the agent
 //! worker aliases each VIP as a /32 on `keel0` through
 //! [`NetManager::add_alias`](crate::host::NetManager::add_alias) *before*
 //! calling [`Proxy::update`] (a bind to an address the host does not have
@@ -40,16 +40,20 @@
 //!   over replicas stays one per service, shared by all loops. Both simpler
 //!   designs were measured and lost to HAProxy on new connections per second
 //!   (bench/README.md, "proxy"): a single current-thread runtime (0.91x on a
-//!   quiet machine; one thread cannot use a second CPU), and tokio's
-//!   work-stealing runtime with two workers (0.71x–0.98x, and more CPU per
-//!   connection, spent moving tasks between threads).
+//!   quiet machine, median 0.99x side by side with this design's 1.07x; one
+//!   thread cannot use a second CPU), and tokio's work-stealing runtime with
+//!   two workers (0.71x–0.98x, and more CPU per connection, spent moving
+//!   tasks between threads). Listeners share their port whatever the number
+//!   of loops, so the proxy behaves the same on every host; two services of
+//!   one proxy on one address are refused by [`Proxy::update`] itself
+//!   ([`ProxyError::Taken`]), since the kernel would let them share.
 //! - The control loop (service table, updates) runs on the first event loop.
 //! - Memory per connection is its task, two sockets and no buffer while idle
 //!   (see [`relay`]). That is 1,820 bytes of RSS per idle relayed
 //!   connection, measured at 9,900 connections, where HAProxy needs 3,376.
 //!
 //! Threads: `start`, `update`, `services` and `shutdown` block on the
-//! proxy's thread for their answer, so they are called from ordinary threads
+//! proxy's control loop for their answer, so they are called from ordinary threads
 //! (the agent's worker or cluster thread), never from inside an async task.
 
 pub mod balance;
