@@ -250,7 +250,7 @@ fn clock_ticks() -> f64 {
 }
 
 #[allow(unsafe_code)]
-fn raise_nofile() -> io::Result<u64> {
+fn raise_nofile() -> io::Result<libc::rlim_t> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
