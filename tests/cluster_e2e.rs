@@ -295,6 +295,50 @@ fn a_three_node_simulated_cluster_schedules_routes_fails_over_nothing_and_surviv
 
 /// Scenario 7: a well-formed operator key the control plane does not list is
 /// refused with its 401 message, and nothing is placed.
+/// A host that is gone for good: `keelctl delete node` refuses while it is
+/// Alive, and once it is Dead forgets it with what was placed on it, so its
+/// jails no longer answer 503 and the node list is whole again.
+#[test]
+fn a_dead_node_is_deleted_with_keelctl_and_its_jails_forgotten() {
+    let mut cluster = Cluster::standard(2);
+    wait_status(&cluster, &["n1", "n2"], Liveness::Alive);
+    ok(
+        &cluster,
+        cluster.keelctl_with(
+            &["--node", "n2", "apply", "-f", "-"],
+            Some(&jail("lost", 0.1)),
+        ),
+        "apply on n2",
+    );
+
+    let refused = cluster.keelctl(&["delete", "node", "n2"]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stderr.contains("node n2 is Alive"), "{refused:?}");
+
+    cluster.kill9_node("n2");
+    wait_status(&cluster, &["n2"], Liveness::Dead);
+    let deleted = ok(
+        &cluster,
+        cluster.keelctl(&["delete", "node", "n2"]),
+        "delete node",
+    );
+    assert_eq!(
+        deleted,
+        "node/n2 deleted (forgot jails: lost; volumes: none)\n"
+    );
+    assert_eq!(nodes(&cluster).keys().collect::<Vec<_>>(), ["n1"]);
+    let jails = cluster.keelctl(&["get", "jails"]);
+    assert_eq!(jails.code, 0, "{jails:?}");
+    assert!(!jails.stdout.contains("lost"), "{jails:?}");
+    assert!(
+        !jails.stderr.contains("n2"),
+        "no Dead node to mention: {jails:?}"
+    );
+    let again = cluster.keelctl(&["delete", "node", "n2"]);
+    assert_eq!(again.code, 1, "{again:?}");
+    assert!(again.stderr.contains("no node named n2"), "{again:?}");
+}
+
 #[test]
 fn keelctl_with_an_unknown_operator_key_exits_1_with_the_401_message() {
     let cluster = Cluster::standard(1);

@@ -426,6 +426,19 @@ pub struct IngressStatus {
     pub last_error: Option<String>,
 }
 
+/// What deleting a node forgot, as `DELETE /nodes/{id}` answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRemoval {
+    /// The node deleted.
+    pub deleted: String,
+    /// Jails that were placed on it (service replicas among them are placed
+    /// again by the next heartbeat's healing).
+    pub jails: Vec<String>,
+    /// Volumes registered on it: their data stays on that host, the cluster
+    /// no longer pins anything to it.
+    pub volumes: Vec<String>,
+}
+
 #[cfg(test)]
 mod volume_query_tests {
     use super::*;

@@ -5,6 +5,7 @@
 //! | `POST /nodes/register` | node | join; answers the pod_cidr |
 //! | `POST /nodes/{id}/heartbeat` | node | lease renewal; answers peers and stale jails |
 //! | `GET /nodes` | operator | nodes with liveness computed on read |
+//! | `DELETE /nodes/{id}` | operator | forgets a Dead node, its placements and its volumes ([`Cluster::remove_node`](crate::controlplane::registry::Cluster::remove_node)) |
 //! | `GET /nodes/{id}/jails` | operator | forwarded to that node's `GET /jails` |
 //! | `PUT/GET/DELETE /nodes/{id}/jails/{name}` | operator | forwarded to that node |
 //! | `PUT/GET/DELETE /jails/{name}` | operator | scheduled: sticky placement, recorded after success |
@@ -164,6 +165,10 @@ impl ControlPlaneApi {
                 }
             },
             ("GET", ["nodes"]) => Response::json(200, &self.worker.nodes()?),
+            ("DELETE", ["nodes", id]) => match self.worker.remove_node(id)? {
+                Err(r) => refused(&r),
+                Ok(removal) => Response::json(200, &removal),
+            },
             ("GET", ["metrics"]) => self.metrics()?,
             ("GET", ["nodes", id, "jails"]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
@@ -241,6 +246,7 @@ impl ControlPlaneApi {
             (_, ["nodes", "register"]) | (_, ["nodes", _, "heartbeat"]) => {
                 method_not_allowed("POST")
             }
+            (_, ["nodes", _]) => method_not_allowed("DELETE"),
             (_, ["nodes"]) | (_, ["metrics"]) | (_, ["nodes", _, "jails"]) => {
                 method_not_allowed("GET")
             }

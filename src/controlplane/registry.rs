@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::cidr::{Ipv4Net, derive_pod_cidr, derive_service_vip};
 use crate::common::wire::{
-    HeartbeatRequest, HeartbeatResponse, Liveness, NodeStatus, Peer, RegisterRequest,
+    HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, NodeStatus, Peer, RegisterRequest,
     ReplicaStatus, Resources, ServiceApply, ServiceEndpoints, ServiceStatus,
 };
 use crate::controlplane::scheduler::{Candidate, pick_node_spread};
@@ -947,6 +947,69 @@ impl Cluster {
         self.apply(gone)
     }
 
+    /// Deletes node `id`, which must be Dead: its record, its placements and
+    /// the volumes registered on it are forgotten in one journaled op, so
+    /// plain jails stop answering 503, service replicas are placed again by
+    /// the next heartbeat's healing, and jails declaring its volumes may be
+    /// placed elsewhere (with new, empty volumes). Should the host come
+    /// back, its agent registers again and fencing removes every jail the
+    /// control plane had placed there. An Alive node is refused: it would
+    /// only register again at its next heartbeat.
+    pub fn remove_node(
+        &mut self,
+        id: &str,
+        now: Instant,
+    ) -> Result<(Vec<Op>, NodeRemoval), Refusal> {
+        match self.liveness(id, now) {
+            None => return Err(Refusal::new(404, format!("no node named {id}"))),
+            Some(Liveness::Alive) => {
+                return Err(Refusal::new(
+                    409,
+                    format!(
+                        "node {id} is Alive: stop its agent (service keel_agentd stop on that host) \
+                         and wait until `keelctl get nodes` shows it Dead, then delete it; a running \
+                         node would only register again"
+                    ),
+                ));
+            }
+            Some(Liveness::Dead) => {}
+        }
+        let removal = NodeRemoval {
+            deleted: id.to_string(),
+            jails: self
+                .state
+                .placements
+                .iter()
+                .filter(|(_, p)| p.node == id)
+                .map(|(name, _)| name.clone())
+                .collect(),
+            volumes: self
+                .state
+                .volumes
+                .iter()
+                .filter(|(_, node)| *node == id)
+                .map(|(name, _)| name.clone())
+                .collect(),
+        };
+        let ops = self.apply(vec![Op::RemoveNode { id: id.to_string() }]);
+        if let Some(live) = self.live.remove(id) {
+            if let Some(t) = live.last_heartbeat {
+                self.alive.remove(&(t, id.to_string()));
+            }
+            if let Some(rank) = live.rank {
+                self.ranked.remove(&(rank, id.to_string()));
+            }
+        }
+        self.pending.retain(|_, p| p.node != id);
+        self.peer_changed(id, now);
+        log::info!(
+            "node {id} deleted: forgot {} placements and {} volumes",
+            removal.jails.len(),
+            removal.volumes.len()
+        );
+        Ok((ops, removal))
+    }
+
     /// Removes the placement of `name` on `node` (after the node confirmed the
     /// delete, or said it has no such jail).
     pub fn remove_placement(&mut self, name: &str, node: &str) -> Vec<Op> {
@@ -1850,6 +1913,74 @@ mod tests {
                 Vec::new()
             },
         }
+    }
+
+    #[test]
+    fn only_a_dead_node_is_deleted_and_it_takes_its_placements_and_volumes() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let pg = vec!["pg".to_string()];
+        let db = c
+            .begin_apply_with_volumes("db", Some("b"), &pg, t0)
+            .expect("placed");
+        c.finish_apply("db", &db, true);
+        let web = c.begin_apply("web", Some("b"), t0).expect("placed");
+        c.finish_apply("web", &web, true);
+        let api = c.begin_apply("api", Some("a"), t0).expect("placed");
+        c.finish_apply("api", &api, true);
+        c.begin_delete("web", "b");
+
+        assert_eq!(c.remove_node("nope", t0).expect_err("unknown").status, 404);
+        let alive = c.remove_node("b", t0).expect_err("alive");
+        assert_eq!(alive.status, 409);
+        assert!(alive.message.contains("node b is Alive"), "{alive}");
+        assert!(c.state().nodes.contains_key("b"));
+
+        let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+        beat(&mut c, "a", 0.0, &[("api", api.epoch)], later);
+        let (ops, removal) = c.remove_node("b", later).expect("dead");
+        assert_eq!(ops, [Op::RemoveNode { id: "b".into() }]);
+        assert_eq!(
+            removal,
+            NodeRemoval {
+                deleted: "b".into(),
+                jails: vec!["db".into(), "web".into()],
+                volumes: pg.clone(),
+            }
+        );
+        let st = c.state();
+        assert!(!st.nodes.contains_key("b"));
+        assert_eq!(st.placements.keys().collect::<Vec<_>>(), ["api"]);
+        assert!(st.volumes.is_empty() && st.deleting.is_empty());
+        // Gone from every view: the node list, the peers, the scheduler.
+        let listed: Vec<String> = c
+            .node_statuses(later)
+            .into_iter()
+            .map(|n| n.node_id)
+            .collect();
+        assert_eq!(listed, ["a"]);
+        assert_eq!(c.resolve_node("b", later).expect_err("gone").status, 404);
+        // Its volume pins nothing any more: a jail declaring it goes where the
+        // scheduler says (a new, empty volume there).
+        let moved = c
+            .begin_apply_with_volumes("db", None, &pg, later)
+            .expect("scheduled");
+        assert_eq!(moved.node, "a");
+        c.finish_apply("db", &moved, true);
+
+        // The host comes back: it registers again, and fencing tells it to
+        // remove what it still runs from before.
+        register(&mut c, "b", 2, later);
+        let answer = beat(
+            &mut c,
+            "b",
+            0.0,
+            &[("web", web.epoch), ("db", db.epoch)],
+            later,
+        );
+        assert_eq!(answer.stale, ["web", "db"]);
     }
 
     #[test]

@@ -85,6 +85,12 @@ pub struct ServiceRecord {
 /// One change to [`ClusterState`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Op {
+    /// A Dead node deleted by the operator: its record, the placements on
+    /// it (with their deleting marks) and the volumes it held are forgotten.
+    RemoveNode {
+        /// Node id.
+        id: String,
+    },
     /// A node registered (or re-registered with new details).
     PutNode {
         /// Node id.
@@ -140,6 +146,20 @@ impl Replay<Op> for ClusterState {
         match op {
             Op::PutNode { id, record } => {
                 self.nodes.insert(id.clone(), record.clone());
+            }
+            Op::RemoveNode { id } => {
+                self.nodes.remove(id);
+                let placed: Vec<String> = self
+                    .placements
+                    .iter()
+                    .filter(|(_, p)| &p.node == id)
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                for name in placed {
+                    self.placements.remove(&name);
+                    self.deleting.remove(&name);
+                }
+                self.volumes.retain(|_, node| node != id);
             }
             Op::PutPlacement { name, placement } => {
                 self.last_epoch = self.last_epoch.max(placement.epoch);

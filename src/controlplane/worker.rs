@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::common::journal::{Journal, JournalError};
+use crate::common::wire::NodeRemoval;
 use crate::common::wire::{
     HeartbeatRequest, NodeStatus, RegisterRequest, RegisterResponse, Resources, ServiceApply,
     ServiceStatus,
@@ -100,6 +101,8 @@ pub enum Command {
     },
     /// `DELETE /services/{name}`: answers the replicas to remove.
     RemoveService(String, Reply<Vec<HealAction>>),
+    /// `DELETE /nodes/{id}`: forget a Dead node and what was placed on it.
+    RemoveNode(String, Reply<NodeRemoval>),
     /// `GET /services/{name}`.
     Service(String, Sender<Option<ServiceStatus>>),
     /// `GET /services`.
@@ -294,6 +297,11 @@ impl WorkerHandle {
         name: &str,
     ) -> Result<Result<Vec<HealAction>, Refusal>, WorkerGone> {
         self.ask(|r| Command::RemoveService(name.to_string(), r))
+    }
+
+    /// See [`Command::RemoveNode`].
+    pub fn remove_node(&self, id: &str) -> Result<Result<NodeRemoval, Refusal>, WorkerGone> {
+        self.ask(|r| Command::RemoveNode(id.to_string(), r))
     }
 
     fn get<T>(&self, make: impl FnOnce(Sender<T>) -> Command) -> Result<T, WorkerGone> {
@@ -536,6 +544,17 @@ impl Worker {
                     }
                 }
             }
+            Command::RemoveNode(id, reply) => match self.cluster.remove_node(&id, now) {
+                Ok((new_ops, removal)) => {
+                    ops.extend(new_ops);
+                    deferred.push(Box::new(move |r| {
+                        let _ = reply.send(r.map(|()| removal));
+                    }));
+                }
+                Err(refusal) => {
+                    let _ = reply.send(Err(refusal));
+                }
+            },
             Command::RemoveService(name, reply) => match self.cluster.remove_service(&name, now) {
                 Ok((new_ops, removals)) => {
                     ops.extend(new_ops);

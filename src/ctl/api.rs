@@ -31,8 +31,8 @@ use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
-    ErrorBody, IngressStatus, JailStatus, NodeStatus, ServiceApply, ServiceStatus, VolumeStatus,
-    volumes_query,
+    ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceApply, ServiceStatus,
+    VolumeStatus, volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -246,6 +246,15 @@ impl Api {
     pub fn get_service(&self, name: &str) -> Result<ServiceStatus, ApiError> {
         let path = format!("/services/{name}");
         decode(self.call("GET", &path, &[], b"")?, &self.client)
+    }
+
+    /// `DELETE /nodes/{id}`: the control plane forgets a Dead node, its
+    /// placements and its volumes, and says which.
+    pub fn delete_node(&self, id: &str) -> Result<NodeRemoval, ApiError> {
+        decode(
+            self.call("DELETE", &format!("/nodes/{id}"), &[], b"")?,
+            &self.client,
+        )
     }
 
     /// `DELETE /services/{name}`: the service, its replicas and its VIP.

@@ -164,6 +164,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "delete ingresses by name (with --controlplane: on the --node)",
     ),
     (
+        "delete node NAME...",
+        "forget Dead nodes and what was placed on them (with --controlplane)",
+    ),
+    (
         "delete-volume NAME",
         "destroy a volume dataset and its data (refused while a jail mounts it)",
     ),
@@ -273,6 +277,11 @@ pub enum Command {
     /// `delete ingress NAME...`.
     DeleteIngresses {
         /// Ingresses to delete, in the order given.
+        names: Vec<String>,
+    },
+    /// `delete node NAME...`: forget Dead nodes (with a control plane).
+    DeleteNodes {
+        /// Nodes to delete, in the order given.
         names: Vec<String>,
     },
     /// `delete-volume NAME`.
@@ -524,17 +533,26 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 return Err(extra(word));
             }
             let name = match resource {
-                Resource::Jails => names.first().map(|n| jail_name(n)).transpose()?,
+                Resource::Jails => names.first().map(|n| object_name("jail", n)).transpose()?,
                 Resource::Services => {
                     if seen.global.node.is_some() {
                         return Err(usage(
                             "--node does not apply to services: the control plane places their replicas",
                         ));
                     }
-                    names.first().map(|n| service_name(n)).transpose()?
+                    names
+                        .first()
+                        .map(|n| object_name("service", n))
+                        .transpose()?
                 }
-                Resource::Volumes => names.first().map(|n| volume_name(n)).transpose()?,
-                Resource::Ingresses => names.first().map(|n| ingress_name(n)).transpose()?,
+                Resource::Volumes => names
+                    .first()
+                    .map(|n| object_name("volume", n))
+                    .transpose()?,
+                Resource::Ingresses => names
+                    .first()
+                    .map(|n| object_name("ingress", n))
+                    .transpose()?,
                 Resource::Nodes => {
                     if let Some(word) = names.first() {
                         return Err(usage(format!(
@@ -584,7 +602,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     Resource::Jails => Ok(Command::DeleteJails {
                         names: names
                             .iter()
-                            .map(|n| jail_name(n))
+                            .map(|n| object_name("jail", n))
                             .collect::<Result<_, _>>()?,
                     }),
                     Resource::Services => {
@@ -596,19 +614,29 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                         Ok(Command::DeleteServices {
                             names: names
                                 .iter()
-                                .map(|n| service_name(n))
+                                .map(|n| object_name("service", n))
                                 .collect::<Result<_, _>>()?,
                         })
                     }
                     Resource::Ingresses => Ok(Command::DeleteIngresses {
                         names: names
                             .iter()
-                            .map(|n| ingress_name(n))
+                            .map(|n| object_name("ingress", n))
                             .collect::<Result<_, _>>()?,
                     }),
-                    Resource::Nodes => Err(usage(
-                        "nodes are not deleted with keelctl: stop the node's keel-agentd",
-                    )),
+                    Resource::Nodes => {
+                        if seen.global.node.is_some() {
+                            return Err(usage(
+                                "--node does not apply to `delete node`: name the nodes after it",
+                            ));
+                        }
+                        Ok(Command::DeleteNodes {
+                            names: names
+                                .iter()
+                                .map(|n| object_name("node", n))
+                                .collect::<Result<_, _>>()?,
+                        })
+                    }
                     Resource::Volumes => Err(usage(
                         "volumes are deleted one at a time with `delete-volume NAME`: their data goes with them",
                     )),
@@ -621,7 +649,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
             match rest {
                 [name] => Ok(Command::DeleteVolume {
-                    name: volume_name(name)?,
+                    name: object_name("volume", name)?,
                 }),
                 [] => Err(usage("`delete-volume` needs the NAME of the volume")),
                 [_, word, ..] => Err(extra(word)),
@@ -680,33 +708,13 @@ fn resource(word: &str) -> Result<Resource, UsageError> {
     }
 }
 
-/// A jail name is checked here because it becomes a request path: a name that
-/// is not a DNS label could never exist, and must not reach the URL.
-fn jail_name(name: &str) -> Result<String, UsageError> {
+/// The name of a `kind` of object (jail, service, volume, ingress, node),
+/// checked here because it becomes a request path: a name that is not a DNS
+/// label could never exist, and must not reach the URL.
+fn object_name(kind: &str, name: &str) -> Result<String, UsageError> {
     spec::validate_name(name)
         .map(|()| name.to_string())
-        .map_err(|why| usage(format!("jail name {name:?}: {why}")))
-}
-
-/// As [`jail_name`]: a volume name is a DNS label too, and becomes a path.
-fn volume_name(name: &str) -> Result<String, UsageError> {
-    spec::validate_name(name)
-        .map(|()| name.to_string())
-        .map_err(|why| usage(format!("volume name {name:?}: {why}")))
-}
-
-/// As [`jail_name`]: a service name is a DNS label too, and becomes a path.
-fn service_name(name: &str) -> Result<String, UsageError> {
-    spec::validate_name(name)
-        .map(|()| name.to_string())
-        .map_err(|why| usage(format!("service name {name:?}: {why}")))
-}
-
-/// As [`jail_name`]: an ingress name is a DNS label too, and becomes a path.
-fn ingress_name(name: &str) -> Result<String, UsageError> {
-    spec::validate_name(name)
-        .map(|()| name.to_string())
-        .map_err(|why| usage(format!("ingress name {name:?}: {why}")))
+        .map_err(|why| usage(format!("{kind} name {name:?}: {why}")))
 }
 
 #[cfg(test)]
@@ -882,7 +890,14 @@ mod tests {
         );
         assert!(err(&["get", "nodes", "n1"]).contains("lists every node"));
         assert!(err(&["get", "nodes", "--node", "n1"]).contains("--node does not apply"));
-        assert!(err(&["delete", "node", "n1"]).contains("stop the node's keel-agentd"));
+        assert_eq!(
+            cmd(&["delete", "node", "n1", "n2"]),
+            Command::DeleteNodes {
+                names: vec!["n1".into(), "n2".into()]
+            }
+        );
+        assert!(err(&["delete", "node", "N_1"]).contains("node name \"N_1\""));
+        assert!(err(&["delete", "node", "n1", "--node", "n2"]).contains("--node does not apply"));
     }
 
     #[test]

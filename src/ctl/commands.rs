@@ -346,6 +346,16 @@ pub fn execute(
                 delete(&api, name, out)?;
             }
         }
+        Command::DeleteNodes { names } => {
+            let api = controlplane_only(invocation, env, "`delete node`")?;
+            for id in names {
+                let removal = api.delete_node(id).map_err(|error| CtlError::Request {
+                    action: format!("delete node/{id}"),
+                    error,
+                })?;
+                out.line(&output::node_deleted_line(&removal));
+            }
+        }
         Command::DeleteServices { names } => {
             let api = controlplane_only(invocation, env, "`delete service`")?;
             for name in names {

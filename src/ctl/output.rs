@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeSet;
 
-use crate::common::wire::{IngressStatus, JailStatus, NodeStatus, ServiceStatus, VolumeStatus};
+use crate::common::wire::{
+    IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceStatus, VolumeStatus,
+};
 
 use super::args::OutputFormat;
 
@@ -398,6 +400,28 @@ pub fn utc_datetime(unix: i64) -> String {
 /// The line `delete-volume` prints.
 pub fn volume_deleted_line(name: &str) -> String {
     format!("volume/{} deleted", one_line(name))
+}
+
+/// The line `delete node` prints for one deleted node: what the control
+/// plane forgot with it.
+pub fn node_deleted_line(removal: &NodeRemoval) -> String {
+    let list = |names: &[String]| {
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names
+                .iter()
+                .map(|n| one_line(n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    format!(
+        "node/{} deleted (forgot jails: {}; volumes: {})",
+        one_line(&removal.deleted),
+        list(&removal.jails),
+        list(&removal.volumes)
+    )
 }
 
 /// The line `delete` prints for one deleted service.
