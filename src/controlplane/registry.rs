@@ -165,6 +165,9 @@ struct Pending {
 /// See the module docs.
 #[derive(Debug)]
 pub struct Cluster {
+    /// When this control plane started: a node not heard from since is
+    /// Dead without evidence until `dead_after` has passed.
+    started: Instant,
     state: ClusterState,
     live: BTreeMap<String, Live>,
     pending: BTreeMap<String, Pending>,
@@ -282,8 +285,9 @@ impl Cluster {
             entries: BTreeMap::new(),
             peer_list: None,
             ranked: BTreeSet::new(),
+            started: Instant::now(),
         };
-        cluster.encode_every_peer(Instant::now());
+        cluster.encode_every_peer(cluster.started);
         cluster
     }
 
@@ -973,6 +977,26 @@ impl Cluster {
                 ));
             }
             Some(Liveness::Dead) => {}
+        }
+        // Right after a restart every node is Dead until it heartbeats: that
+        // is no evidence the host is gone, and deleting a running node would
+        // have fencing remove all its jails when it registers again.
+        let heard = self
+            .live
+            .get(id)
+            .is_some_and(|l| l.last_heartbeat.is_some());
+        let up = now.saturating_duration_since(self.started);
+        if !heard && up < self.dead_after {
+            return Err(Refusal::new(
+                409,
+                format!(
+                    "node {id} has not been heard from since this control plane started {} s ago; \
+                     it counts as gone only after {} s of silence: retry in {} s",
+                    up.as_secs(),
+                    self.dead_after.as_secs(),
+                    (self.dead_after - up).as_secs() + 1
+                ),
+            ));
         }
         let removal = NodeRemoval {
             deleted: id.to_string(),
@@ -1940,6 +1964,24 @@ mod tests {
 
         let later = t0 + DEAD_AFTER + Duration::from_secs(1);
         beat(&mut c, "a", 0.0, &[("api", api.epoch)], later);
+        // A control plane that just restarted has heard from nobody: not
+        // evidence enough, until dead_after has passed since its start.
+        let mut restarted = Cluster::new(
+            c.state().clone(),
+            "10.20.0.0/16".parse().expect("cidr"),
+            "10.96.0.0/16".parse().expect("cidr"),
+            DEAD_AFTER,
+        );
+        let soon = restarted
+            .remove_node("b", restarted.started + Duration::from_secs(1))
+            .expect_err("too soon");
+        assert_eq!(soon.status, 409);
+        assert!(soon.message.contains("not been heard from"), "{soon}");
+        assert!(
+            restarted
+                .remove_node("b", restarted.started + DEAD_AFTER)
+                .is_ok()
+        );
         let (ops, removal) = c.remove_node("b", later).expect("dead");
         assert_eq!(ops, [Op::RemoveNode { id: "b".into() }]);
         assert_eq!(
