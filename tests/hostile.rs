@@ -739,6 +739,7 @@ fn the_control_plane_refuses_hostile_requests_and_changes_nothing() {
         for method in ["GET", "PUT", "DELETE"] {
             for path in [
                 format!("/jails/{name}"),
+                format!("/nodes/{name}"),
                 format!("/nodes/{name}/jails/web"),
                 format!("/nodes/n1/jails/{name}"),
                 format!("/nodes/{name}/ingresses/shop"),
@@ -820,6 +821,9 @@ fn the_control_plane_refuses_hostile_requests_and_changes_nothing() {
             not_json,
         ),
         route("GET", "/nodes", empty, o, n, "/nodes", empty),
+        // Signed as it should be, n1 (Alive) is refused and n9 unknown:
+        // nothing changes either way.
+        route("DELETE", "/nodes/n1", empty, o, n, "/nodes/n9", empty),
         route("GET", "/metrics", empty, o, n, "/metrics", empty),
         route(
             "GET",
