@@ -6,8 +6,9 @@
 //! after a restart every node is Dead until it heartbeats again, which is the
 //! safe reading of silence.
 //!
-//! State changes only through [`Op`]s, appended to the [`Journal`](crate::common::journal::Journal) before any
-//! caller hears "done". Ops set or remove whole entries, never increment, so
+//! State changes only through [`Op`]s, appended to the
+//! [`Journal`](crate::common::journal::Journal) before any caller hears
+//! "done". Ops set or remove whole entries, never increment, so
 //! replaying one twice after a crash is harmless.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -17,7 +17,8 @@
 //! slow part (the whole order: minutes of DNS propagation) to the manager's
 //! own `keel-acme` thread, which works one job at a time and posts the outcome
 //! back into the shared status the next `ensure` reads. An API request that
-//! reads [`CertManager::ensure`] or [`CertManager::last_error`] therefore never waits on ACME either.
+//! reads [`CertManager::ensure`] or [`CertManager::last_error`] therefore
+//! never waits on ACME either.
 //!
 //! Failure: a failed issuance backs off per host like a crash loop
 //! ([`crate::common::backoff`]: 1 s doubling to 5 min); the installed

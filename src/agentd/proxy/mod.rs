@@ -4,8 +4,9 @@
 //!
 //! It owns the listeners, the relayed connections and the threads their
 //! event loops run on (DESIGN.md section 3: "the L4 proxy runs on its own
-//! event loop"; here one per CPU, see below). It never touches the host's configuration: on FreeBSD the agent
-//! worker aliases each VIP as a /32 on `keel0` through
+//! event loop"; here one per CPU, see below). It never touches the host's
+//! configuration: on FreeBSD the agent worker aliases each VIP as a /32 on
+//! `keel0` through
 //! [`NetManager::add_alias`](crate::host::NetManager::add_alias) *before*
 //! calling [`Proxy::update`] (a bind to an address the host does not have
 //! fails with `EADDRNOTAVAIL`, reported per service and retried on the next
