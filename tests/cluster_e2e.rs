@@ -295,6 +295,39 @@ fn a_three_node_simulated_cluster_schedules_routes_fails_over_nothing_and_surviv
 
 /// Scenario 7: a well-formed operator key the control plane does not list is
 /// refused with its 401 message, and nothing is placed.
+/// `keelctl cordon`: the scheduler places nothing new on the node (what runs
+/// there stays), `get nodes` says so, and `uncordon` lifts it.
+#[test]
+fn a_cordoned_node_gets_no_new_jails_until_uncordoned() {
+    let cluster = Cluster::standard(2);
+    wait_status(&cluster, &["n1", "n2"], Liveness::Alive);
+    let (first, _) = apply(&cluster, &jail("first", 0.1));
+    assert_eq!(first, "n1", "equal headroom: the smallest id");
+
+    assert_eq!(
+        ok(&cluster, cluster.keelctl(&["cordon", "n1"]), "cordon"),
+        "node/n1 cordoned\n"
+    );
+    let table = ok(&cluster, cluster.keelctl(&["get", "nodes"]), "get nodes");
+    assert!(table.contains("Alive,Cordoned"), "{table}");
+    assert!(nodes(&cluster)["n1"].cordoned);
+    for name in ["second", "third"] {
+        let (node, _) = apply(&cluster, &jail(name, 0.1));
+        assert_eq!(node, "n2", "{name} must avoid the cordoned n1");
+    }
+    let jails = ok(&cluster, cluster.keelctl(&["get", "jails"]), "get jails");
+    assert!(jails.contains("first"), "what runs on n1 stays: {jails}");
+
+    assert_eq!(
+        ok(&cluster, cluster.keelctl(&["uncordon", "n1"]), "uncordon"),
+        "node/n1 uncordoned\n"
+    );
+    assert!(!nodes(&cluster)["n1"].cordoned);
+    let unknown = cluster.keelctl(&["cordon", "n9"]);
+    assert_eq!(unknown.code, 1, "{unknown:?}");
+    assert!(unknown.stderr.contains("no node named n9"), "{unknown:?}");
+}
+
 /// A host that is gone for good: `keelctl delete node` refuses while it is
 /// Alive, and once it is Dead forgets it with what was placed on it, so its
 /// jails no longer answer 503 and the node list is whole again.

@@ -824,6 +824,15 @@ fn the_control_plane_refuses_hostile_requests_and_changes_nothing() {
         // Signed as it should be, n1 (Alive) is refused and n9 unknown:
         // nothing changes either way.
         route("DELETE", "/nodes/n1", empty, o, n, "/nodes/n9", empty),
+        route(
+            "POST",
+            "/nodes/n1/cordon",
+            empty,
+            o,
+            n,
+            "/nodes/n9/cordon",
+            empty,
+        ),
         route("GET", "/metrics", empty, o, n, "/metrics", empty),
         route(
             "GET",

@@ -248,6 +248,9 @@ pub struct NodeStatus {
     /// Seconds since its last heartbeat; `None` when not heard from since the
     /// control plane started.
     pub last_seen_secs: Option<u64>,
+    /// Cordoned: nothing new is placed on it (`keelctl cordon`).
+    #[serde(default)]
+    pub cordoned: bool,
 }
 
 /// `PUT /services/{name}` as keelctl sends it. The control plane never parses

@@ -5,6 +5,7 @@
 //! | `POST /nodes/register` | node | join; answers the pod_cidr |
 //! | `POST /nodes/{id}/heartbeat` | node | lease renewal; answers peers and stale jails |
 //! | `GET /nodes` | operator | nodes with liveness computed on read |
+//! | `POST /nodes/{id}/cordon`, `POST /nodes/{id}/uncordon` | operator | nothing new is placed on a cordoned node; what runs there stays |
 //! | `DELETE /nodes/{id}` | operator | forgets a Dead node, its placements and its volumes ([`Cluster::remove_node`](crate::controlplane::registry::Cluster::remove_node)) |
 //! | `GET /nodes/{id}/jails` | operator | forwarded to that node's `GET /jails` |
 //! | `PUT/GET/DELETE /nodes/{id}/jails/{name}` | operator | forwarded to that node |
@@ -165,6 +166,16 @@ impl ControlPlaneApi {
                 }
             },
             ("GET", ["nodes"]) => Response::json(200, &self.worker.nodes()?),
+            ("POST", ["nodes", id, verb @ ("cordon" | "uncordon")]) => {
+                let cordoned = *verb == "cordon";
+                match self.worker.set_cordoned(id, cordoned)? {
+                    Err(r) => refused(&r),
+                    Ok(()) => Response::json(
+                        200,
+                        &serde_json::json!({ "node": id, "cordoned": cordoned }),
+                    ),
+                }
+            }
             ("DELETE", ["nodes", id]) => match self.worker.remove_node(id)? {
                 Err(r) => refused(&r),
                 Ok(removal) => Response::json(200, &removal),
@@ -247,6 +258,7 @@ impl ControlPlaneApi {
                 method_not_allowed("POST")
             }
             (_, ["nodes", _]) => method_not_allowed("DELETE"),
+            (_, ["nodes", _, "cordon" | "uncordon"]) => method_not_allowed("POST"),
             (_, ["nodes"]) | (_, ["metrics"]) | (_, ["nodes", _, "jails"]) => {
                 method_not_allowed("GET")
             }

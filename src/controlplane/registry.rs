@@ -387,10 +387,15 @@ impl Cluster {
     }
 
     /// Puts `id` in `ranked` under its current headroom (`alive`), or takes
-    /// it out. Called whenever its liveness, capacity or committed resources
-    /// change.
+    /// it out (also while cordoned). Called whenever its liveness, capacity,
+    /// committed resources or cordon change.
     fn rank(&mut self, id: &str, alive: bool) {
-        let capacity = self.state.nodes.get(id).map(|n| n.capacity);
+        let capacity = self
+            .state
+            .nodes
+            .get(id)
+            .filter(|n| !n.cordoned)
+            .map(|n| n.capacity);
         let Some(live) = self.live.get_mut(id) else {
             return;
         };
@@ -492,6 +497,12 @@ impl Cluster {
             advertise: req.advertise_addr,
             capacity: req.capacity,
             pod_cidr,
+            // A restarted agent does not undo the operator's cordon.
+            cordoned: self
+                .state
+                .nodes
+                .get(&req.node_id)
+                .is_some_and(|n| n.cordoned),
         };
         let changed = self.state.nodes.get(&req.node_id) != Some(&record);
         let ops = if changed {
@@ -586,6 +597,7 @@ impl Cluster {
                     last_seen_secs: live
                         .last_heartbeat
                         .map(|t| now.saturating_duration_since(t).as_secs()),
+                    cordoned: n.cordoned,
                 }
             })
             .collect()
@@ -617,7 +629,7 @@ impl Cluster {
             .filter_map(|(id, n)| {
                 while live.next_if(|(l, _)| *l < id).is_some() {}
                 let (_, l) = live.next_if(|(l, _)| *l == id)?;
-                self.is_alive(l, now).then_some(Candidate {
+                (self.is_alive(l, now) && !n.cordoned).then_some(Candidate {
                     node_id: id,
                     capacity: n.capacity,
                     committed: l.committed,
@@ -949,6 +961,35 @@ impl Cluster {
             }
         }
         self.apply(gone)
+    }
+
+    /// Cordons node `id` (or lifts it): while cordoned, the scheduled route
+    /// and the services' healing place nothing new on it. Jails already there
+    /// keep running, a named apply (`--node`) still reaches it, and volumes
+    /// registered there still pin their jails to it. 404 for an unknown node.
+    pub fn set_cordoned(
+        &mut self,
+        id: &str,
+        cordoned: bool,
+        now: Instant,
+    ) -> Result<Vec<Op>, Refusal> {
+        let Some(record) = self.state.nodes.get(id) else {
+            return Err(Refusal::new(404, format!("no node named {id}")));
+        };
+        if record.cordoned == cordoned {
+            return Ok(Vec::new());
+        }
+        let record = NodeRecord {
+            cordoned,
+            ..record.clone()
+        };
+        let ops = self.apply(vec![Op::PutNode {
+            id: id.to_string(),
+            record,
+        }]);
+        let alive = self.liveness(id, now) == Some(Liveness::Alive);
+        self.rank(id, alive);
+        Ok(ops)
     }
 
     /// Deletes node `id`, which must be Dead: its record, its placements and
@@ -1937,6 +1978,75 @@ mod tests {
                 Vec::new()
             },
         }
+    }
+
+    #[test]
+    fn a_cordoned_node_gets_nothing_new_and_keeps_what_it_runs() {
+        let t0 = Instant::now();
+        let mut c = cluster();
+        register(&mut c, "a", 1, t0);
+        register(&mut c, "b", 2, t0);
+        let before = c.begin_apply("before", None, t0).expect("pick");
+        assert_eq!(before.node, "a", "equal headroom: the smallest id");
+        c.finish_apply("before", &before, true);
+        beat(&mut c, "a", 0.0, &[("before", before.epoch)], t0);
+
+        assert_eq!(
+            c.set_cordoned("nope", true, t0)
+                .expect_err("unknown")
+                .status,
+            404
+        );
+        let ops = c.set_cordoned("a", true, t0).expect("cordon");
+        assert!(
+            matches!(&ops[..], [Op::PutNode { id, record }] if id == "a" && record.cordoned),
+            "{ops:?}"
+        );
+        assert!(c.set_cordoned("a", true, t0).expect("again").is_empty());
+        // The scheduled route and the services' healing skip it...
+        assert_eq!(c.begin_apply("x", None, t0).expect("pick").node, "b");
+        c.finish_apply(
+            "x",
+            &Target {
+                node: "b".into(),
+                ..before.clone()
+            },
+            false,
+        );
+        c.put_service("web", &service(2, 80, "d", false))
+            .expect("service");
+        let placed: Vec<String> = c
+            .plan_heal(Some("web"), t0)
+            .into_iter()
+            .filter_map(|a| match a {
+                HealAction::Place { target, .. } => Some(target.node),
+                HealAction::Remove { .. } => None,
+            })
+            .collect();
+        assert_eq!(placed, ["b", "b"]);
+        // ...but what it runs stays, a named apply still reaches it, and the
+        // node list says so.
+        assert_eq!(c.resolve_placed("before", t0).expect("placed").node, "a");
+        assert_eq!(c.begin_apply("y", Some("a"), t0).expect("named").node, "a");
+        let a = c
+            .node_statuses(t0)
+            .into_iter()
+            .find(|n| n.node_id == "a")
+            .expect("a");
+        assert!(a.cordoned && a.status == Liveness::Alive, "{a:?}");
+        // A re-registering agent and a restarted control plane keep it.
+        register(&mut c, "a", 1, t0);
+        let restarted = Cluster::new(
+            c.state().clone(),
+            "10.20.0.0/16".parse().expect("cidr"),
+            "10.96.0.0/16".parse().expect("cidr"),
+            DEAD_AFTER,
+        );
+        assert!(restarted.state().nodes["a"].cordoned);
+        assert!(c.state().nodes["a"].cordoned);
+
+        c.set_cordoned("a", false, t0).expect("uncordon");
+        assert_eq!(c.begin_apply("z", None, t0).expect("pick").node, "a");
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub struct NodeRecord {
     pub capacity: Resources,
     /// The node's subnet; never changes once given.
     pub pod_cidr: Ipv4Net,
+    /// Cordoned by the operator (`keelctl cordon`): the scheduler and the
+    /// services' healing place nothing new on it; what runs there stays.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cordoned: bool,
 }
 
 /// Where a jail name is placed, and under which epoch.
@@ -224,6 +228,7 @@ mod tests {
                         memory: 1 << 30,
                     },
                     pod_cidr: "10.20.7.0/24".parse().expect("cidr"),
+                    cordoned: false,
                 },
             },
             Op::PutPlacement {

@@ -103,6 +103,8 @@ pub enum Command {
     RemoveService(String, Reply<Vec<HealAction>>),
     /// `DELETE /nodes/{id}`: forget a Dead node and what was placed on it.
     RemoveNode(String, Reply<NodeRemoval>),
+    /// `POST /nodes/{id}/cordon` (true) or `/uncordon` (false).
+    SetCordoned(String, bool, Reply<()>),
     /// `GET /services/{name}`.
     Service(String, Sender<Option<ServiceStatus>>),
     /// `GET /services`.
@@ -297,6 +299,15 @@ impl WorkerHandle {
         name: &str,
     ) -> Result<Result<Vec<HealAction>, Refusal>, WorkerGone> {
         self.ask(|r| Command::RemoveService(name.to_string(), r))
+    }
+
+    /// See [`Command::SetCordoned`].
+    pub fn set_cordoned(
+        &self,
+        id: &str,
+        cordoned: bool,
+    ) -> Result<Result<(), Refusal>, WorkerGone> {
+        self.ask(|r| Command::SetCordoned(id.to_string(), cordoned, r))
     }
 
     /// See [`Command::RemoveNode`].
@@ -537,6 +548,19 @@ impl Worker {
                         let heal = self.cluster.plan_heal(Some(&name), now);
                         deferred.push(Box::new(move |r| {
                             let _ = reply.send(r.map(|()| heal));
+                        }));
+                    }
+                    Err(refusal) => {
+                        let _ = reply.send(Err(refusal));
+                    }
+                }
+            }
+            Command::SetCordoned(id, cordoned, reply) => {
+                match self.cluster.set_cordoned(&id, cordoned, now) {
+                    Ok(new_ops) => {
+                        ops.extend(new_ops);
+                        deferred.push(Box::new(move |r| {
+                            let _ = reply.send(r);
                         }));
                     }
                     Err(refusal) => {

@@ -248,6 +248,13 @@ impl Api {
         decode(self.call("GET", &path, &[], b"")?, &self.client)
     }
 
+    /// `POST /nodes/{id}/cordon` or `/uncordon`.
+    pub fn set_cordoned(&self, id: &str, cordoned: bool) -> Result<(), ApiError> {
+        let verb = if cordoned { "cordon" } else { "uncordon" };
+        self.call("POST", &format!("/nodes/{id}/{verb}"), &[], b"")
+            .map(drop)
+    }
+
     /// `DELETE /nodes/{id}`: the control plane forgets a Dead node, its
     /// placements and its volumes, and says which.
     pub fn delete_node(&self, id: &str) -> Result<NodeRemoval, ApiError> {

@@ -164,6 +164,14 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "delete ingresses by name (with --controlplane: on the --node)",
     ),
     (
+        "cordon NODE...",
+        "place nothing new on these nodes; what runs there stays (with --controlplane)",
+    ),
+    (
+        "uncordon NODE...",
+        "let the scheduler use these nodes again",
+    ),
+    (
         "delete node NAME...",
         "forget Dead nodes and what was placed on them (with --controlplane)",
     ),
@@ -278,6 +286,14 @@ pub enum Command {
     DeleteIngresses {
         /// Ingresses to delete, in the order given.
         names: Vec<String>,
+    },
+    /// `cordon NAME...` (`cordoned`) or `uncordon NAME...`: nothing new is
+    /// placed on those nodes, or again (with a control plane).
+    Cordon {
+        /// Nodes, in the order given.
+        names: Vec<String>,
+        /// Cordon (true) or lift it (false).
+        cordoned: bool,
     },
     /// `delete node NAME...`: forget Dead nodes (with a control plane).
     DeleteNodes {
@@ -489,7 +505,7 @@ fn utf8_value(parser: &mut lexopt::Parser, flag: &Flag) -> Result<String, UsageE
 fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let Some((verb, rest)) = words.split_first() else {
         return Err(usage(
-            "no command given; use apply, get, delete, delete-volume, validate or key",
+            "no command given; use apply, get, delete, delete-volume, cordon, uncordon, validate or key",
         ));
     };
     let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
@@ -643,6 +659,24 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 }
             }
         },
+        "cordon" | "uncordon" => {
+            if filename.is_some() {
+                return Err(not_for("--filename"));
+            }
+            if seen.global.node.is_some() {
+                return Err(not_for("--node"));
+            }
+            if rest.is_empty() {
+                return Err(usage(format!("`{verb}` needs at least one node NAME")));
+            }
+            Ok(Command::Cordon {
+                names: rest
+                    .iter()
+                    .map(|n| object_name("node", n))
+                    .collect::<Result<_, _>>()?,
+                cordoned: verb == "cordon",
+            })
+        }
         "delete-volume" => {
             if filename.is_some() {
                 return Err(not_for("--filename"));
@@ -682,7 +716,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
         }
         other => Err(usage(format!(
-            "unknown command {other:?}; use apply, get, delete, delete-volume, validate or key"
+            "unknown command {other:?}; use apply, get, delete, delete-volume, cordon, uncordon, validate or key"
         ))),
     }
 }
@@ -897,6 +931,22 @@ mod tests {
             }
         );
         assert!(err(&["delete", "node", "N_1"]).contains("node name \"N_1\""));
+        assert_eq!(
+            cmd(&["cordon", "n1", "n2"]),
+            Command::Cordon {
+                names: vec!["n1".into(), "n2".into()],
+                cordoned: true
+            }
+        );
+        assert_eq!(
+            cmd(&["uncordon", "n1"]),
+            Command::Cordon {
+                names: vec!["n1".into()],
+                cordoned: false
+            }
+        );
+        assert!(err(&["cordon"]).contains("at least one node NAME"));
+        assert!(err(&["cordon", "n1", "--node", "n2"]).contains("--node"));
         assert!(err(&["delete", "node", "n1", "--node", "n2"]).contains("--node does not apply"));
     }
 

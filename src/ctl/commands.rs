@@ -346,6 +346,18 @@ pub fn execute(
                 delete(&api, name, out)?;
             }
         }
+        Command::Cordon { names, cordoned } => {
+            let verb = if *cordoned { "cordon" } else { "uncordon" };
+            let api = controlplane_only(invocation, env, &format!("`{verb}`"))?;
+            for id in names {
+                api.set_cordoned(id, *cordoned)
+                    .map_err(|error| CtlError::Request {
+                        action: format!("{verb} node/{id}"),
+                        error,
+                    })?;
+                out.line(&output::cordoned_line(id, *cordoned));
+            }
+        }
         Command::DeleteNodes { names } => {
             let api = controlplane_only(invocation, env, "`delete node`")?;
             for id in names {

@@ -207,7 +207,11 @@ pub fn node_table(nodes: &[NodeStatus]) -> String {
     rows.extend(nodes.iter().map(|n| {
         vec![
             one_line(&n.node_id),
-            n.status.to_string(),
+            if n.cordoned {
+                format!("{},Cordoned", n.status)
+            } else {
+                n.status.to_string()
+            },
             n.address.to_string(),
             one_line(&n.pod_cidr),
             format!("{}/{}", cores(n.committed.cpu), cores(n.capacity.cpu)),
@@ -400,6 +404,15 @@ pub fn utc_datetime(unix: i64) -> String {
 /// The line `delete-volume` prints.
 pub fn volume_deleted_line(name: &str) -> String {
     format!("volume/{} deleted", one_line(name))
+}
+
+/// The line `cordon` / `uncordon` prints for one node.
+pub fn cordoned_line(id: &str, cordoned: bool) -> String {
+    format!(
+        "node/{} {}",
+        one_line(id),
+        if cordoned { "cordoned" } else { "uncordoned" }
+    )
 }
 
 /// The line `delete node` prints for one deleted node: what the control
@@ -640,6 +653,7 @@ database-primary   CrashLoop   10.20.0.12   12         2h    jail -c failed: exi
             },
             jails: 2,
             last_seen_secs: last_seen,
+            cordoned: false,
         }
     }
 
