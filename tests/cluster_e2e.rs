@@ -295,6 +295,30 @@ fn a_three_node_simulated_cluster_schedules_routes_fails_over_nothing_and_surviv
 
 /// Scenario 7: a well-formed operator key the control plane does not list is
 /// refused with its 401 message, and nothing is placed.
+/// `keelctl logs` through the control plane: the scheduled route finds the
+/// jail's node, `--node` names it; both relay the agent's answer.
+#[test]
+fn logs_come_through_the_control_plane() {
+    let cluster = Cluster::standard(2);
+    wait_status(&cluster, &["n1", "n2"], Liveness::Alive);
+    let spec = "kind: Jail\nmetadata: {name: talker}\nspec:\n  base: 14.2-RELEASE\n  \
+                exec: {start: [/bin/sh, -c, 'echo hello from the jail; exec sleep 300']}\n";
+    let (node, _) = apply(&cluster, spec);
+    let out = cluster.wait_for("the workload's output", || {
+        let run = cluster.keelctl(&["logs", "talker"]);
+        (run.code == 0 && run.stdout.contains("hello from the jail")).then_some(run.stdout)
+    });
+    assert!(out.ends_with("hello from the jail\n"), "{out:?}");
+    let named = ok(
+        &cluster,
+        cluster.keelctl(&["--node", &node, "logs", "talker", "--tail", "1"]),
+        "logs --node",
+    );
+    assert_eq!(named, "hello from the jail\n");
+    let unknown = cluster.keelctl(&["logs", "nobody"]);
+    assert_eq!(unknown.code, 1, "{unknown:?}");
+}
+
 /// `keelctl cordon`: the scheduler places nothing new on the node (what runs
 /// there stays), `get nodes` says so, and `uncordon` lifts it.
 #[test]

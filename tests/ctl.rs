@@ -704,3 +704,35 @@ fn a_volume_mount_redirected_by_a_link_inside_the_jail_is_refused() {
         "nothing may be created through the link"
     );
 }
+
+/// `keelctl logs`: the last lines the workload printed, `--tail` of them;
+/// an unknown jail is 404 and a bad `--tail` a usage error.
+#[test]
+fn logs_show_the_end_of_what_the_workload_printed() {
+    let agent = Agent::start(AGENT_ARGS);
+    let file = write(
+        &agent,
+        "talker.yaml",
+        &jail(
+            "talker",
+            "/bin/sh, -c, 'echo one; echo two; echo three; exec sleep 300'",
+        ),
+    );
+    ok(&agent, &["apply", "-f", &file]);
+    let all = wait_for("the workload's output", &agent, || {
+        let out = ok(&agent, &["logs", "talker"]);
+        out.contains("three").then_some(out)
+    });
+    assert!(all.contains("one\ntwo\nthree\n"), "{all}");
+    assert_eq!(
+        ok(&agent, &["logs", "talker", "--tail", "2"]),
+        "two\nthree\n"
+    );
+
+    let unknown = keelctl(&agent, &["logs", "nobody"]);
+    assert_eq!(unknown.code, 1, "{unknown:?}");
+    assert!(unknown.stderr.contains("nobody"), "{unknown:?}");
+    let bad = keelctl(&agent, &["logs", "talker", "--tail", "0"]);
+    assert_eq!(bad.code, 2, "{bad:?}");
+    assert!(bad.stderr.contains("--tail"), "{bad:?}");
+}

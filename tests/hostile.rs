@@ -739,6 +739,7 @@ fn the_control_plane_refuses_hostile_requests_and_changes_nothing() {
         for method in ["GET", "PUT", "DELETE"] {
             for path in [
                 format!("/jails/{name}"),
+                format!("/jails/{name}/log"),
                 format!("/nodes/{name}"),
                 format!("/nodes/{name}/jails/web"),
                 format!("/nodes/n1/jails/{name}"),

@@ -20,7 +20,8 @@ use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::http::{Handler, Request, Response};
 use crate::common::spec;
 use crate::common::wire::{
-    COMMITTED_HEADER, EPOCH_HEADER, VOLUMES_PARAM, format_committed, parse_volumes_query,
+    COMMITTED_HEADER, EPOCH_HEADER, LOG_BYTES_MAX, VOLUMES_PARAM, format_committed, last_lines,
+    parse_tail_query, parse_volumes_query,
 };
 use crate::host::zfs::ZfsError;
 
@@ -74,6 +75,24 @@ impl AgentApi {
         Response::json(200, &table)
     }
 
+    /// `GET /jails/{name}/log?tail=N`: the last N lines of what the
+    /// workload printed (from at most the last [`LOG_BYTES_MAX`] bytes), as
+    /// text.
+    fn workload_log(&self, name: &str, req: &Request) -> Result<Response, WorkerGone> {
+        let lines = match parse_tail_query(req.query.as_deref()) {
+            Ok(n) => n,
+            Err(why) => return Ok(Response::error(400, &why, Some("tail"))),
+        };
+        Ok(match self.worker.log(name, LOG_BYTES_MAX)? {
+            None => not_found(name),
+            Some(Err(e)) => Response::error(500, &e, None),
+            Some(Ok(bytes)) => Response::text(
+                200,
+                String::from_utf8_lossy(last_lines(&bytes, lines)).into_owned(),
+            ),
+        })
+    }
+
     fn route(&self, req: &Request) -> Result<Response, WorkerGone> {
         let segments = req.segments();
         let method = req.method.as_str();
@@ -83,6 +102,10 @@ impl AgentApi {
                 .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
             ("GET", ["proxy"]) => self.proxy_table(),
+            ("GET", ["jails", name, "log"]) => match check_name(name) {
+                Err(r) => r,
+                Ok(()) => self.workload_log(name, req)?,
+            },
             ("GET", ["jails", name]) => match check_name(name) {
                 Err(r) => r,
                 Ok(()) => match self.worker.get(name)? {

@@ -654,6 +654,16 @@ where
         self.list().into_iter().find(|s| s.name == name)
     }
 
+    /// The end (at most `max_bytes`) of what desired jail `name`'s workload
+    /// printed; `None` for a jail nobody applied.
+    pub fn workload_log(&self, name: &str, max_bytes: u64) -> Option<Result<Vec<u8>, JailError>> {
+        self.state.jails.get(name)?;
+        Some(
+            self.jails
+                .workload_log(name, &self.rootfs_path(name), max_bytes),
+        )
+    }
+
     /// The record of one desired jail.
     pub fn record(&self, name: &str) -> Option<&JailRecord> {
         self.state.jails.get(name)

@@ -50,6 +50,15 @@ pub enum Command {
         /// Where the answer goes.
         reply: Sender<Option<JailStatus>>,
     },
+    /// The end of a jail's workload output (`None`: no such jail).
+    Log {
+        /// Jail name.
+        name: String,
+        /// At most this many bytes, the last ones.
+        max_bytes: u64,
+        /// Where the answer goes.
+        reply: Sender<Option<Result<Vec<u8>, String>>>,
+    },
     /// Status of every jail.
     List {
         /// Where the answer goes.
@@ -197,6 +206,19 @@ impl WorkerHandle {
     pub fn get(&self, name: &str) -> Result<Option<JailStatus>, WorkerGone> {
         self.ask(|reply| Command::Get {
             name: name.to_string(),
+            reply,
+        })
+    }
+
+    /// See [`Command::Log`].
+    pub fn log(
+        &self,
+        name: &str,
+        max_bytes: u64,
+    ) -> Result<Option<Result<Vec<u8>, String>>, WorkerGone> {
+        self.ask(|reply| Command::Log {
+            name: name.to_string(),
+            max_bytes,
             reply,
         })
     }
@@ -387,6 +409,16 @@ fn run<J, Z, N, M>(
             }
             Command::Get { name, reply } => {
                 let _ = reply.send(reconciler.get(&name));
+            }
+            Command::Log {
+                name,
+                max_bytes,
+                reply,
+            } => {
+                let log = reconciler
+                    .workload_log(&name, max_bytes)
+                    .map(|r| r.map_err(|e| e.to_string()));
+                let _ = reply.send(log);
             }
             Command::List { reply } => {
                 let _ = reply.send(reconciler.list());

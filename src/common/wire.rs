@@ -357,6 +357,53 @@ pub fn parse_volumes_query(query: Option<&str>) -> Result<Option<Vec<String>>, S
     Ok(found)
 }
 
+/// `GET /jails/{name}/log?tail=N`: the last N lines of the workload's
+/// output. Without `tail`, this many.
+pub const LOG_TAIL_DEFAULT: usize = 200;
+/// The most lines one request may ask for.
+pub const LOG_TAIL_MAX: usize = 10_000;
+/// The most bytes of the end of the output one request reads, whatever the
+/// lines.
+pub const LOG_BYTES_MAX: u64 = 1 << 20;
+
+/// The `tail` of a log request's query: [`LOG_TAIL_DEFAULT`] when absent,
+/// else a number from 1 to [`LOG_TAIL_MAX`].
+pub fn parse_tail_query(query: Option<&str>) -> Result<usize, String> {
+    let mut tail = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let Some(value) = pair.strip_prefix("tail=") else {
+            continue;
+        };
+        if tail.is_some() {
+            return Err("the query names `tail` twice".into());
+        }
+        match value.parse::<usize>() {
+            Ok(n) if (1..=LOG_TAIL_MAX).contains(&n) => tail = Some(n),
+            _ => {
+                return Err(format!(
+                    "tail {value:?} is not a number of lines from 1 to {LOG_TAIL_MAX}"
+                ));
+            }
+        }
+    }
+    Ok(tail.unwrap_or(LOG_TAIL_DEFAULT))
+}
+
+/// The last `lines` lines of `text` (a last line without its newline counts).
+pub fn last_lines(text: &[u8], lines: usize) -> &[u8] {
+    let body = text.strip_suffix(b"\n").unwrap_or(text);
+    let mut seen = 0;
+    for (i, b) in body.iter().enumerate().rev() {
+        if *b == b'\n' {
+            seen += 1;
+            if seen == lines {
+                return &text[i + 1..];
+            }
+        }
+    }
+    text
+}
+
 /// A volume dataset, as `GET /volumes` and `GET /volumes/{name}` show it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeStatus {
@@ -445,6 +492,22 @@ pub struct NodeRemoval {
 #[cfg(test)]
 mod volume_query_tests {
     use super::*;
+
+    #[test]
+    fn log_tails_take_the_last_lines() {
+        assert_eq!(parse_tail_query(None), Ok(LOG_TAIL_DEFAULT));
+        assert_eq!(parse_tail_query(Some("tail=3")), Ok(3));
+        for bad in ["tail=0", "tail=-1", "tail=x", "tail=10001", "tail=1&tail=2"] {
+            assert!(parse_tail_query(Some(bad)).is_err(), "{bad}");
+        }
+        assert!(parse_tail_query(Some("tail=x")).is_err_and(|e| e.contains("tail")));
+        let text = b"one\ntwo\nthree\n";
+        assert_eq!(last_lines(text, 1), b"three\n");
+        assert_eq!(last_lines(text, 2), b"two\nthree\n");
+        assert_eq!(last_lines(text, 5), text);
+        assert_eq!(last_lines(b"one\ntwo", 1), b"two");
+        assert_eq!(last_lines(b"", 3), b"");
+    }
 
     #[test]
     fn committed_resources_round_trip_and_garbage_is_none() {

@@ -10,6 +10,7 @@
 //! | `GET /nodes/{id}/jails` | operator | forwarded to that node's `GET /jails` |
 //! | `PUT/GET/DELETE /nodes/{id}/jails/{name}` | operator | forwarded to that node |
 //! | `PUT/GET/DELETE /jails/{name}` | operator | scheduled: sticky placement, recorded after success |
+//! | `GET /jails/{name}/log`, `GET /nodes/{id}/jails/{name}/log` | operator | forwarded to the node the jail is placed on (or named) |
 //! | `GET /nodes/{id}/volumes`, `GET/DELETE /nodes/{id}/volumes/{name}` | operator | forwarded to that node |
 //! | `GET /volumes` | operator | every registered node's volumes, each tagged with its node |
 //! | `GET /nodes/{id}/ingresses`, `PUT/GET/DELETE /nodes/{id}/ingresses/{name}` | operator | forwarded to that node |
@@ -195,6 +196,20 @@ impl ControlPlaneApi {
             ("DELETE", ["nodes", id, "jails", name]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
                 Ok(addr) => self.delete(name, id, addr, req)?,
+            },
+            ("GET", ["nodes", id, "jails", name, "log"]) => match self.worker.resolve_node(id)? {
+                Err(r) => refused(&r),
+                Ok(addr) => {
+                    self.forwarder
+                        .forward(id, addr, req, &format!("/jails/{name}/log"), None)
+                }
+            },
+            ("GET", ["jails", name, "log"]) => match self.worker.resolve_placed(name)? {
+                Err(r) => refused(&r),
+                Ok(t) => self
+                    .forwarder
+                    .forward(&t.node, t.addr, req, &format!("/jails/{name}/log"), None)
+                    .with_header("X-Keel-Node", &t.node),
             },
             ("PUT", ["jails", name]) => self.apply(name, None, req)?,
             ("GET", ["jails", name]) => match self.worker.resolve_placed(name)? {
@@ -654,12 +669,18 @@ fn names_in<'a>(segments: &[&'a str]) -> Vec<&'a str> {
         ["nodes", "register"] => vec![],
         ["nodes", id, rest @ ..] => {
             let mut v = vec![*id];
-            if let ["jails", name] | ["volumes", name] | ["ingresses", name] = rest {
+            if let ["jails", name]
+            | ["jails", name, "log"]
+            | ["volumes", name]
+            | ["ingresses", name] = rest
+            {
                 v.push(name);
             }
             v
         }
-        ["jails", name] | ["services", name] | ["volumes", name] => vec![*name],
+        ["jails", name] | ["jails", name, "log"] | ["services", name] | ["volumes", name] => {
+            vec![*name]
+        }
         _ => vec![],
     }
 }

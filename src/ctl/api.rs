@@ -220,6 +220,17 @@ impl Api {
         self.located(self.call("GET", &self.jail_path(name), &[], b"")?)
     }
 
+    /// `GET /jails/{name}/log` (`/nodes/{id}/jails/{name}/log` with a node
+    /// named): the end of what the jail's workload printed, `tail` lines or
+    /// the agent's default.
+    pub fn workload_log(&self, name: &str, tail: Option<usize>) -> Result<Vec<u8>, ApiError> {
+        let mut path = format!("{}/log", self.jail_path(name));
+        if let Some(n) = tail {
+            path.push_str(&format!("?tail={n}"));
+        }
+        Ok(self.call("GET", &path, &[], b"")?.body)
+    }
+
     /// `DELETE` one jail; returns once the node has removed it.
     pub fn delete_jail(&self, name: &str) -> Result<(), ApiError> {
         self.call("DELETE", &self.jail_path(name), &[], b"")

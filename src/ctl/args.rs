@@ -36,6 +36,8 @@ pub enum FlagId {
     KeyFile,
     /// `--id ID` (`key generate`).
     Id,
+    /// `--tail N` (`logs`).
+    Tail,
     /// `-h, --help`.
     Help,
     /// `-V, --version`.
@@ -116,6 +118,13 @@ pub const FLAGS: &[Flag] = &[
         help: "id of the new key (key generate; default: PATH's name without .key)",
     },
     Flag {
+        id: FlagId::Tail,
+        short: None,
+        long: "tail",
+        value: Some("N"),
+        help: "lines of output to show (logs; default 200, at most 10000)",
+    },
+    Flag {
         id: FlagId::Help,
         short: Some('h'),
         long: "help",
@@ -162,6 +171,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
     (
         "delete ingress NAME...",
         "delete ingresses by name (with --controlplane: on the --node)",
+    ),
+    (
+        "logs NAME [--tail N]",
+        "the last lines the jail's workload printed",
     ),
     (
         "cordon NODE...",
@@ -287,6 +300,13 @@ pub enum Command {
         /// Ingresses to delete, in the order given.
         names: Vec<String>,
     },
+    /// `logs NAME [--tail N]`: the end of what the jail's workload printed.
+    Logs {
+        /// The jail.
+        name: String,
+        /// Lines; `None` for the agent's default.
+        tail: Option<usize>,
+    },
     /// `cordon NAME...` (`cordoned`) or `uncordon NAME...`: nothing new is
     /// placed on those nodes, or again (with a control plane).
     Cordon {
@@ -401,6 +421,7 @@ struct Seen {
     filename: Option<OsString>,
     output: Option<String>,
     id: Option<String>,
+    tail: Option<String>,
     global: GlobalOptions,
 }
 
@@ -483,6 +504,12 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
                     return Err(twice());
                 }
             }
+            FlagId::Tail => {
+                let v = utf8_value(&mut parser, flag)?;
+                if seen.tail.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
         }
     }
     let command = command(&words, &mut seen)?;
@@ -505,7 +532,7 @@ fn utf8_value(parser: &mut lexopt::Parser, flag: &Flag) -> Result<String, UsageE
 fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let Some((verb, rest)) = words.split_first() else {
         return Err(usage(
-            "no command given; use apply, get, delete, delete-volume, cordon, uncordon, validate or key",
+            "no command given; use apply, get, logs, delete, delete-volume, cordon, uncordon, validate or key",
         ));
     };
     let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
@@ -514,6 +541,14 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     if output.is_some() && verb != "get" {
         return Err(not_for("--output"));
     }
+    let tail = match seen.tail.take() {
+        Some(_) if verb != "logs" => return Err(not_for("--tail")),
+        Some(v) => Some(
+            crate::common::wire::parse_tail_query(Some(&format!("tail={v}")))
+                .map_err(|why| usage(format!("--tail: {why}")))?,
+        ),
+        None => None,
+    };
     let id = seen.id.take();
     if id.is_some() && verb != "key" {
         return Err(not_for("--id"));
@@ -659,6 +694,19 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 }
             }
         },
+        "logs" => {
+            if filename.is_some() {
+                return Err(not_for("--filename"));
+            }
+            match rest {
+                [name] => Ok(Command::Logs {
+                    name: object_name("jail", name)?,
+                    tail,
+                }),
+                [] => Err(usage("`logs` needs the NAME of the jail")),
+                [_, word, ..] => Err(extra(word)),
+            }
+        }
         "cordon" | "uncordon" => {
             if filename.is_some() {
                 return Err(not_for("--filename"));
@@ -716,7 +764,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
         }
         other => Err(usage(format!(
-            "unknown command {other:?}; use apply, get, delete, delete-volume, cordon, uncordon, validate or key"
+            "unknown command {other:?}; use apply, get, logs, delete, delete-volume, cordon, uncordon, validate or key"
         ))),
     }
 }
@@ -1110,10 +1158,10 @@ mod tests {
             let mut args = vec![format!("--{}", flag.long)];
             if flag.value.is_some() {
                 args.push(
-                    if flag.id == FlagId::Output {
-                        "json"
-                    } else {
-                        "x"
+                    match flag.id {
+                        FlagId::Output => "json",
+                        FlagId::Tail => "5",
+                        _ => "x",
                     }
                     .into(),
                 );
@@ -1122,6 +1170,8 @@ mod tests {
                 args.push("validate".into());
             } else if flag.id == FlagId::Id {
                 args.extend(["key".to_string(), "generate".to_string(), "p".to_string()]);
+            } else if flag.id == FlagId::Tail {
+                args.extend(["logs".to_string(), "web".to_string()]);
             } else {
                 args.extend(["get".to_string(), "jails".to_string()]);
             }

@@ -346,6 +346,16 @@ pub fn execute(
                 delete(&api, name, out)?;
             }
         }
+        Command::Logs { name, tail } => {
+            let api = resolve()?;
+            let log = api
+                .workload_log(name, *tail)
+                .map_err(|error| CtlError::Request {
+                    action: format!("logs jail/{name}"),
+                    error,
+                })?;
+            out.print(&String::from_utf8_lossy(&log));
+        }
         Command::Cordon { names, cordoned } => {
             let verb = if *cordoned { "cordon" } else { "uncordon" };
             let api = controlplane_only(invocation, env, &format!("`{verb}`"))?;

@@ -110,6 +110,13 @@ pub enum JailError {
     },
     /// rctl refused because RACCT is disabled or absent in the kernel.
     RacctDisabled(String),
+    /// The workload's log could not be read.
+    Log {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl fmt::Display for JailError {
@@ -129,6 +136,11 @@ impl fmt::Display for JailError {
             JailError::RacctDisabled(msg) => write!(
                 f,
                 "{msg}; resource limits need kern.racct.enable=1 in /boot/loader.conf and a reboot"
+            ),
+            JailError::Log { path, reason } => write!(
+                f,
+                "cannot read the workload's output in {}: {reason}",
+                path.display()
             ),
         }
     }
@@ -158,6 +170,35 @@ pub trait JailRuntime: Send {
     fn clear_limits(&self, name: &str) -> Result<(), JailError>;
     /// Runs argv inside the jail with jexec(8); the caller reads the status.
     fn exec(&self, name: &str, argv: &[String]) -> Result<CmdOutput, JailError>;
+    /// The end (at most `max_bytes`) of what jail `name`'s workload printed;
+    /// `root` is the jail's root filesystem. Empty when it printed nothing
+    /// yet. Never follows a symbolic link the jail may have planted.
+    fn workload_log(&self, name: &str, root: &Path, max_bytes: u64) -> Result<Vec<u8>, JailError>;
+}
+
+/// The last `max_bytes` of `file`, opened without following a symbolic link
+/// (`O_NOFOLLOW`) and without blocking on a FIFO (`O_NONBLOCK`); anything but
+/// a regular file is refused. A file that does not exist is empty.
+pub fn read_tail(file: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(file)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    f.seek(SeekFrom::Start(meta.len().saturating_sub(max_bytes)))?;
+    let mut tail = Vec::new();
+    f.take(max_bytes).read_to_end(&mut tail)?;
+    Ok(tail)
 }
 
 /// How long `jail -c` and `jail -r` may run: they run exec.start and exec.stop,
@@ -576,6 +617,23 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
         full.extend(argv.iter().cloned());
         self.run(&full, EXEC_TIMEOUT)
     }
+
+    /// daemon(8) writes the workload's output to [`WORKLOAD_LOG`] inside the
+    /// jail; the jail's root user controls that path, so every directory on
+    /// the way is checked and the file is opened without following links.
+    fn workload_log(&self, _name: &str, root: &Path, max_bytes: u64) -> Result<Vec<u8>, JailError> {
+        let file = root.join(WORKLOAD_LOG.trim_start_matches('/'));
+        let refused = |reason: String| JailError::Log {
+            path: file.clone(),
+            reason,
+        };
+        if let Some(dir) = file.parent() {
+            crate::host::directories_below(root, dir).map_err(|(component, what)| {
+                refused(format!("{} is {what}", component.display()))
+            })?;
+        }
+        read_tail(&file, max_bytes).map_err(|e| refused(e.to_string()))
+    }
 }
 
 /// In-memory [`JailRuntime`] for tests and `--simulate`'s bookkeeping.
@@ -600,6 +658,7 @@ struct JailTable {
     jails: BTreeMap<String, FakeJail>,
     limits: BTreeMap<String, Limits>,
     exec_outputs: BTreeMap<String, CmdOutput>,
+    logs: BTreeMap<String, Vec<u8>>,
     last_jid: u32,
     racct_disabled: bool,
 }
@@ -641,6 +700,13 @@ impl FakeJails {
     /// The rctl limits in force for `name`, if any were set and not cleared.
     pub fn limits(&self, name: &str) -> Option<Limits> {
         lock(&self.state).limits.get(name).copied()
+    }
+
+    /// What jail `name`'s workload printed, as `workload_log` answers it.
+    pub fn set_workload_log(&self, name: &str, log: &[u8]) {
+        lock(&self.state)
+            .logs
+            .insert(name.to_string(), log.to_vec());
     }
 
     /// Makes every later `exec` in `name` answer `output`.
@@ -775,11 +841,59 @@ impl JailRuntime for FakeJails {
         }
         Ok(st.exec_outputs.get(name).cloned().unwrap_or_default())
     }
+
+    fn workload_log(&self, name: &str, _root: &Path, max_bytes: u64) -> Result<Vec<u8>, JailError> {
+        let st = lock(&self.state);
+        let log = st.logs.get(name).cloned().unwrap_or_default();
+        let from = log
+            .len()
+            .saturating_sub(usize::try_from(max_bytes).unwrap_or(usize::MAX));
+        Ok(log[from..].to_vec())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The workload's output is read from inside the jail's root: never
+    /// through a link the jail planted, never from something that is not a
+    /// regular file, and nothing runs.
+    #[test]
+    fn the_workload_log_is_read_without_following_the_jail_s_links() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("web");
+        let logs = root.join("var/log");
+        std::fs::create_dir_all(&logs).expect("dirs");
+        let runner = std::sync::Arc::new(crate::common::cmd::RecordingRunner::permissive());
+        let jails = FreeBsdJails::new(
+            std::sync::Arc::clone(&runner),
+            CommandPaths::default(),
+            dir.path().join("conf"),
+        );
+        assert_eq!(jails.workload_log("web", &root, 64).expect("none yet"), b"");
+        std::fs::write(logs.join("keel-start.log"), b"one\ntwo\nthree\n").expect("log");
+        assert_eq!(
+            jails.workload_log("web", &root, 6).expect("tail"),
+            b"three\n"
+        );
+
+        let secret = dir.path().join("host-secret");
+        std::fs::write(&secret, b"host only").expect("secret");
+        std::fs::remove_file(logs.join("keel-start.log")).expect("rm");
+        std::os::unix::fs::symlink(&secret, logs.join("keel-start.log")).expect("link");
+        let err = jails.workload_log("web", &root, 64).expect_err("a link");
+        assert!(matches!(err, JailError::Log { .. }), "{err:?}");
+
+        std::fs::remove_dir_all(root.join("var")).expect("rm");
+        std::fs::create_dir(root.join("var")).expect("var");
+        std::os::unix::fs::symlink(dir.path(), root.join("var/log")).expect("link");
+        let err = jails
+            .workload_log("web", &root, 64)
+            .expect_err("a linked directory");
+        assert!(err.to_string().contains("is a symbolic link"), "{err}");
+        assert!(runner.ran().is_empty());
+    }
 
     fn web() -> JailParams {
         JailParams {

@@ -204,36 +204,13 @@ impl<R: CommandRunner> MountManager for FreeBsdMounts<R> {
 /// Components that do not exist yet are fine: `mkdir -p` creates them as
 /// directories. A `target` outside `root` is refused as well.
 pub fn check_mount_point(root: &Path, target: &Path) -> Result<(), MountError> {
-    let redirected = |component: &Path, what: String| MountError::Redirected {
-        target: target.to_path_buf(),
-        component: component.to_path_buf(),
-        what,
-    };
-    let Ok(inside) = target.strip_prefix(root) else {
-        return Err(redirected(
-            target,
-            format!("outside the jail's root {}", root.display()),
-        ));
-    };
-    let mut path = root.to_path_buf();
-    for part in inside.components() {
-        if !matches!(part, std::path::Component::Normal(_)) {
-            return Err(redirected(&path, "not a plain path component".into()));
+    crate::host::directories_below(root, target).map_err(|(component, what)| {
+        MountError::Redirected {
+            target: target.to_path_buf(),
+            component,
+            what,
         }
-        path.push(part);
-        match std::fs::symlink_metadata(&path) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                return Err(redirected(&path, "a symbolic link".into()));
-            }
-            Ok(meta) if !meta.is_dir() => {
-                return Err(redirected(&path, "not a directory".into()));
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(redirected(&path, format!("unreadable ({e})"))),
-        }
-    }
-    Ok(())
+    })
 }
 
 fn utf8(path: &Path) -> Result<&str, MountError> {

@@ -522,4 +522,14 @@ impl JailRuntime for SimJails {
         };
         Ok(run_in(argv, &path, &env, Output::Capture, EXEC_TIMEOUT)?)
     }
+
+    /// The end of [`SimJails::log_path`], which the agent's simulated host
+    /// owns (the workload's output and the `keel-sim:` lines).
+    fn workload_log(&self, name: &str, _root: &Path, max_bytes: u64) -> Result<Vec<u8>, JailError> {
+        let path = self.log_path(name);
+        crate::host::jail::read_tail(&path, max_bytes).map_err(|e| JailError::Log {
+            path,
+            reason: e.to_string(),
+        })
+    }
 }
