@@ -1,6 +1,7 @@
 //! The agent's route table (DESIGN.md section 5), the same for the Unix socket
-//! and the optional TCP listener: jails, volumes (`agentd::volumes`), health
-//! and metrics.
+//! and the optional TCP listener: jails and their workload's output
+//! (`/jails/{name}/log`), volumes (`agentd::volumes`), ingresses, the proxy's
+//! table, health and metrics.
 //!
 //! Handlers run on connection threads and own nothing: they parse and validate
 //! the request, hand a command to the worker through [`WorkerHandle`], and turn
