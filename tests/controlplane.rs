@@ -10,13 +10,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keel::common::auth::{self, KeyFilePolicy, Keyring, Role, Signer, Verifier};
+use keel::common::auth::{self, KeyFilePolicy, Role, Signer};
 use keel::common::http::{
     Client, ClientResponse, Endpoint, Response, Server, ServerLimits, ShutdownSignal,
 };
 use keel::common::wire::{
     HeartbeatRequest, HeartbeatResponse, NodeStatus, RegisterRequest, RegisterResponse, Resources,
 };
+
+use crate::util::controlplane::node_verifier;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -113,14 +115,7 @@ struct FakeAgent {
 
 impl FakeAgent {
     fn start(dir: &Path) -> FakeAgent {
-        let keys = dir.join("keel-sim/keys");
-        let keyring = Keyring::load(
-            &[keys.join("node.key")],
-            &[],
-            KeyFilePolicy::for_current_process(),
-        )
-        .expect("keyring");
-        let verifier = Verifier::new(keyring, Duration::from_secs(300));
+        let verifier = node_verifier(&dir.join("keel-sim/keys"));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         let handler = move |req: keel::common::http::Request| {

@@ -17,16 +17,15 @@ use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use keel::common::auth::{self, KeyFilePolicy, Keyring, Role, Verifier};
+use keel::common::auth::{self, Role, Verifier};
 use keel::common::http::{Request, Response, Server, ServerLimits, ShutdownSignal};
 use keel::common::spec::parse_ingress;
 use keel::common::wire::{IngressPhase, IngressStatus, RegisterRequest, Resources};
 use keel::ctl::output::NodeIngress;
 
 use crate::util::cluster::{Run, run};
-use crate::util::controlplane::ControlPlane;
+use crate::util::controlplane::{ControlPlane, node_verifier};
 
 const KEELCTL: &str = env!("CARGO_BIN_EXE_keelctl");
 
@@ -136,13 +135,7 @@ impl StandIn {
 
     /// Serves on a loopback port, accepting the node key in `keys_dir`.
     fn serve_tcp(self, keys_dir: &Path) -> (StandIn, SocketAddr) {
-        let keyring = Keyring::load(
-            &[keys_dir.join("node.key")],
-            &[],
-            KeyFilePolicy::for_current_process(),
-        )
-        .expect("keyring");
-        let verifier = Verifier::new(keyring, Duration::from_secs(300));
+        let verifier = node_verifier(keys_dir);
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         Server::new(

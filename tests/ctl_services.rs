@@ -9,21 +9,10 @@ use std::collections::BTreeSet;
 use keel::common::wire::{Liveness, NodeStatus, ServiceStatus};
 
 use crate::util::cluster::{Cluster, Run};
+use crate::util::service_doc;
 
 fn web(replicas: u32, port: u16) -> String {
-    format!(
-        "kind: Service
-metadata: {{name: web}}
-spec:
-  replicas: {replicas}
-  port: {port}
-  template:
-    base: 14.2-RELEASE
-    resources: {{cpu: 0.1}}
-    exec:
-      start: [/bin/sleep, '300']
-"
-    )
+    service_doc("web", replicas, port, "/bin/sleep, '300'")
 }
 
 const MIXED: &str = "kind: Jail

@@ -1398,12 +1398,21 @@ mod tests {
     const DEAD_AFTER: Duration = Duration::from_secs(15);
 
     fn cluster() -> Cluster {
+        cluster_from(ClusterState::default())
+    }
+
+    fn cluster_from(state: ClusterState) -> Cluster {
         Cluster::new(
-            ClusterState::default(),
+            state,
             "10.20.0.0/16".parse().expect("cidr"),
             "10.96.0.0/16".parse().expect("cidr"),
             DEAD_AFTER,
         )
+    }
+
+    /// A control plane started again over `c`'s persisted state.
+    fn restarted(c: &Cluster) -> Cluster {
+        cluster_from(c.state().clone())
     }
 
     fn register(c: &mut Cluster, id: &str, port: u16, now: Instant) -> Ipv4Net {
@@ -1599,12 +1608,7 @@ mod tests {
         register(&mut c, "a", 1, t0);
         register(&mut c, "b", 2, t0);
         let old = beat_with(&mut c, "a", None, t0).peers_version;
-        let mut restarted = Cluster::new(
-            c.state().clone(),
-            c.cluster_cidr,
-            c.service_cidr,
-            DEAD_AFTER,
-        );
+        let mut restarted = restarted(&c);
         register(&mut restarted, "a", 1, t0);
         let resp = beat_with(&mut restarted, "a", old, t0);
         assert!(!resp.peers_unchanged);
@@ -1634,12 +1638,7 @@ mod tests {
         let b = register(&mut c, "b", 2, t0);
         assert_ne!(a, b);
         assert_eq!(register(&mut c, "a", 9, t0), a);
-        let mut restarted = Cluster::new(
-            c.state().clone(),
-            c.cluster_cidr,
-            c.service_cidr,
-            DEAD_AFTER,
-        );
+        let mut restarted = restarted(&c);
         assert_eq!(restarted.liveness("a", t0), Some(Liveness::Dead));
         assert_eq!(register(&mut restarted, "a", 1, t0), a);
     }
@@ -2036,12 +2035,7 @@ mod tests {
         assert!(a.cordoned && a.status == Liveness::Alive, "{a:?}");
         // A re-registering agent and a restarted control plane keep it.
         register(&mut c, "a", 1, t0);
-        let restarted = Cluster::new(
-            c.state().clone(),
-            "10.20.0.0/16".parse().expect("cidr"),
-            "10.96.0.0/16".parse().expect("cidr"),
-            DEAD_AFTER,
-        );
+        let restarted = restarted(&c);
         assert!(restarted.state().nodes["a"].cordoned);
         assert!(c.state().nodes["a"].cordoned);
 
@@ -2076,12 +2070,7 @@ mod tests {
         beat(&mut c, "a", 0.0, &[("api", api.epoch)], later);
         // A control plane that just restarted has heard from nobody: not
         // evidence enough, until dead_after has passed since its start.
-        let mut restarted = Cluster::new(
-            c.state().clone(),
-            "10.20.0.0/16".parse().expect("cidr"),
-            "10.96.0.0/16".parse().expect("cidr"),
-            DEAD_AFTER,
-        );
+        let mut restarted = restarted(&c);
         let soon = restarted
             .remove_node("b", restarted.started + Duration::from_secs(1))
             .expect_err("too soon");

@@ -195,17 +195,23 @@ pub struct FakeAgent {
     shutdown: ShutdownSignal,
 }
 
+/// What an agent checks the control plane's requests with: the node key in
+/// `keys_dir` (`keel-sim/keys/node.key`), the default clock skew.
+pub fn node_verifier(keys_dir: &Path) -> Verifier {
+    let keyring = Keyring::load(
+        &[keys_dir.join("node.key")],
+        &[],
+        KeyFilePolicy::for_current_process(),
+    )
+    .expect("keyring");
+    Verifier::new(keyring, Duration::from_secs(300))
+}
+
 impl FakeAgent {
     /// Serves on a free loopback port, accepting the node keys in `keys_dir`
     /// (`node.key`, which the control plane signs forwarded requests with).
     pub fn start(keys_dir: &Path) -> FakeAgent {
-        let keyring = Keyring::load(
-            &[keys_dir.join("node.key")],
-            &[],
-            KeyFilePolicy::for_current_process(),
-        )
-        .expect("keyring");
-        let verifier = Verifier::new(keyring, Duration::from_secs(300));
+        let verifier = node_verifier(keys_dir);
         let held: Arc<Mutex<Held>> = Arc::default();
         let requests: Arc<Mutex<usize>> = Arc::default();
         let (h, r) = (held.clone(), requests.clone());

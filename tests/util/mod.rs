@@ -39,7 +39,25 @@ pub fn python3() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A `kind: Service` document whose replicas run the python3 fixture
+/// A `kind: Service` document with `replicas` replicas on `port`, each
+/// running `start` (YAML flow-list items, already quoted where needed).
+pub fn service_doc(name: &str, replicas: u32, port: u16, start: &str) -> String {
+    format!(
+        "kind: Service
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  port: {port}
+  template:
+    base: 14.2-RELEASE
+    resources: {{cpu: 0.1}}
+    exec:
+      start: [{start}]
+"
+    )
+}
+
+/// A [`service_doc`] whose replicas run the python3 fixture
 /// `tests/fixtures/{fixture}` with the service's port as its argument.
 pub fn fixture_service(
     name: &str,
@@ -51,19 +69,6 @@ pub fn fixture_service(
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(fixture);
-    format!(
-        "kind: Service
-metadata: {{name: {name}}}
-spec:
-  replicas: {replicas}
-  port: {port}
-  template:
-    base: 14.2-RELEASE
-    resources: {{cpu: 0.1}}
-    exec:
-      start: [{python}, {script}, '{port}']
-",
-        python = python.display(),
-        script = script.display()
-    )
+    let start = format!("{}, {}, '{port}'", python.display(), script.display());
+    service_doc(name, replicas, port, &start)
 }
