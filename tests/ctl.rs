@@ -735,4 +735,15 @@ fn logs_show_the_end_of_what_the_workload_printed() {
     let bad = keelctl(&agent, &["logs", "talker", "--tail", "0"]);
     assert_eq!(bad.code, 2, "{bad:?}");
     assert!(bad.stderr.contains("--tail"), "{bad:?}");
+    // The agent checks the query itself (other clients than keelctl).
+    for query in ["tail=x", "tail=0", "tail=10001", "tail=1&tail=2"] {
+        let r = agent.request("GET", &format!("/jails/talker/log?{query}"));
+        assert_eq!(
+            r.status,
+            400,
+            "{query}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(String::from_utf8_lossy(&r.body).contains("tail"), "{query}");
+    }
 }
