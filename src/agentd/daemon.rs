@@ -35,6 +35,7 @@ use crate::common::auth::{Signer, Verifier};
 use crate::common::backoff::SystemClock;
 use crate::common::cmd::SystemRunner;
 use crate::common::config::{Config, ConfigSource};
+use crate::common::faults;
 use crate::common::http::{
     Handler, HttpError, Server, ServerLimits, ShutdownSignal, bind_unix_socket,
 };
@@ -64,6 +65,8 @@ pub enum RunError {
     Store(StoreError),
     /// The simulated host could not be set up.
     Sim(SimError),
+    /// `KEEL_SIM_FAULTS` names a fault that does not exist.
+    Faults(String),
     /// The API socket could not be bound.
     Socket(HttpError),
     /// A thread or the signal handler could not be set up.
@@ -86,6 +89,7 @@ impl fmt::Display for RunError {
         match self {
             RunError::Store(e) => write!(f, "{e}"),
             RunError::Sim(e) => write!(f, "{e}"),
+            RunError::Faults(e) => write!(f, "{e}"),
             RunError::Socket(e) => write!(f, "{e}"),
             RunError::Setup(e) => write!(f, "{e}"),
             RunError::Daemonize(e) => write!(f, "cannot detach (--daemon): {e}"),
@@ -139,6 +143,9 @@ pub fn run(options: Options) -> Result<(), RunError> {
     let clock = Box::new(SystemClock);
 
     if options.simulate {
+        for fault in faults::arm_from_env().map_err(RunError::Faults)? {
+            log::warn!("test fault armed: {} = {:?}", fault.point, fault.action);
+        }
         log::info!(
             "simulate mode: jails are processes, datasets are directories under {}",
             cfg.zfs.jails_dir.display()

@@ -384,6 +384,7 @@ fn run<J, Z, N, M>(
     while let Ok(cmd) = rx.recv() {
         match cmd {
             Command::Apply { jail, epoch, reply } => {
+                crate::common::faults::inject("agent.worker.apply");
                 let name = jail.metadata.name.clone();
                 let result = reconciler.apply(*jail, epoch);
                 match &result {

@@ -10,6 +10,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use crate::common::auth::{self, AuthError, KeyFilePolicy, Keyring, Signer, Verifier};
+use crate::common::faults;
 use crate::common::http::{HttpError, Server, ServerLimits, ShutdownSignal};
 use crate::common::journal::JournalError;
 use crate::common::logging;
@@ -38,6 +39,8 @@ pub enum RunError {
     Setup(String),
     /// Detaching with --daemon failed.
     Daemonize(String),
+    /// `KEEL_SIM_FAULTS` names a fault that does not exist.
+    Faults(String),
 }
 
 impl fmt::Display for RunError {
@@ -52,6 +55,7 @@ impl fmt::Display for RunError {
             RunError::Http(e) => write!(f, "{e}"),
             RunError::Setup(e) => write!(f, "{e}"),
             RunError::Daemonize(e) => write!(f, "cannot detach (--daemon): {e}"),
+            RunError::Faults(e) => write!(f, "{e}"),
         }
     }
 }
@@ -96,6 +100,11 @@ pub fn run(options: Options) -> Result<(), RunError> {
         logging::to_stderr("keel-controlplane", cfg.log.level);
     }
 
+    if options.simulate {
+        for fault in faults::arm_from_env().map_err(RunError::Faults)? {
+            log::warn!("test fault armed: {} = {:?}", fault.point, fault.action);
+        }
+    }
     let (journal, state) = open_state(&c.state_dir).map_err(RunError::State)?;
     log::info!(
         "{} nodes and {} placements loaded from {}",

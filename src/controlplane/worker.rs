@@ -463,6 +463,9 @@ impl Worker {
 
     fn handle(&mut self, cmd: Command, ops: &mut Vec<Op>, deferred: &mut Vec<Deferred>) {
         let now = Instant::now();
+        if matches!(cmd, Command::Register(..)) {
+            crate::common::faults::inject("controlplane.worker.register");
+        }
         // Replies to callers who gave up (closed connection) are dropped.
         match cmd {
             Command::Register(req, reply) => match self.cluster.register(&req, now) {

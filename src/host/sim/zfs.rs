@@ -212,6 +212,7 @@ impl ZfsManager for SimZfs {
     /// Creates an empty `{jails_dir}/{jail}`; `base` is not checked (no base
     /// images here). An existing rootfs is refused, as `zfs clone` refuses.
     fn clone_rootfs(&self, base: &str, jail: &str) -> Result<PathBuf, ZfsError> {
+        crate::common::faults::inject("sim.zfs.clone");
         let dataset = self.layout.rootfs_dataset(jail);
         let path = self.dataset_path(&self.layout.jails_dir, jail, &dataset)?;
         let what = format!("zfs clone {} {dataset}", self.layout.base_snapshot(base));
