@@ -1,0 +1,166 @@
+//! The cluster model the worker thread owns: registered nodes and their
+//! liveness, placements, services and applies in flight.
+//!
+//! Every method that changes persisted state returns the [`Op`]s it applied,
+//! for the worker to journal before answering. One [`Cluster`] type, its
+//! methods grouped by what they own, one file each:
+//!
+//! - [`liveness`]: Alive or Dead, computed on read; the scheduler's order.
+//! - [`nodes`]: registration, heartbeats, cordon, removal.
+//! - [`peers`]: the versioned peer list a heartbeat answer carries.
+//! - [`placements`]: where jails live, applies in flight, the volume registry.
+//! - [`services`]: replica sets, endpoints and healing.
+
+mod liveness;
+mod nodes;
+mod peers;
+mod placements;
+mod services;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::cidr::Ipv4Net;
+use crate::common::wire::Resources;
+use crate::controlplane::state::{ClusterState, Op};
+
+use liveness::Rank;
+use peers::first_peers_version;
+pub use peers::{HeartbeatAnswer, PeerListJson};
+use placements::Pending;
+pub use services::HealAction;
+
+/// A request the cluster refuses, with its HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// 400, 404, 409, 503 ...
+    pub status: u16,
+    /// One line a human can act on.
+    pub message: String,
+    /// The offending field, when there is one.
+    pub field: Option<String>,
+}
+
+impl Refusal {
+    fn new(status: u16, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            message: message.into(),
+            field: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Where a request for a jail goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Node id.
+    pub node: String,
+    /// Its agent's TCP listener.
+    pub addr: SocketAddr,
+    /// The placement epoch to send with an apply.
+    pub epoch: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Live {
+    last_heartbeat: Option<Instant>,
+    committed: Resources,
+    jails: u32,
+    /// Placed jails as the node last reported them: running, address.
+    reported: BTreeMap<String, (bool, Option<Ipv4Addr>)>,
+    /// The headroom the node is ranked under in `Cluster::ranked`, while Alive.
+    rank: Option<Rank>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Cluster {
+    /// When this control plane started: a node not heard from since is
+    /// Dead without evidence until `dead_after` has passed.
+    started: Instant,
+    state: ClusterState,
+    live: BTreeMap<String, Live>,
+    pending: BTreeMap<String, Pending>,
+    /// Services whose heal is being carried out by a handler thread.
+    healing: BTreeSet<String>,
+    cluster_cidr: Ipv4Net,
+    service_cidr: Ipv4Net,
+    dead_after: Duration,
+    /// Nodes Alive at the last read, oldest heartbeat first.
+    alive: BTreeSet<(Instant, String)>,
+    peers_version: u64,
+    /// Each node's [`Peer`] entry, encoded.
+    entries: BTreeMap<String, Vec<u8>>,
+    /// The entries joined, for the current version, once asked for.
+    peer_list: Option<Arc<PeerListJson>>,
+    /// The nodes in `alive`, most headroom first and ties by id: the
+    /// scheduled route's pick is the first one, without visiting 5,000 nodes.
+    ranked: BTreeSet<(Rank, String)>,
+}
+
+impl Cluster {
+    /// A cluster from persisted state: every node Dead until it heartbeats.
+    pub fn new(
+        state: ClusterState,
+        cluster_cidr: Ipv4Net,
+        service_cidr: Ipv4Net,
+        dead_after: Duration,
+    ) -> Cluster {
+        let mut cluster = Cluster {
+            state,
+            live: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            healing: BTreeSet::new(),
+            cluster_cidr,
+            service_cidr,
+            dead_after,
+            alive: BTreeSet::new(),
+            peers_version: first_peers_version(),
+            entries: BTreeMap::new(),
+            peer_list: None,
+            ranked: BTreeSet::new(),
+            started: Instant::now(),
+        };
+        cluster.encode_every_peer(cluster.started);
+        cluster
+    }
+
+    /// The persisted part.
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// Replaces the persisted part (after a failed journal write, with what is
+    /// on disk); applies in flight are forgotten.
+    pub fn reset(&mut self, state: ClusterState) {
+        self.state = state;
+        self.pending.clear();
+        self.encode_every_peer(Instant::now());
+        // Nodes the restored records lack must not be picked.
+        let alive: Vec<String> = self.alive.iter().map(|(_, id)| id.clone()).collect();
+        for id in alive {
+            let known = self.state.nodes.contains_key(&id);
+            self.rank(&id, known);
+        }
+        self.healing.clear();
+    }
+
+    fn apply(&mut self, ops: Vec<Op>) -> Vec<Op> {
+        use crate::common::journal::Replay;
+        for op in &ops {
+            self.state.replay(op);
+        }
+        ops
+    }
+}

@@ -1,0 +1,283 @@
+//! Node membership: registering, heartbeats, `GET /nodes`, cordon and
+//! removal of a node that is gone for good.
+//!
+//! A heartbeat renews the node's lease and answers with the peer list, the
+//! service endpoints and the placed jails the node must fence. This file
+//! must never fence or move anything itself: the answer only names jails
+//! whose placement is recorded elsewhere.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
+
+use super::{Cluster, HeartbeatAnswer, Refusal};
+use crate::common::cidr::{Ipv4Net, derive_pod_cidr};
+use crate::common::wire::{
+    HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, NodeStatus, RegisterRequest,
+    Resources,
+};
+use crate::controlplane::state::{NodeRecord, Op};
+
+impl Cluster {
+    /// Registers (or re-registers) a node; its pod_cidr never changes.
+    pub fn register(
+        &mut self,
+        req: &RegisterRequest,
+        now: Instant,
+    ) -> Result<(Ipv4Net, Vec<Op>), Refusal> {
+        crate::common::names::validate_name(&req.node_id).map_err(|why| Refusal {
+            status: 400,
+            message: format!("node_id {:?}: {why}", req.node_id),
+            field: Some("node_id".into()),
+        })?;
+        if !matches!(req.advertise_addr.ip(), IpAddr::V4(_)) {
+            return Err(Refusal {
+                status: 400,
+                message: "advertise_addr must be an IPv4 address: node subnets are routed via it"
+                    .into(),
+                field: Some("advertise_addr".into()),
+            });
+        }
+        let pod_cidr = match self.state.nodes.get(&req.node_id) {
+            Some(existing) => existing.pod_cidr,
+            None => {
+                let taken: BTreeSet<Ipv4Net> =
+                    self.state.nodes.values().map(|n| n.pod_cidr).collect();
+                derive_pod_cidr(&req.node_id, self.cluster_cidr, &taken)
+                    .map_err(|e| Refusal::new(503, e.to_string()))?
+            }
+        };
+        let record = NodeRecord {
+            advertise: req.advertise_addr,
+            capacity: req.capacity,
+            pod_cidr,
+            // A restarted agent does not undo the operator's cordon.
+            cordoned: self
+                .state
+                .nodes
+                .get(&req.node_id)
+                .is_some_and(|n| n.cordoned),
+        };
+        let changed = self.state.nodes.get(&req.node_id) != Some(&record);
+        let ops = if changed {
+            self.apply(vec![Op::PutNode {
+                id: req.node_id.clone(),
+                record,
+            }])
+        } else {
+            Vec::new()
+        };
+        // Registering is talking to us: the node is Alive from now.
+        self.heard_from(&req.node_id, now);
+        if changed {
+            self.peer_changed(&req.node_id, now);
+        }
+        Ok((pod_cidr, ops))
+    }
+
+    /// Records a heartbeat and answers with peers and the placed jails the
+    /// node holds that are no longer placed on it.
+    pub fn heartbeat(
+        &mut self,
+        id: &str,
+        req: &HeartbeatRequest,
+        now: Instant,
+    ) -> Result<HeartbeatAnswer, Refusal> {
+        if !self.state.nodes.contains_key(id) {
+            return Err(Refusal::new(
+                404,
+                format!("node {id} is not registered; register first"),
+            ));
+        }
+        let live = self.live.entry(id.to_string()).or_default();
+        live.committed = req.committed;
+        live.jails = req.jails;
+        live.reported = req
+            .placed
+            .iter()
+            .map(|j| (j.name.clone(), (j.running, j.address)))
+            .collect();
+        // After the committed resources, so the node is ranked by them.
+        self.heard_from(id, now);
+        let stale = req
+            .placed
+            .iter()
+            .filter(|j| !self.holds(id, &j.name, j.epoch))
+            .map(|j| j.name.clone())
+            .collect();
+        let unchanged = req.peers_version == Some(self.peers_version);
+        Ok(HeartbeatAnswer {
+            response: HeartbeatResponse {
+                peers: Vec::new(),
+                stale,
+                services: self.endpoints(now),
+                peers_version: Some(self.peers_version),
+                peers_unchanged: unchanged,
+            },
+            peers: (!unchanged).then(|| self.peer_list()),
+        })
+    }
+
+    /// `GET /nodes`.
+    pub fn node_statuses(&self, now: Instant) -> Vec<NodeStatus> {
+        self.state
+            .nodes
+            .iter()
+            .map(|(id, n)| {
+                let live = self.live.get(id).cloned().unwrap_or_default();
+                NodeStatus {
+                    node_id: id.clone(),
+                    status: self.liveness(id, now).unwrap_or(Liveness::Dead),
+                    address: n.advertise,
+                    pod_cidr: n.pod_cidr.to_string(),
+                    capacity: n.capacity,
+                    committed: live.committed,
+                    jails: live.jails,
+                    last_seen_secs: live
+                        .last_heartbeat
+                        .map(|t| now.saturating_duration_since(t).as_secs()),
+                    cordoned: n.cordoned,
+                }
+            })
+            .collect()
+    }
+
+    /// The address of an Alive node: unknown is 404, Dead is 503. No network.
+    pub fn resolve_node(&self, id: &str, now: Instant) -> Result<SocketAddr, Refusal> {
+        match self.liveness(id, now) {
+            None => Err(Refusal::new(404, format!("no node named {id}"))),
+            Some(Liveness::Dead) => Err(Refusal::new(
+                503,
+                format!(
+                    "node {id} is Dead (no heartbeat for {}s or more); nothing was sent to it",
+                    self.dead_after.as_secs()
+                ),
+            )),
+            Some(Liveness::Alive) => Ok(self.state.nodes[id].advertise),
+        }
+    }
+
+    /// The committed resources node `id` reported in an apply's answer
+    /// ([`crate::common::wire::COMMITTED_HEADER`]): the node is ranked by
+    /// them at once instead of at its next heartbeat.
+    pub fn note_committed(&mut self, id: &str, committed: Resources) {
+        let Some(live) = self.live.get_mut(id) else {
+            return;
+        };
+        live.committed = committed;
+        let ranked = live.rank.is_some();
+        self.rank(id, ranked);
+    }
+
+    /// Cordons node `id` (or lifts it): while cordoned, the scheduled route
+    /// and the services' healing place nothing new on it. Jails already there
+    /// keep running, a named apply (`--node`) still reaches it, and volumes
+    /// registered there still pin their jails to it. 404 for an unknown node.
+    pub fn set_cordoned(
+        &mut self,
+        id: &str,
+        cordoned: bool,
+        now: Instant,
+    ) -> Result<Vec<Op>, Refusal> {
+        let Some(record) = self.state.nodes.get(id) else {
+            return Err(Refusal::new(404, format!("no node named {id}")));
+        };
+        if record.cordoned == cordoned {
+            return Ok(Vec::new());
+        }
+        let record = NodeRecord {
+            cordoned,
+            ..record.clone()
+        };
+        let ops = self.apply(vec![Op::PutNode {
+            id: id.to_string(),
+            record,
+        }]);
+        let alive = self.liveness(id, now) == Some(Liveness::Alive);
+        self.rank(id, alive);
+        Ok(ops)
+    }
+
+    /// Deletes node `id`, which must be Dead: its record, its placements and
+    /// the volumes registered on it are forgotten in one journaled op, so
+    /// plain jails stop answering 503, service replicas are placed again by
+    /// the next heartbeat's healing, and jails declaring its volumes may be
+    /// placed elsewhere (with new, empty volumes). Should the host come
+    /// back, its agent registers again and fencing removes every jail the
+    /// control plane had placed there. An Alive node is refused: it would
+    /// only register again at its next heartbeat.
+    pub fn remove_node(
+        &mut self,
+        id: &str,
+        now: Instant,
+    ) -> Result<(Vec<Op>, NodeRemoval), Refusal> {
+        match self.liveness(id, now) {
+            None => return Err(Refusal::new(404, format!("no node named {id}"))),
+            Some(Liveness::Alive) => {
+                return Err(Refusal::new(
+                    409,
+                    format!(
+                        "node {id} is Alive: stop its agent (service keel_agentd stop on that host) \
+                         and wait until `keelctl get nodes` shows it Dead, then delete it; a running \
+                         node would only register again"
+                    ),
+                ));
+            }
+            Some(Liveness::Dead) => {}
+        }
+        // Right after a restart every node is Dead until it heartbeats: that
+        // is no evidence the host is gone, and deleting a running node would
+        // have fencing remove all its jails when it registers again.
+        let heard = self
+            .live
+            .get(id)
+            .is_some_and(|l| l.last_heartbeat.is_some());
+        let up = now.saturating_duration_since(self.started);
+        if !heard && up < self.dead_after {
+            return Err(Refusal::new(
+                409,
+                format!(
+                    "node {id} has not been heard from since this control plane started {} s ago; \
+                     it counts as gone only after {} s of silence: retry in {} s",
+                    up.as_secs(),
+                    self.dead_after.as_secs(),
+                    (self.dead_after - up).as_secs() + 1
+                ),
+            ));
+        }
+        let removal = NodeRemoval {
+            deleted: id.to_string(),
+            jails: self
+                .state
+                .placements
+                .iter()
+                .filter(|(_, p)| p.node == id)
+                .map(|(name, _)| name.clone())
+                .collect(),
+            volumes: self
+                .state
+                .volumes
+                .iter()
+                .filter(|(_, node)| *node == id)
+                .map(|(name, _)| name.clone())
+                .collect(),
+        };
+        let ops = self.apply(vec![Op::RemoveNode { id: id.to_string() }]);
+        if let Some(live) = self.live.remove(id) {
+            if let Some(t) = live.last_heartbeat {
+                self.alive.remove(&(t, id.to_string()));
+            }
+            if let Some(rank) = live.rank {
+                self.ranked.remove(&(rank, id.to_string()));
+            }
+        }
+        self.pending.retain(|_, p| p.node != id);
+        self.peer_changed(id, now);
+        log::info!(
+            "node {id} deleted: forgot {} placements and {} volumes",
+            removal.jails.len(),
+            removal.volumes.len()
+        );
+        Ok((ops, removal))
+    }
+}

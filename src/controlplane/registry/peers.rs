@@ -1,0 +1,187 @@
+//! The peer list a heartbeat answer carries, and its versions.
+//!
+//! Peer list versions: a heartbeat answer carries every other node, which is
+//! what an agent routes by, and at 5,000 nodes heartbeating every 5 s
+//! rebuilding and encoding it on every heartbeat cost more than a core. The
+//! list changes only when a node's record changes or a node comes alive or
+//! dies, so it gets a version ([`Cluster::peers_version`]) and an agent that
+//! already holds the current one is answered "unchanged". Deaths are noticed
+//! on read like everything else: nodes believed Alive are kept ordered by
+//! last heartbeat, so each read pops the ones that have gone silent since
+//! without scanning the cluster.
+//!
+//! A full list is still due on an agent's first heartbeat and after every
+//! change, so it must be cheap: each node's peer entry is kept encoded
+//! (re-encoded only when that node changes), joined once per version into a
+//! [`PeerListJson`] the handler threads share, and spliced into each answer
+//! leaving out the asking node. Encoding 5,000 peers per answer on the
+//! worker thread took longer than `dead_after` for 5,000 first heartbeats,
+//! so nodes died, the version changed, and every node needed the list again.
+//!
+//! This file owns the encoded entries and the version; it must never decide
+//! liveness (that is [`super::liveness`]), only re-encode a node when told
+//! that its record or liveness changed.
+
+use std::net::IpAddr;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Cluster;
+use crate::common::wire::{HeartbeatResponse, Liveness, Peer};
+
+/// Every node's peer entry as JSON for one peer list version, shared with
+/// the handler threads; see the module docs.
+#[derive(Debug)]
+pub struct PeerListJson {
+    /// Entries joined by commas, without brackets.
+    bytes: Vec<u8>,
+    /// Node id and the byte range of its entry, in id order.
+    index: Vec<(String, Range<usize>)>,
+}
+
+impl PeerListJson {
+    /// The JSON array of every entry but `except`'s.
+    pub fn array_without(&self, except: &str) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.bytes.len() + 2);
+        out.push(b'[');
+        match self
+            .index
+            .binary_search_by(|(id, _)| id.as_str().cmp(except))
+        {
+            Err(_) => out.extend_from_slice(&self.bytes),
+            Ok(i) => {
+                let range = &self.index[i].1;
+                let (before, after) = (&self.bytes[..range.start], &self.bytes[range.end..]);
+                // Drop the entry and the comma that joined it to a neighbour.
+                match before.strip_suffix(b",") {
+                    Some(before) => {
+                        out.extend_from_slice(before);
+                        out.extend_from_slice(after);
+                    }
+                    None => out.extend_from_slice(after.strip_prefix(b",").unwrap_or(after)),
+                }
+            }
+        }
+        out.push(b']');
+        out
+    }
+}
+
+/// A heartbeat answer as the worker gives it: the response with its `peers`
+/// left empty, and the list to splice in on the handler thread.
+#[derive(Debug)]
+pub struct HeartbeatAnswer {
+    /// `stale`, `services`, the peer list version; `peers` is empty.
+    pub response: HeartbeatResponse,
+    /// Every node's entry, unless the agent's list is current.
+    pub peers: Option<Arc<PeerListJson>>,
+}
+
+impl HeartbeatAnswer {
+    /// The JSON body for node `node_id`: [`HeartbeatAnswer::response`] with
+    /// every peer but the node itself.
+    pub fn body(&self, node_id: &str) -> Result<Vec<u8>, serde_json::Error> {
+        // `peers` is HeartbeatResponse's first field: empty, it encodes as
+        // this prefix, which is replaced by the list.
+        const EMPTY: &[u8] = br#"{"peers":[]"#;
+        let plain = serde_json::to_vec(&self.response)?;
+        let Some(list) = &self.peers else {
+            return Ok(plain);
+        };
+        let Some(rest) = plain.strip_prefix(EMPTY) else {
+            return Err(serde::ser::Error::custom(
+                "the heartbeat answer does not start with its peer list",
+            ));
+        };
+        let peers = list.array_without(node_id);
+        let mut out = Vec::with_capacity(peers.len() + plain.len());
+        out.extend_from_slice(br#"{"peers":"#);
+        out.extend_from_slice(&peers);
+        out.extend_from_slice(rest);
+        Ok(out)
+    }
+}
+
+/// Peer list versions stay below 2^53 so any JSON reader holds them exactly.
+const PEERS_VERSION_MASK: u64 = (1 << 53) - 1;
+
+impl Cluster {
+    /// The version of the peer list as of the last read; see the module docs.
+    pub fn peers_version(&self) -> u64 {
+        self.peers_version
+    }
+
+    pub(super) fn bump_peers_version(&mut self) {
+        self.peers_version = (self.peers_version + 1) & PEERS_VERSION_MASK;
+        self.peer_list = None;
+    }
+
+    /// `id`'s record or liveness changed: re-encode its entry, new version.
+    pub(super) fn peer_changed(&mut self, id: &str, now: Instant) {
+        match self.encode_peer(id, now) {
+            Some(entry) => self.entries.insert(id.to_string(), entry),
+            None => self.entries.remove(id),
+        };
+        self.bump_peers_version();
+    }
+
+    /// `id`'s entry; `None` for an unknown node or one without an IPv4
+    /// advertise address (nothing can be routed via it).
+    pub(super) fn encode_peer(&self, id: &str, now: Instant) -> Option<Vec<u8>> {
+        let n = self.state.nodes.get(id)?;
+        let IpAddr::V4(address) = n.advertise.ip() else {
+            return None;
+        };
+        let peer = Peer {
+            node_id: id.to_string(),
+            address,
+            pod_cidr: n.pod_cidr.to_string(),
+            alive: self.liveness(id, now) == Some(Liveness::Alive),
+        };
+        // A struct of strings, an address and a bool always encodes.
+        serde_json::to_vec(&peer).ok()
+    }
+
+    pub(super) fn encode_every_peer(&mut self, now: Instant) {
+        self.entries = self
+            .state
+            .nodes
+            .keys()
+            .filter_map(|id| Some((id.clone(), self.encode_peer(id, now)?)))
+            .collect();
+        self.bump_peers_version();
+    }
+
+    /// Every entry joined, for the current version.
+    pub(super) fn peer_list(&mut self) -> Arc<PeerListJson> {
+        if let Some(list) = &self.peer_list {
+            return Arc::clone(list);
+        }
+        let size = self.entries.values().map(|e| e.len() + 1).sum();
+        let mut bytes = Vec::with_capacity(size);
+        let mut index = Vec::with_capacity(self.entries.len());
+        for (id, entry) in &self.entries {
+            if !bytes.is_empty() {
+                bytes.push(b',');
+            }
+            index.push((id.clone(), bytes.len()..bytes.len() + entry.len()));
+            bytes.extend_from_slice(entry);
+        }
+        let list = Arc::new(PeerListJson { bytes, index });
+        self.peer_list = Some(Arc::clone(&list));
+        list
+    }
+}
+
+/// A random start for the peer list version, so an agent holding a version
+/// from before a restart of the control plane never finds it current by
+/// chance. Without randomness the clock serves: restarts are seconds apart.
+pub(super) fn first_peers_version() -> u64 {
+    let seed = getrandom::u64().unwrap_or_else(|_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    seed & PEERS_VERSION_MASK
+}

@@ -1,0 +1,335 @@
+//! Services: replica sets behind VIPs, their endpoints for the proxies,
+//! and healing (planned here, carried out by a handler thread).
+//!
+//! Healing places a missing replica only where the node holding it is known
+//! Dead; this file must never move a replica on a guess.
+
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Instant;
+
+use super::placements::Pending;
+use super::{Cluster, Refusal, Target};
+use crate::common::cidr::derive_service_vip;
+use crate::common::wire::{Liveness, ReplicaStatus, ServiceApply, ServiceEndpoints, ServiceStatus};
+use crate::controlplane::scheduler::pick_node_spread;
+use crate::controlplane::state::{Op, Placement, ServiceRecord};
+
+/// One step of bringing a service to its desired replicas, carried out by a
+/// handler thread (forwarding never runs on the worker).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealAction {
+    /// Apply replica `replica` of `service` on `target` (an apply in flight:
+    /// end it with [`Cluster::finish_apply`]).
+    Place {
+        /// Service name.
+        service: String,
+        /// `{service}-{index}`.
+        replica: String,
+        /// Where, with its new epoch.
+        target: Target,
+        /// The replica's volumes (`{replica}-{volume}`), sent along as
+        /// `?volumes=` for the agent to confirm.
+        volumes: Vec<String>,
+    },
+    /// Delete a replica beyond the desired count (or of a deleted service).
+    Remove {
+        /// Service name.
+        service: String,
+        /// `{service}-{index}`.
+        replica: String,
+        /// Node holding it.
+        node: String,
+        /// Its agent, when the node is Alive; a Dead node's copy is fenced
+        /// when it comes back, since its placement is gone.
+        addr: Option<SocketAddr>,
+    },
+}
+
+impl Cluster {
+    /// Creates or scales a service. Port and template are immutable (409
+    /// naming the field); the VIP is allocated once and kept.
+    pub fn put_service(&mut self, name: &str, apply: &ServiceApply) -> Result<Vec<Op>, Refusal> {
+        let conflict = |field: &str, what: String| Refusal {
+            status: 409,
+            message: what,
+            field: Some(field.to_string()),
+        };
+        let vip = match self.state.services.get(name) {
+            Some(existing) => {
+                if existing.applied.port != apply.port {
+                    return Err(conflict(
+                        "spec.port",
+                        format!(
+                            "service {name} has port {}; the port cannot change (delete and re-create the service)",
+                            existing.applied.port
+                        ),
+                    ));
+                }
+                if existing.applied.template_digest != apply.template_digest {
+                    return Err(conflict(
+                        "spec.template",
+                        format!(
+                            "service {name} exists with another template; the template cannot change (delete and re-create the service)"
+                        ),
+                    ));
+                }
+                existing.vip
+            }
+            None => {
+                let taken: BTreeSet<Ipv4Addr> =
+                    self.state.services.values().map(|s| s.vip).collect();
+                derive_service_vip(name, self.service_cidr, &taken)
+                    .map_err(|e| conflict("spec", e.to_string()))?
+            }
+        };
+        let record = ServiceRecord {
+            applied: apply.clone(),
+            vip,
+        };
+        if self.state.services.get(name) == Some(&record) {
+            return Ok(Vec::new());
+        }
+        Ok(self.apply(vec![Op::PutService {
+            name: name.to_string(),
+            record,
+        }]))
+    }
+
+    /// The document of a service, for forwarding replica applies.
+    pub fn service_document(&self, name: &str) -> Option<String> {
+        self.state
+            .services
+            .get(name)
+            .map(|s| s.applied.document.clone())
+    }
+
+    /// Every placed replica of `name` (`{name}-{index}`), with its index.
+    pub(super) fn placed_replicas(&self, name: &str) -> Vec<(u32, String, Placement)> {
+        let prefix = format!("{name}-");
+        self.state
+            .placements
+            .range(prefix.clone()..)
+            .take_while(|(n, _)| n.starts_with(&prefix))
+            .filter_map(|(n, p)| {
+                let index = n[prefix.len()..].parse::<u32>().ok()?;
+                // `web-01` is not replica 1 of `web`; only canonical indices.
+                (index.to_string() == n[prefix.len()..]).then(|| (index, n.clone(), p.clone()))
+            })
+            .collect()
+    }
+
+    /// The replica view both `GET /services/{name}` and the heartbeat's
+    /// endpoint lists are built from, so the two can never disagree: a replica
+    /// is ready when its node is Alive and reports its workload running.
+    pub(super) fn replica_view(&self, name: &str, now: Instant) -> Vec<ReplicaStatus> {
+        self.placed_replicas(name)
+            .into_iter()
+            .map(|(_, replica, p)| {
+                let alive = self.liveness(&p.node, now) == Some(Liveness::Alive);
+                let reported = self
+                    .live
+                    .get(&p.node)
+                    .and_then(|l| l.reported.get(&replica))
+                    .copied();
+                let (state, ready) = match (alive, reported) {
+                    (false, _) => ("NodeDead", false),
+                    (true, None) => ("Pending", false),
+                    (true, Some((true, _))) => ("Running", true),
+                    (true, Some((false, _))) => ("NotRunning", false),
+                };
+                ReplicaStatus {
+                    name: replica,
+                    node: p.node,
+                    address: reported.and_then(|(_, a)| a),
+                    state: state.into(),
+                    ready: ready && reported.and_then(|(_, a)| a).is_some(),
+                }
+            })
+            .collect()
+    }
+
+    /// `GET /services/{name}`.
+    pub fn service_status(&self, name: &str, now: Instant) -> Option<ServiceStatus> {
+        let rec = self.state.services.get(name)?;
+        let replicas = self.replica_view(name, now);
+        Some(ServiceStatus {
+            name: name.to_string(),
+            vip: rec.vip,
+            port: rec.applied.port,
+            desired: rec.applied.replicas,
+            ready: replicas.iter().filter(|r| r.ready).count() as u32,
+            stateful: rec.applied.stateful,
+            replicas,
+        })
+    }
+
+    /// `GET /services`.
+    pub fn service_statuses(&self, now: Instant) -> Vec<ServiceStatus> {
+        self.state
+            .services
+            .keys()
+            .filter_map(|n| self.service_status(n, now))
+            .collect()
+    }
+
+    /// Every service with its ready replicas' `address:port`, for the proxies.
+    pub fn endpoints(&self, now: Instant) -> Vec<ServiceEndpoints> {
+        self.state
+            .services
+            .iter()
+            .map(|(name, rec)| ServiceEndpoints {
+                name: name.clone(),
+                vip: rec.vip,
+                port: rec.applied.port,
+                replicas: self
+                    .replica_view(name, now)
+                    .into_iter()
+                    .filter(|r| r.ready)
+                    .filter_map(|r| r.address.map(|a| SocketAddrV4::new(a, rec.applied.port)))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// What it takes to bring service `name` to its desired replicas, for
+    /// every service not already being healed (all services when `only` is
+    /// `None`). Marks them as healing until [`Cluster::heal_done`].
+    ///
+    /// A replica index counts as present when it is placed on an Alive node,
+    /// or, for a stateful service, placed at all: a stateful replica on a Dead
+    /// node is neither replaced nor torn down; it waits for its node and its
+    /// data. Missing indices are placed with the spreading scheduler; indices
+    /// at or beyond the desired count are removed.
+    pub fn plan_heal(&mut self, only: Option<&str>, now: Instant) -> Vec<HealAction> {
+        let names: Vec<String> = match only {
+            Some(n) => vec![n.to_string()],
+            None => self.state.services.keys().cloned().collect(),
+        };
+        let mut actions = Vec::new();
+        for name in names {
+            if self.healing.contains(&name) {
+                continue;
+            }
+            let Some(rec) = self.state.services.get(&name).cloned() else {
+                continue;
+            };
+            let placed = self.placed_replicas(&name);
+            let mut service_actions = Vec::new();
+            for (index, replica, p) in &placed {
+                if *index >= rec.applied.replicas {
+                    let addr = self.resolve_node(&p.node, now).ok();
+                    service_actions.push(HealAction::Remove {
+                        service: name.clone(),
+                        replica: replica.clone(),
+                        node: p.node.clone(),
+                        addr,
+                    });
+                }
+            }
+            let present = |c: &Cluster, p: &Placement| {
+                rec.applied.stateful || c.liveness(&p.node, now) == Some(Liveness::Alive)
+            };
+            let mut occupied: BTreeSet<String> = placed
+                .iter()
+                .filter(|(i, _, p)| *i < rec.applied.replicas && present(self, p))
+                .map(|(_, _, p)| p.node.clone())
+                .collect();
+            for index in 0..rec.applied.replicas {
+                let replica = format!("{name}-{index}");
+                let ok = self
+                    .state
+                    .placements
+                    .get(&replica)
+                    .is_some_and(|p| present(self, p));
+                if ok || self.pending.contains_key(&replica) {
+                    continue;
+                }
+                let replica_volumes: Vec<String> = rec
+                    .applied
+                    .volumes
+                    .iter()
+                    .map(|v| format!("{replica}-{v}"))
+                    .collect();
+                // A replica whose data is on a node (it ran there before a
+                // scale-down) goes back there, or waits while it is Dead.
+                let node = match self.volume_home(&replica, &replica_volumes) {
+                    Ok(Some((home, _))) => {
+                        if self.liveness(&home, now) != Some(Liveness::Alive) {
+                            continue;
+                        }
+                        home
+                    }
+                    Ok(None) => {
+                        let avoid: BTreeSet<&str> = occupied.iter().map(String::as_str).collect();
+                        let Some(node) =
+                            pick_node_spread(&self.candidates(now), &avoid).map(str::to_string)
+                        else {
+                            break; // no Alive node: the next heartbeat tries again
+                        };
+                        node
+                    }
+                    Err(_) => continue,
+                };
+                let Ok(addr) = self.resolve_node(&node, now) else {
+                    continue;
+                };
+                let epoch = self.next_epoch();
+                self.pending.insert(
+                    replica.clone(),
+                    Pending {
+                        node: node.clone(),
+                        epoch,
+                        count: 1,
+                        volumes: replica_volumes.clone(),
+                    },
+                );
+                occupied.insert(node.clone());
+                service_actions.push(HealAction::Place {
+                    service: name.clone(),
+                    replica,
+                    target: Target { node, addr, epoch },
+                    volumes: replica_volumes.clone(),
+                });
+            }
+            if !service_actions.is_empty() {
+                self.healing.insert(name);
+                actions.extend(service_actions);
+            }
+        }
+        actions
+    }
+
+    /// The heal of these services is over (whatever its outcome).
+    pub fn heal_done(&mut self, services: &[String]) {
+        for s in services {
+            self.healing.remove(s);
+        }
+    }
+
+    /// Deletes a service: its record and VIP go now; its replicas are
+    /// returned as removals for the caller to carry out.
+    pub fn remove_service(
+        &mut self,
+        name: &str,
+        now: Instant,
+    ) -> Result<(Vec<Op>, Vec<HealAction>), Refusal> {
+        if !self.state.services.contains_key(name) {
+            return Err(Refusal::new(404, format!("no service named {name}")));
+        }
+        let removals = self
+            .placed_replicas(name)
+            .into_iter()
+            .map(|(_, replica, p)| HealAction::Remove {
+                service: name.to_string(),
+                addr: self.resolve_node(&p.node, now).ok(),
+                replica,
+                node: p.node,
+            })
+            .collect();
+        let ops = self.apply(vec![Op::RemoveService {
+            name: name.to_string(),
+        }]);
+        Ok((ops, removals))
+    }
+}

@@ -1,0 +1,1100 @@
+//! Unit tests of the registry: liveness, peers, placements, services.
+
+use super::*;
+use crate::common::wire::PlacedJail;
+use crate::common::wire::{
+    HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, Peer, RegisterRequest, ServiceApply,
+};
+use crate::controlplane::scheduler::pick_node;
+use proptest::prelude::*;
+
+const DEAD_AFTER: Duration = Duration::from_secs(15);
+
+fn cluster() -> Cluster {
+    cluster_from(ClusterState::default())
+}
+
+fn cluster_from(state: ClusterState) -> Cluster {
+    Cluster::new(
+        state,
+        "10.20.0.0/16".parse().expect("cidr"),
+        "10.96.0.0/16".parse().expect("cidr"),
+        DEAD_AFTER,
+    )
+}
+
+/// A control plane started again over `c`'s persisted state.
+fn restarted(c: &Cluster) -> Cluster {
+    cluster_from(c.state().clone())
+}
+
+fn register(c: &mut Cluster, id: &str, port: u16, now: Instant) -> Ipv4Net {
+    c.register(
+        &RegisterRequest {
+            node_id: id.into(),
+            advertise_addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            capacity: Resources {
+                cpu: 4.0,
+                memory: 8 << 30,
+            },
+        },
+        now,
+    )
+    .expect("registers")
+    .0
+}
+
+fn beat(
+    c: &mut Cluster,
+    id: &str,
+    cpu: f64,
+    placed: &[(&str, u64)],
+    now: Instant,
+) -> HeartbeatResponse {
+    c.heartbeat(
+        id,
+        &HeartbeatRequest {
+            committed: Resources { cpu, memory: 0 },
+            ..placed_req(placed)
+        },
+        now,
+    )
+    .map(|a| decode(&a, id))
+    .expect("heartbeat")
+}
+
+/// The answer as the agent receives it.
+fn decode(answer: &HeartbeatAnswer, id: &str) -> HeartbeatResponse {
+    let body = answer.body(id).expect("encodes");
+    serde_json::from_slice(&body).expect("a heartbeat response")
+}
+
+/// A bare heartbeat from an agent holding peer list `version`.
+fn beat_with(c: &mut Cluster, id: &str, version: Option<u64>, now: Instant) -> HeartbeatResponse {
+    c.heartbeat(
+        id,
+        &HeartbeatRequest {
+            committed: Resources::default(),
+            jails: 0,
+            placed: Vec::new(),
+            peers_version: version,
+        },
+        now,
+    )
+    .map(|a| decode(&a, id))
+    .expect("heartbeat")
+}
+
+#[test]
+fn a_current_peer_list_is_not_resent() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let full = beat_with(&mut c, "a", None, t0);
+    assert_eq!(full.peers.len(), 1);
+    assert!(!full.peers_unchanged);
+    let version = full.peers_version;
+    assert!(version.is_some());
+    // Steady heartbeats change nothing, from either node.
+    let t1 = t0 + Duration::from_secs(5);
+    beat_with(&mut c, "b", version, t1);
+    let same = beat_with(&mut c, "a", version, t1);
+    assert!(same.peers_unchanged);
+    assert!(same.peers.is_empty());
+    assert_eq!(same.peers_version, version);
+    // An agent without a version always gets the list.
+    let old = beat_with(&mut c, "a", None, t1);
+    assert_eq!((old.peers.len(), old.peers_unchanged), (1, false));
+    // A stale version gets the list and the current version.
+    let stale = beat_with(&mut c, "a", version.map(|v| v ^ 1), t1);
+    assert_eq!((stale.peers.len(), stale.peers_unchanged), (1, false));
+    assert_eq!(stale.peers_version, version);
+}
+
+#[test]
+fn the_peer_list_version_changes_when_a_node_joins_dies_or_returns() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let v0 = beat_with(&mut c, "a", None, t0).peers_version;
+
+    register(&mut c, "c", 3, t0);
+    let joined = beat_with(&mut c, "a", v0, t0);
+    assert!(!joined.peers_unchanged, "c joined");
+    assert_eq!(joined.peers.len(), 2);
+    let v1 = joined.peers_version;
+
+    // Re-registering with the same record is not a change.
+    register(&mut c, "c", 3, t0);
+    assert!(beat_with(&mut c, "a", v1, t0).peers_unchanged);
+
+    // b and c keep heartbeating until c falls silent; only a reports after.
+    let t1 = t0 + DEAD_AFTER / 2;
+    beat_with(&mut c, "b", v1, t1);
+    let t2 = t0 + DEAD_AFTER;
+    beat_with(&mut c, "b", v1, t2);
+    let died = beat_with(&mut c, "a", v1, t2);
+    assert!(!died.peers_unchanged, "c died");
+    let c_peer = died
+        .peers
+        .iter()
+        .find(|p| p.node_id == "c")
+        .expect("c listed");
+    assert!(!c_peer.alive);
+    let v2 = died.peers_version;
+    assert!(beat_with(&mut c, "a", v2, t2).peers_unchanged);
+
+    let back = beat_with(&mut c, "c", v2, t2);
+    assert!(!back.peers_unchanged, "c's own return changes the list too");
+    let seen = beat_with(&mut c, "a", v2, t2);
+    assert!(!seen.peers_unchanged);
+    assert!(seen.peers.iter().all(|p| p.alive));
+}
+
+#[test]
+fn every_node_gets_every_peer_but_itself() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    let alone = c.heartbeat("a", &placed_req(&[]), t0).expect("heartbeat");
+    assert!(decode(&alone, "a").peers.is_empty());
+    register(&mut c, "b", 2, t0);
+    register(&mut c, "c", 3, t0);
+    let answer = c.heartbeat("b", &placed_req(&[]), t0).expect("heartbeat");
+    let ids = |who: &str| -> Vec<String> {
+        decode(&answer, who)
+            .peers
+            .into_iter()
+            .map(|p| p.node_id)
+            .collect()
+    };
+    // First, middle and last entry left out, and nothing for a stranger.
+    assert_eq!(ids("a"), ["b", "c"]);
+    assert_eq!(ids("b"), ["a", "c"]);
+    assert_eq!(ids("c"), ["a", "b"]);
+    assert_eq!(ids("zz"), ["a", "b", "c"]);
+    let full = decode(&answer, "a");
+    assert_eq!(
+        full.peers[1],
+        Peer {
+            node_id: "c".into(),
+            address: std::net::Ipv4Addr::LOCALHOST,
+            pod_cidr: c.state().nodes["c"].pod_cidr.to_string(),
+            alive: true,
+        }
+    );
+    assert_eq!(full.peers_version, Some(c.peers_version()));
+}
+
+#[test]
+fn a_changed_advertise_address_is_in_the_next_list() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let v = beat_with(&mut c, "a", None, t0).peers_version;
+    c.register(
+        &RegisterRequest {
+            node_id: "b".into(),
+            advertise_addr: SocketAddr::from(([127, 0, 0, 9], 2)),
+            capacity: Resources::default(),
+        },
+        t0,
+    )
+    .expect("re-registers");
+    let resp = beat_with(&mut c, "a", v, t0);
+    assert!(!resp.peers_unchanged);
+    assert_eq!(resp.peers[0].address, std::net::Ipv4Addr::new(127, 0, 0, 9));
+}
+
+#[test]
+fn a_restarted_control_plane_does_not_take_an_old_version_for_current() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let old = beat_with(&mut c, "a", None, t0).peers_version;
+    let mut restarted = restarted(&c);
+    register(&mut restarted, "a", 1, t0);
+    let resp = beat_with(&mut restarted, "a", old, t0);
+    assert!(!resp.peers_unchanged);
+    assert_eq!(resp.peers.len(), 1);
+}
+
+#[test]
+fn liveness_boundaries() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    assert_eq!(
+        c.liveness("a", t0 + DEAD_AFTER - Duration::from_millis(1)),
+        Some(Liveness::Alive)
+    );
+    assert_eq!(c.liveness("a", t0 + DEAD_AFTER), Some(Liveness::Dead));
+    beat(&mut c, "a", 0.0, &[], t0 + DEAD_AFTER);
+    assert_eq!(c.liveness("a", t0 + DEAD_AFTER), Some(Liveness::Alive));
+    assert_eq!(c.liveness("nope", t0), None);
+}
+
+#[test]
+fn pod_cidr_is_stable_across_re_registration_and_restarts() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    let a = register(&mut c, "a", 1, t0);
+    let b = register(&mut c, "b", 2, t0);
+    assert_ne!(a, b);
+    assert_eq!(register(&mut c, "a", 9, t0), a);
+    let mut restarted = restarted(&c);
+    assert_eq!(restarted.liveness("a", t0), Some(Liveness::Dead));
+    assert_eq!(register(&mut restarted, "a", 1, t0), a);
+}
+
+#[test]
+fn scheduled_applies_are_sticky_and_recorded_only_on_success() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    beat(&mut c, "a", 3.0, &[], t0);
+    let t = c.begin_apply("web", None, t0).expect("target");
+    assert_eq!(t.node, "b", "b has more headroom");
+    assert!(c.finish_apply("web", &t, false).is_empty());
+    assert!(
+        c.state().placements.is_empty(),
+        "failure leaves no placement"
+    );
+    let t = c.begin_apply("web", None, t0).expect("target");
+    let ops = c.finish_apply("web", &t, true);
+    assert_eq!(ops.len(), 1);
+    beat(&mut c, "b", 3.5, &[], t0);
+    let again = c.begin_apply("web", None, t0).expect("sticky");
+    assert_eq!((again.node.as_str(), again.epoch), ("b", t.epoch));
+    c.finish_apply("web", &again, true);
+}
+
+fn placed_req(placed: &[(&str, u64)]) -> HeartbeatRequest {
+    HeartbeatRequest {
+        committed: Resources::default(),
+        jails: placed.len() as u32,
+        placed: placed
+            .iter()
+            .map(|(n, e)| PlacedJail {
+                name: n.to_string(),
+                epoch: *e,
+                running: true,
+                address: None,
+            })
+            .collect(),
+        peers_version: None,
+    }
+}
+
+#[test]
+fn committed_resources_from_an_apply_rank_the_node_before_its_heartbeat() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 1, t0);
+    let first = c.begin_apply("j1", None, t0).expect("target");
+    assert_eq!(first.node, "a", "equal headroom: the smallest id");
+    c.finish_apply("j1", &first, true);
+    // The node's answer says what it commits now; no heartbeat yet.
+    let capacity = c.state().nodes["a"].capacity;
+    c.note_committed(
+        "a",
+        Resources {
+            cpu: capacity.cpu / 2.0,
+            memory: 0,
+        },
+    );
+    let second = c.begin_apply("j2", None, t0).expect("target");
+    assert_eq!(
+        second.node, "b",
+        "a burst spreads: a is ranked by what it reported"
+    );
+    c.finish_apply("j2", &second, false);
+    // An unknown node is ignored.
+    c.note_committed("zz", Resources::default());
+}
+
+#[test]
+fn an_interrupted_delete_is_finished_by_the_next_heartbeat_without_the_jail() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    let t = c.begin_apply("web", None, t0).expect("target");
+    c.finish_apply("web", &t, true);
+    let ops = c.begin_delete("web", "a");
+    assert_eq!(
+        ops.len(),
+        1,
+        "the mark is persisted before the DELETE goes out"
+    );
+    assert!(c.begin_delete("web", "a").is_empty(), "marked once");
+    assert!(c.begin_delete("web", "b").is_empty(), "not placed on b");
+
+    // The node still reports it (its delete failed, or has not run).
+    assert!(
+        c.reap_deleted("a", &placed_req(&[("web", t.epoch)]))
+            .is_empty()
+    );
+    assert!(c.state().placements.contains_key("web"));
+    // A heartbeat from another node says nothing about it.
+    assert!(c.reap_deleted("b", &placed_req(&[])).is_empty());
+    // An apply in flight keeps it, whatever the heartbeat says.
+    let again = c.begin_apply("web", None, t0).expect("sticky");
+    assert!(c.reap_deleted("a", &placed_req(&[])).is_empty());
+    c.finish_apply("web", &again, false);
+    // The node no longer has it: the placement goes (the crash case).
+    let ops = c.reap_deleted("a", &placed_req(&[]));
+    assert_eq!(ops, vec![Op::RemovePlacement { name: "web".into() }]);
+    assert!(c.state().placements.is_empty() && c.state().deleting.is_empty());
+}
+
+#[test]
+fn a_successful_apply_after_a_failed_delete_clears_the_mark() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    let t = c.begin_apply("web", None, t0).expect("target");
+    c.finish_apply("web", &t, true);
+    c.begin_delete("web", "a");
+    let again = c.begin_apply("web", None, t0).expect("sticky");
+    c.finish_apply("web", &again, true);
+    assert!(
+        c.state().deleting.is_empty(),
+        "re-applied: no longer being deleted"
+    );
+    assert!(
+        c.reap_deleted("a", &placed_req(&[])).is_empty(),
+        "a heartbeat built before the apply finished cannot remove it"
+    );
+}
+
+#[test]
+fn a_placed_jail_on_a_dead_node_fails_like_the_named_route() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    let t = c.begin_apply("web", None, t0).expect("target");
+    c.finish_apply("web", &t, true);
+    let later = t0 + DEAD_AFTER;
+    assert_eq!(
+        c.begin_apply("web", None, later).expect_err("dead").status,
+        503
+    );
+    assert_eq!(
+        c.resolve_placed("web", later).expect_err("dead").status,
+        503
+    );
+    assert_eq!(c.resolve_node("a", later).expect_err("dead").status, 503);
+    assert_eq!(
+        c.resolve_node("zz", later).expect_err("unknown").status,
+        404
+    );
+}
+
+#[test]
+fn the_scheduler_sees_only_alive_registered_nodes_with_what_they_reported() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    let on_disk = c.state().clone();
+    register(&mut c, "e", 5, t0);
+    // After a failed journal write "e" is gone from the records but the
+    // live data still knows it: it must not be picked.
+    c.reset(on_disk);
+    let t1 = t0 + DEAD_AFTER - Duration::from_secs(1);
+    beat(&mut c, "a", 3.0, &[], t1);
+    beat(&mut c, "c", 2.0, &[], t1);
+    beat(&mut c, "d", 3.5, &[], t1);
+    // b is silent and Dead at t2; c has the most headroom of the rest.
+    let t2 = t0 + DEAD_AFTER;
+    let picked = |c: &Cluster| {
+        c.candidates(t2)
+            .iter()
+            .map(|x| (x.node_id.to_string(), x.committed.cpu))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        picked(&c),
+        [("a".into(), 3.0), ("c".into(), 2.0), ("d".into(), 3.5)]
+    );
+    assert_eq!(c.begin_apply("web", None, t2).expect("placed").node, "c");
+}
+
+/// One step of a random cluster history for the ranking property.
+#[derive(Debug, Clone)]
+enum Step {
+    Register { node: u8, cpu: u8, mem: u8 },
+    Beat { node: u8, cpu: u8, mem: u8 },
+    Wait { secs: u8 },
+    Reset,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0u8..8, 0u8..5, 0u8..5).prop_map(|(node, cpu, mem)| Step::Register { node, cpu, mem }),
+        (0u8..8, 0u8..6, 0u8..6).prop_map(|(node, cpu, mem)| Step::Beat { node, cpu, mem }),
+        (0u8..10).prop_map(|secs| Step::Wait { secs }),
+        Just(Step::Reset),
+    ]
+}
+
+proptest! {
+    /// The ranked index picks exactly what `pick_node` picks over every
+    /// Alive node, through registrations (new capacities), heartbeats
+    /// (new commitments, ties included), deaths and resets.
+    #[test]
+    fn the_ranked_pick_is_pick_node_over_the_candidates(
+        steps in proptest::collection::vec(step(), 1..60),
+    ) {
+        let mut now = Instant::now();
+        let mut c = cluster();
+        let mut on_disk = c.state().clone();
+        for s in steps {
+            match s {
+                Step::Register { node, cpu, mem } => {
+                    let id = format!("n{node}");
+                    c.register(
+                        &RegisterRequest {
+                            node_id: id,
+                            advertise_addr: SocketAddr::from(([127, 0, 0, 1], 1)),
+                            capacity: Resources {
+                                cpu: f64::from(cpu),
+                                memory: u64::from(mem) << 30,
+                            },
+                        },
+                        now,
+                    )
+                    .expect("registers");
+                    if node % 2 == 0 {
+                        on_disk = c.state().clone();
+                    }
+                }
+                Step::Beat { node, cpu, mem } => {
+                    let req = HeartbeatRequest {
+                        committed: Resources {
+                            cpu: f64::from(cpu) / 2.0,
+                            memory: u64::from(mem) << 29,
+                        },
+                        jails: 0,
+                        placed: vec![],
+                        peers_version: None,
+                    };
+                    let _ = c.heartbeat(&format!("n{node}"), &req, now);
+                }
+                Step::Wait { secs } => now += Duration::from_secs(u64::from(secs)),
+                Step::Reset => c.reset(on_disk.clone()),
+            }
+            let expected = pick_node(&c.candidates(now)).map(str::to_string);
+            prop_assert_eq!(c.scheduled_pick(now), expected);
+        }
+    }
+}
+
+#[test]
+fn no_alive_node_is_503() {
+    let mut c = cluster();
+    assert_eq!(
+        c.begin_apply("web", None, Instant::now())
+            .expect_err("none")
+            .status,
+        503
+    );
+}
+
+#[test]
+fn concurrent_applies_of_one_name_go_to_one_node() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let first = c.begin_apply("web", None, t0).expect("first");
+    beat(&mut c, &first.node, 4.0, &[], t0);
+    let second = c.begin_apply("web", None, t0).expect("second");
+    assert_eq!(first, second);
+    let other = c.begin_apply("db", None, t0).expect("db");
+    assert_ne!(other.epoch, first.epoch);
+}
+
+#[test]
+fn named_applies_conflict_with_a_placement_elsewhere() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let t = c.begin_apply("web", Some("a"), t0).expect("named");
+    c.finish_apply("web", &t, true);
+    assert_eq!(
+        c.begin_apply("web", Some("b"), t0)
+            .expect_err("conflict")
+            .status,
+        409
+    );
+    assert_eq!(c.begin_apply("web", None, t0).expect("scheduled").node, "a");
+}
+
+#[test]
+fn heartbeats_fence_jails_placed_elsewhere_or_deleted_but_not_in_flight_ones() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let t = c.begin_apply("web", Some("b"), t0).expect("web on b");
+    c.finish_apply("web", &t, true);
+    let inflight = c.begin_apply("db", Some("a"), t0).expect("db on a");
+    let resp = beat(
+        &mut c,
+        "a",
+        0.0,
+        &[("web", t.epoch - 1), ("db", inflight.epoch), ("gone", 1)],
+        t0,
+    );
+    assert_eq!(resp.stale, vec!["web".to_string(), "gone".to_string()]);
+    assert_eq!(resp.peers.len(), 1);
+    assert!(resp.peers[0].alive);
+}
+
+#[test]
+fn removing_a_placement_needs_the_node_that_holds_it() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    let t = c.begin_apply("web", None, t0).expect("web");
+    c.finish_apply("web", &t, true);
+    assert!(c.remove_placement("web", "b").is_empty());
+    assert_eq!(c.remove_placement("web", "a").len(), 1);
+    assert!(c.state().placements.is_empty());
+}
+
+fn service(replicas: u32, port: u16, digest: &str, stateful: bool) -> ServiceApply {
+    ServiceApply {
+        document: "kind: Service".into(),
+        replicas,
+        port,
+        stateful,
+        template_digest: digest.into(),
+        volumes: if stateful {
+            vec!["data".into()]
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+#[test]
+fn a_cordoned_node_gets_nothing_new_and_keeps_what_it_runs() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let before = c.begin_apply("before", None, t0).expect("pick");
+    assert_eq!(before.node, "a", "equal headroom: the smallest id");
+    c.finish_apply("before", &before, true);
+    beat(&mut c, "a", 0.0, &[("before", before.epoch)], t0);
+
+    assert_eq!(
+        c.set_cordoned("nope", true, t0)
+            .expect_err("unknown")
+            .status,
+        404
+    );
+    let ops = c.set_cordoned("a", true, t0).expect("cordon");
+    assert!(
+        matches!(&ops[..], [Op::PutNode { id, record }] if id == "a" && record.cordoned),
+        "{ops:?}"
+    );
+    assert!(c.set_cordoned("a", true, t0).expect("again").is_empty());
+    // The scheduled route and the services' healing skip it...
+    assert_eq!(c.begin_apply("x", None, t0).expect("pick").node, "b");
+    c.finish_apply(
+        "x",
+        &Target {
+            node: "b".into(),
+            ..before.clone()
+        },
+        false,
+    );
+    c.put_service("web", &service(2, 80, "d", false))
+        .expect("service");
+    let placed: Vec<String> = c
+        .plan_heal(Some("web"), t0)
+        .into_iter()
+        .filter_map(|a| match a {
+            HealAction::Place { target, .. } => Some(target.node),
+            HealAction::Remove { .. } => None,
+        })
+        .collect();
+    assert_eq!(placed, ["b", "b"]);
+    // ...but what it runs stays, a named apply still reaches it, and the
+    // node list says so.
+    assert_eq!(c.resolve_placed("before", t0).expect("placed").node, "a");
+    assert_eq!(c.begin_apply("y", Some("a"), t0).expect("named").node, "a");
+    let a = c
+        .node_statuses(t0)
+        .into_iter()
+        .find(|n| n.node_id == "a")
+        .expect("a");
+    assert!(a.cordoned && a.status == Liveness::Alive, "{a:?}");
+    // A re-registering agent and a restarted control plane keep it.
+    register(&mut c, "a", 1, t0);
+    let restarted = restarted(&c);
+    assert!(restarted.state().nodes["a"].cordoned);
+    assert!(c.state().nodes["a"].cordoned);
+
+    c.set_cordoned("a", false, t0).expect("uncordon");
+    assert_eq!(c.begin_apply("z", None, t0).expect("pick").node, "a");
+}
+
+#[test]
+fn only_a_dead_node_is_deleted_and_it_takes_its_placements_and_volumes() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let pg = vec!["pg".to_string()];
+    let db = c
+        .begin_apply_with_volumes("db", Some("b"), &pg, t0)
+        .expect("placed");
+    c.finish_apply("db", &db, true);
+    let web = c.begin_apply("web", Some("b"), t0).expect("placed");
+    c.finish_apply("web", &web, true);
+    let api = c.begin_apply("api", Some("a"), t0).expect("placed");
+    c.finish_apply("api", &api, true);
+    c.begin_delete("web", "b");
+
+    assert_eq!(c.remove_node("nope", t0).expect_err("unknown").status, 404);
+    let alive = c.remove_node("b", t0).expect_err("alive");
+    assert_eq!(alive.status, 409);
+    assert!(alive.message.contains("node b is Alive"), "{alive}");
+    assert!(c.state().nodes.contains_key("b"));
+
+    let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+    beat(&mut c, "a", 0.0, &[("api", api.epoch)], later);
+    // A control plane that just restarted has heard from nobody: not
+    // evidence enough, until dead_after has passed since its start.
+    let mut restarted = restarted(&c);
+    let soon = restarted
+        .remove_node("b", restarted.started + Duration::from_secs(1))
+        .expect_err("too soon");
+    assert_eq!(soon.status, 409);
+    assert!(soon.message.contains("not been heard from"), "{soon}");
+    assert!(
+        restarted
+            .remove_node("b", restarted.started + DEAD_AFTER)
+            .is_ok()
+    );
+    let (ops, removal) = c.remove_node("b", later).expect("dead");
+    assert_eq!(ops, [Op::RemoveNode { id: "b".into() }]);
+    assert_eq!(
+        removal,
+        NodeRemoval {
+            deleted: "b".into(),
+            jails: vec!["db".into(), "web".into()],
+            volumes: pg.clone(),
+        }
+    );
+    let st = c.state();
+    assert!(!st.nodes.contains_key("b"));
+    assert_eq!(st.placements.keys().collect::<Vec<_>>(), ["api"]);
+    assert!(st.volumes.is_empty() && st.deleting.is_empty());
+    // Gone from every view: the node list, the peers, the scheduler.
+    let listed: Vec<String> = c
+        .node_statuses(later)
+        .into_iter()
+        .map(|n| n.node_id)
+        .collect();
+    assert_eq!(listed, ["a"]);
+    assert_eq!(c.resolve_node("b", later).expect_err("gone").status, 404);
+    // Its volume pins nothing any more: a jail declaring it goes where the
+    // scheduler says (a new, empty volume there).
+    let moved = c
+        .begin_apply_with_volumes("db", None, &pg, later)
+        .expect("scheduled");
+    assert_eq!(moved.node, "a");
+    c.finish_apply("db", &moved, true);
+
+    // The host comes back: it registers again, and fencing tells it to
+    // remove what it still runs from before.
+    register(&mut c, "b", 2, later);
+    let answer = beat(
+        &mut c,
+        "b",
+        0.0,
+        &[("web", web.epoch), ("db", db.epoch)],
+        later,
+    );
+    assert_eq!(answer.stale, ["web", "db"]);
+}
+
+#[test]
+fn a_declared_volume_pins_every_later_apply_to_its_node() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let pg = vec!["pg".to_string()];
+    let t = c
+        .begin_apply_with_volumes("db", Some("b"), &pg, t0)
+        .expect("placed");
+    let ops = c.finish_apply("db", &t, true);
+    assert!(ops.contains(&Op::PutVolume {
+        name: "pg".into(),
+        node: "b".into()
+    }));
+    // The jail is deleted; its volume stays on b. `a` has more headroom
+    // (b carries load), so the scheduler alone would pick a.
+    c.remove_placement("db", "b");
+    beat(&mut c, "b", 3.0, &[], t0);
+    assert_eq!(c.begin_apply("other", None, t0).expect("pick").node, "a");
+    let again = c
+        .begin_apply_with_volumes("db2", None, &pg, t0)
+        .expect("pinned");
+    assert_eq!(again.node, "b", "any jail declaring pg goes to b");
+    c.finish_apply("db2", &again, false);
+    let named = c
+        .begin_apply_with_volumes("db", Some("a"), &pg, t0)
+        .expect_err("named elsewhere");
+    assert_eq!(named.status, 409);
+    assert!(named.message.contains("volume pg is on node b"), "{named}");
+    // b dies: no empty pg anywhere else.
+    let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+    beat(&mut c, "a", 0.0, &[], later);
+    let dead = c
+        .begin_apply_with_volumes("db", None, &pg, later)
+        .expect_err("dead");
+    assert_eq!(dead.status, 503);
+    assert!(
+        dead.message.contains("node b") && dead.message.contains("volume pg"),
+        "{dead}"
+    );
+    assert_eq!(c.resolve_volume("pg", later).expect_err("dead").status, 503);
+    assert_eq!(
+        c.resolve_volume("nope", later).expect_err("unknown").status,
+        404
+    );
+    // A refused apply (4xx) registers nothing; one that reached the node does.
+    let t = c
+        .begin_apply_with_volumes("cache", None, &["tmp".to_string()], later)
+        .expect("a");
+    assert!(c.finish_apply_reached("cache", &t, false, false).is_empty());
+    let t = c
+        .begin_apply_with_volumes("cache", None, &["tmp".to_string()], later)
+        .expect("a");
+    assert_eq!(c.finish_apply_reached("cache", &t, false, true).len(), 1);
+    assert_eq!(
+        c.volume_registry().get("tmp").map(String::as_str),
+        Some("a")
+    );
+    assert!(c.remove_volume("tmp", "b").is_empty(), "only its node");
+    assert_eq!(c.remove_volume("tmp", "a").len(), 1);
+}
+
+#[test]
+fn volumes_on_two_nodes_cannot_be_declared_together() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    for (jail, node, vol) in [("x", "a", "va"), ("y", "b", "vb")] {
+        let t = c
+            .begin_apply_with_volumes(jail, Some(node), &[vol.to_string()], t0)
+            .expect("placed");
+        c.finish_apply(jail, &t, true);
+    }
+    let both = vec!["va".to_string(), "vb".to_string()];
+    let err = c
+        .begin_apply_with_volumes("z", None, &both, t0)
+        .expect_err("split");
+    assert_eq!(err.status, 409);
+}
+
+#[test]
+fn a_stateful_replica_scaled_away_comes_back_to_its_data() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    c.put_service("db", &service(2, 5432, "t", true))
+        .expect("put");
+    let plan = c.plan_heal(Some("db"), t0);
+    let volumes: Vec<Vec<String>> = plan
+        .iter()
+        .filter_map(|a| match a {
+            HealAction::Place { volumes, .. } => Some(volumes.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        volumes,
+        [vec!["db-0-data".to_string()], vec!["db-1-data".to_string()]]
+    );
+    carry_out(&mut c, plan, t0);
+    let home = c.volume_registry()["db-1-data"].clone();
+    c.put_service("db", &service(1, 5432, "t", true))
+        .expect("down");
+    let plan = c.plan_heal(Some("db"), t0);
+    carry_out(&mut c, plan, t0);
+    assert_eq!(nodes_of(&c, "db").len(), 1);
+    // Load everything but db-1's old node, then make that node the
+    // fullest: the spreading scheduler would never pick it.
+    beat(&mut c, &home, 3.9, &[], t0);
+    c.put_service("db", &service(2, 5432, "t", true))
+        .expect("up");
+    let plan = c.plan_heal(Some("db"), t0);
+    match plan.as_slice() {
+        [
+            HealAction::Place {
+                replica, target, ..
+            },
+        ] => {
+            assert_eq!(
+                (replica.as_str(), target.node.as_str()),
+                ("db-1", home.as_str())
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    carry_out(&mut c, plan, t0);
+    // Its node dies and the replica is removed by a scale-down and wanted
+    // again: it waits for the node instead of going elsewhere.
+    c.put_service("db", &service(1, 5432, "t", true))
+        .expect("down");
+    let plan = c.plan_heal(Some("db"), t0);
+    carry_out(&mut c, plan, t0);
+    let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+    for id in ["a", "b", "c"] {
+        if id != home {
+            beat(&mut c, id, 0.0, &[], later);
+        }
+    }
+    c.put_service("db", &service(2, 5432, "t", true))
+        .expect("up");
+    assert!(
+        c.plan_heal(Some("db"), later).is_empty(),
+        "db-1 waits for {home}"
+    );
+}
+
+/// Places every planned replica as if its node answered success, and has
+/// each node report its replicas running with an address.
+fn carry_out(c: &mut Cluster, actions: Vec<HealAction>, now: Instant) {
+    let mut services = Vec::new();
+    for a in actions {
+        match a {
+            HealAction::Place {
+                service,
+                replica,
+                target,
+                ..
+            } => {
+                services.push(service);
+                c.finish_apply(&replica, &target, true);
+            }
+            HealAction::Remove {
+                service,
+                replica,
+                node,
+                ..
+            } => {
+                services.push(service);
+                c.remove_placement(&replica, &node);
+            }
+        }
+    }
+    c.heal_done(&services);
+    let nodes: Vec<String> = c.state().nodes.keys().cloned().collect();
+    for node in nodes {
+        if c.liveness(&node, now) != Some(Liveness::Alive) {
+            continue;
+        }
+        let placed: Vec<PlacedJail> = c
+            .state()
+            .placements
+            .iter()
+            .filter(|(_, p)| p.node == node)
+            .map(|(n, p)| PlacedJail {
+                name: n.clone(),
+                epoch: p.epoch,
+                running: true,
+                address: Some(Ipv4Addr::new(10, 20, 0, 2)),
+            })
+            .collect();
+        let req = HeartbeatRequest {
+            committed: Resources::default(),
+            jails: 0,
+            placed,
+            peers_version: None,
+        };
+        c.heartbeat(&node, &req, now).expect("heartbeat");
+    }
+}
+
+fn nodes_of(c: &Cluster, svc: &str) -> Vec<String> {
+    c.placed_replicas(svc)
+        .into_iter()
+        .map(|(_, _, p)| p.node)
+        .collect()
+}
+
+#[test]
+fn services_spread_scale_up_and_down() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    c.put_service("web", &service(3, 80, "t1", false))
+        .expect("put");
+    let plan = c.plan_heal(Some("web"), t0);
+    assert_eq!(plan.len(), 3);
+    carry_out(&mut c, plan, t0);
+    let mut nodes = nodes_of(&c, "web");
+    nodes.sort();
+    assert_eq!(nodes, ["a", "b", "c"], "one replica per node");
+    let status = c.service_status("web", t0).expect("status");
+    assert_eq!((status.desired, status.ready), (3, 3));
+    let endpoints = c.endpoints(t0);
+    assert_eq!(endpoints[0].replicas.len(), 3);
+    assert_eq!(endpoints[0].vip, status.vip);
+
+    c.put_service("web", &service(5, 80, "t1", false))
+        .expect("scale up");
+    let plan = c.plan_heal(Some("web"), t0);
+    assert_eq!(plan.len(), 2);
+    carry_out(&mut c, plan, t0);
+    c.put_service("web", &service(2, 80, "t1", false))
+        .expect("scale down");
+    let plan = c.plan_heal(Some("web"), t0);
+    assert_eq!(
+        plan.iter()
+            .filter(|a| matches!(a, HealAction::Remove { .. }))
+            .count(),
+        3
+    );
+    carry_out(&mut c, plan, t0);
+    let names: Vec<String> = c
+        .placed_replicas("web")
+        .into_iter()
+        .map(|(_, n, _)| n)
+        .collect();
+    assert_eq!(names, ["web-0", "web-1"]);
+    assert!(c.plan_heal(Some("web"), t0).is_empty(), "converged");
+}
+
+#[test]
+fn port_and_template_are_immutable_and_the_vip_never_changes() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    c.put_service("web", &service(1, 80, "t1", false))
+        .expect("put");
+    let vip = c.service_status("web", t0).expect("status").vip;
+    assert!(
+        "10.96.0.0/16"
+            .parse::<Ipv4Net>()
+            .expect("cidr")
+            .contains(vip)
+    );
+    let e = c
+        .put_service("web", &service(1, 81, "t1", false))
+        .expect_err("port");
+    assert_eq!((e.status, e.field.as_deref()), (409, Some("spec.port")));
+    let e = c
+        .put_service("web", &service(1, 80, "t2", false))
+        .expect_err("template");
+    assert_eq!((e.status, e.field.as_deref()), (409, Some("spec.template")));
+    c.put_service("web", &service(4, 80, "t1", false))
+        .expect("scale");
+    assert_eq!(c.service_status("web", t0).expect("status").vip, vip);
+    c.put_service("db", &service(1, 5432, "t3", false))
+        .expect("db");
+    assert_ne!(c.service_status("db", t0).expect("status").vip, vip);
+}
+
+#[test]
+fn vip_exhaustion_is_a_hard_error() {
+    let mut c = Cluster::new(
+        ClusterState::default(),
+        "10.20.0.0/16".parse().expect("cidr"),
+        "10.96.0.0/30".parse().expect("cidr"),
+        DEAD_AFTER,
+    );
+    c.put_service("a", &service(1, 80, "t", false))
+        .expect("first");
+    c.put_service("b", &service(1, 80, "t", false))
+        .expect("second");
+    assert_eq!(
+        c.put_service("c", &service(1, 80, "t", false))
+            .expect_err("full")
+            .status,
+        409
+    );
+}
+
+#[test]
+fn a_dead_node_s_stateless_replica_moves_and_a_stateful_one_waits() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    c.put_service("web", &service(2, 80, "t1", false))
+        .expect("web");
+    c.put_service("db", &service(2, 5432, "t2", true))
+        .expect("db");
+    let plan = c.plan_heal(None, t0);
+    carry_out(&mut c, plan, t0);
+    let web_before = c.state().placements["web-0"].clone();
+    // Only `b` keeps heartbeating.
+    let later = t0 + DEAD_AFTER;
+    beat(&mut c, "b", 0.0, &[], later);
+    let dead = if web_before.node == "a" { "a" } else { "b" };
+    let plan = c.plan_heal(None, later);
+    let moved: Vec<&str> = plan
+        .iter()
+        .filter_map(|a| match a {
+            HealAction::Place { replica, .. } => Some(replica.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        moved.iter().all(|r| r.starts_with("web-")),
+        "stateful replicas stay: {moved:?}"
+    );
+    assert_eq!(moved.len(), 1, "exactly the replica on the dead node moves");
+    carry_out(&mut c, plan, later);
+    assert!(nodes_of(&c, "web").iter().all(|n| n == "b"));
+    assert!(
+        nodes_of(&c, "db").contains(&"a".to_string()),
+        "pinned to its dead node"
+    );
+    let db = c.service_status("db", later).expect("db");
+    assert_eq!(db.ready, 1, "the pinned replica drops out of the VIP list");
+    assert!(db.replicas.iter().any(|r| r.state == "NodeDead"));
+    let moved_epoch =
+        c.state().placements[&format!("web-{}", if dead == web_before.node { 0 } else { 1 })].epoch;
+    assert!(moved_epoch > web_before.epoch || web_before.node != dead);
+}
+
+#[test]
+fn deleting_a_service_releases_its_vip_and_removes_its_replicas() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    c.put_service("web", &service(2, 80, "t1", false))
+        .expect("web");
+    let plan = c.plan_heal(None, t0);
+    carry_out(&mut c, plan, t0);
+    let (_, removals) = c.remove_service("web", t0).expect("remove");
+    assert_eq!(removals.len(), 2);
+    carry_out(&mut c, removals, t0);
+    assert!(c.state().placements.is_empty());
+    assert!(c.service_status("web", t0).is_none());
+    assert_eq!(c.remove_service("web", t0).expect_err("gone").status, 404);
+}
