@@ -214,6 +214,7 @@ fn run_keel(vip: Ipv4Addr, threads: u16) -> io::Result<()> {
                 .iter()
                 .map(|ip| SocketAddrV4::new(*ip, *port))
                 .collect(),
+            unsettled: false,
         })
         .collect();
     let errors = proxy.update(&services);

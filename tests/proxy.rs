@@ -107,6 +107,7 @@ fn service(name: &str, vip: Ipv4Addr, replicas: &[SocketAddrV4]) -> ServiceEndpo
         vip,
         port: 0,
         replicas: replicas.to_vec(),
+        unsettled: false,
     }
 }
 

@@ -327,3 +327,86 @@ fn requests_to_the_vip_rotate_over_replicas_and_survive_a_lost_node() {
         "each replica on exactly one node: {owners:?}"
     );
 }
+
+/// Each replica's node, and the pid of its workload on that node.
+fn replica_homes(cluster: &Cluster) -> BTreeMap<String, (String, u32)> {
+    let mut homes = BTreeMap::new();
+    for node in NODES {
+        let pids = crate::util::agent::sim_jail_pids(&cluster.state_dir(node));
+        for (name, pid) in pids.into_iter().filter(|(n, _)| n.starts_with("echo-")) {
+            homes.insert(name, (node.to_string(), pid));
+        }
+    }
+    homes
+}
+
+#[test]
+fn control_plane_restarts_move_nothing_fence_nothing_and_the_vip_keeps_serving() {
+    let mut cluster = Cluster::standard(3);
+    cluster.wait_for("three Alive nodes", || {
+        let nodes: Vec<NodeStatus> =
+            serde_json::from_str(&ok(&cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
+        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
+        (alive == 3).then_some(())
+    });
+    let port = port_free_everywhere();
+    apply(&cluster, 3, port);
+    cluster.wait_for("3/3 ready", || status(&cluster).filter(|s| s.ready == 3));
+    for n in 1..=3 {
+        wait_for_rotation(&cluster, n, port, &names(0..3), 2);
+    }
+    let before = replica_homes(&cluster);
+    let nodes: BTreeSet<&String> = before.values().map(|(node, _)| node).collect();
+    assert_eq!((before.len(), nodes.len()), (3, 3), "spread: {before:?}");
+
+    // Restart the control plane three times, by SIGTERM and by kill -9, while
+    // a client keeps asking through n1's proxy. Each time every node is
+    // silent to the new process until its next heartbeat: that is no
+    // evidence against it, so nothing may move, and nothing may be fenced.
+    let client = SteadyClient::start(proxy(1, port));
+    cluster.wait_for("the client to be served", || {
+        (client.served.load(Ordering::Relaxed) > 0).then_some(())
+    });
+    for round in 0..3 {
+        if round == 1 {
+            cluster.kill9_controlplane();
+        } else {
+            cluster.stop_controlplane();
+        }
+        cluster.restart_controlplane();
+        cluster.wait_for("3/3 ready after the restart", || {
+            status(&cluster).filter(|s| s.ready == 3)
+        });
+        assert_eq!(
+            replica_homes(&cluster),
+            before,
+            "after restart {round}: every replica on its node with the same process\n{}",
+            cluster.logs()
+        );
+    }
+    // Longer than dead_after after the last restart, still nothing moved.
+    let nodes_alive = |c: &Cluster| -> Option<Vec<NodeStatus>> {
+        serde_json::from_str(&ok(c, &["get", "nodes", "-o", "json"]).stdout).ok()
+    };
+    let settled = Instant::now();
+    cluster.wait_for("dead_after to pass with every node Alive", || {
+        let nodes = nodes_alive(&cluster)?;
+        assert!(
+            nodes.iter().all(|n| n.status != Liveness::Dead),
+            "a node died of a restart: {nodes:?}"
+        );
+        (settled.elapsed() > Duration::from_secs(3)).then_some(())
+    });
+    assert_eq!(replica_homes(&cluster), before, "{}", cluster.logs());
+    let (served, failures) = client.finish();
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed across the restarts, first: {:?}\n{}",
+        failures.len(),
+        served + failures.len() as u64,
+        &failures[..failures.len().min(5)],
+        cluster.logs()
+    );
+    let log = cluster.logs();
+    assert!(!log.contains("fenced jail"), "nothing fenced:\n{log}");
+}

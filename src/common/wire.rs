@@ -146,7 +146,8 @@ pub struct Peer {
     pub address: std::net::Ipv4Addr,
     /// Its subnet.
     pub pod_cidr: String,
-    /// Alive (heartbeating) or not; a Dead peer's route is withdrawn.
+    /// Not Dead (Alive, or Unknown after a control-plane restart); a Dead
+    /// peer's route is withdrawn.
     pub alive: bool,
 }
 
@@ -161,6 +162,12 @@ pub struct ServiceEndpoints {
     pub port: u16,
     /// `address:port` of every replica on an Alive node whose workload runs.
     pub replicas: Vec<std::net::SocketAddrV4>,
+    /// Some replica is on a node the control plane has not heard from since
+    /// it started, so `replicas` may lack ones that serve: a proxy already
+    /// routing this service adds these replicas to the ones it has instead of
+    /// dropping any. Absent (false) in the JSON when settled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unsettled: bool,
 }
 
 /// Header of an agent's answer to a control-plane `PUT /jails/{name}` (one
@@ -214,8 +221,11 @@ pub struct HeartbeatResponse {
 pub enum Liveness {
     /// Heartbeated within `dead_after`.
     Alive,
-    /// Silent for longer than `dead_after`, or not heard from since the
-    /// control plane started.
+    /// Not heard from since the control plane started (or since it was
+    /// stalled), for less than `dead_after`: it keeps what it runs and is
+    /// still routed to, but gets nothing new until it heartbeats.
+    Unknown,
+    /// This control plane saw it stay silent for `dead_after`.
     Dead,
 }
 
@@ -223,6 +233,7 @@ impl fmt::Display for Liveness {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Liveness::Alive => "Alive",
+            Liveness::Unknown => "Unknown",
             Liveness::Dead => "Dead",
         })
     }
@@ -233,7 +244,7 @@ impl fmt::Display for Liveness {
 pub struct NodeStatus {
     /// Node id.
     pub node_id: String,
-    /// Alive or Dead.
+    /// Alive, Unknown or Dead.
     pub status: Liveness,
     /// The agent's advertise address.
     pub address: std::net::SocketAddr,

@@ -12,6 +12,11 @@
 //! one fsync; alone, a request costs one. If the journal write fails, the
 //! worker reloads the state from disk (which holds exactly what was
 //! acknowledged before) and answers every command of the batch with the error.
+//!
+//! Stalls: when this thread could not run for longer than half of
+//! `dead_after` (a slow batch, a stopped process), the heartbeats it missed
+//! prove nothing, so every lease still running restarts
+//! ([`Cluster::observation_gap`]) instead of expiring on the next read.
 
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -393,7 +398,25 @@ impl Worker {
     }
 
     fn run(mut self, rx: Receiver<Command>) {
-        while let Ok(first) = rx.recv() {
+        // Stall detection: the loop wakes at least every quarter of the
+        // stall threshold, idle or not, so when more than the threshold has
+        // passed since it last woke, this thread could not run (a batch took
+        // that long, the process was stopped or starved): the heartbeats it
+        // did not handle meanwhile are no evidence against any node.
+        let threshold = self.cluster.stall_threshold();
+        let mut previous = Instant::now();
+        loop {
+            let received = rx.recv_timeout(threshold / 4);
+            let now = Instant::now();
+            if now.saturating_duration_since(previous) > threshold {
+                self.cluster.observation_gap(previous, now);
+            }
+            previous = now;
+            let first = match received {
+                Ok(cmd) => cmd,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {

@@ -400,6 +400,15 @@ impl Cluster {
             .kill9();
     }
 
+    /// `kill -TERM` of the control plane, waiting until it has exited.
+    pub fn stop_controlplane(&mut self) {
+        self.controlplane
+            .as_mut()
+            .expect("a control plane")
+            .0
+            .stop();
+    }
+
     /// Starts the control plane again with the same arguments and directory.
     pub fn restart_controlplane(&mut self) {
         self.launch_controlplane();

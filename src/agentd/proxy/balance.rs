@@ -48,6 +48,20 @@ impl Backends {
         *lock(&self.replicas) = replicas.into();
     }
 
+    /// Adds the replicas of `replicas` the list lacks and drops none: for a
+    /// table the control plane marked unsettled (it has not yet heard from
+    /// every node since it started, so its list may lack replicas that serve).
+    pub fn widen(&self, replicas: &[SocketAddrV4]) {
+        let mut current = lock(&self.replicas);
+        let mut list = current.to_vec();
+        for r in replicas {
+            if !list.contains(r) {
+                list.push(*r);
+            }
+        }
+        *current = list.into();
+    }
+
     /// Number of replicas in the current list.
     pub fn len(&self) -> usize {
         lock(&self.replicas).len()
@@ -99,6 +113,17 @@ mod tests {
             retries,
             [addr(2), addr(3), addr(1), addr(2), addr(3), addr(1)].map(Some)
         );
+    }
+
+    #[test]
+    fn widening_keeps_every_replica_and_adds_the_new_ones() {
+        let b = Backends::new(&[addr(1), addr(2), addr(3)]);
+        // A list that names only the replica of the one node heard from yet.
+        b.widen(&[addr(2), addr(4)]);
+        let firsts: Vec<_> = (0..4).map(|_| b.pick().expect("replicas").first).collect();
+        assert_eq!(firsts, [addr(1), addr(2), addr(3), addr(4)]);
+        b.replace(&[addr(2)]);
+        assert_eq!(b.len(), 1);
     }
 
     #[test]

@@ -429,7 +429,11 @@ async fn apply(
             }
             Change::Replace(s) => {
                 if let Some(entry) = served.get(&s.name) {
-                    entry.backends.replace(&s.replicas);
+                    if s.unsettled {
+                        entry.backends.widen(&s.replicas);
+                    } else {
+                        entry.backends.replace(&s.replicas);
+                    }
                 }
             }
             Change::Rebind(s) => {

@@ -69,6 +69,7 @@ mod tests {
             replicas: (0..replicas)
                 .map(|i| SocketAddrV4::new(Ipv4Addr::new(127, 64, 0, i as u8 + 1), 80))
                 .collect(),
+            unsettled: false,
         }
     }
 

@@ -1,10 +1,32 @@
-//! Liveness: which nodes are Alive, computed on read from their last
-//! heartbeat, and the headroom order the scheduler picks from.
+//! Liveness: which nodes are Alive, Unknown or Dead, computed on read from
+//! the leases this process has observed, and the headroom order the
+//! scheduler picks from.
 //!
-//! Nothing sweeps in the background: nodes believed Alive are kept ordered
-//! by last heartbeat, and every read first pops the ones that have gone
-//! silent for `dead_after`. This file must never act on a death; it only
-//! answers what the process has observed.
+//! Absence of evidence is not death. A node is Dead only when this process
+//! saw its lease run out: `dead_after` passed since the lease began without
+//! a heartbeat. A lease begins at every heartbeat, and also, for every node
+//! whose lease this process has not seen expire, at two moments when silence
+//! proves nothing:
+//!
+//! - the process's start: the persisted records name the nodes, but no
+//!   heartbeat has been received yet. Each node is Unknown (not heard from
+//!   since the start, lease running) until it heartbeats, and Dead only one
+//!   whole `dead_after` later. Nomad resets its heartbeat timers after a
+//!   leader election for the same reason.
+//! - the end of a stall ([`Cluster::observation_gap`]): the worker heard
+//!   nothing for a while (it was paused, or nobody could reach the process),
+//!   so the heartbeats that did not arrive are no evidence either.
+//!
+//! What each state allows: an Alive node is a scheduling candidate and its
+//! replicas are ready when it reports them running. An Unknown node is
+//! reached for forwards and routed to by the peers, and its placements count
+//! as present (nothing is moved or healed away from it), but it gets nothing
+//! new, having reported no headroom. Only Dead permits destructive action:
+//! rescheduling its stateless replicas, deleting the node record.
+//!
+//! Nothing sweeps in the background: running leases are kept ordered by
+//! their start, and every read first pops the ones that ran out. This file
+//! must never act on a death; it only answers what the process observed.
 
 use std::time::Instant;
 
@@ -39,33 +61,75 @@ impl Ord for Rank {
 }
 
 impl Cluster {
-    /// Forgets, from the Alive order, nodes silent for `dead_after` at `now`:
-    /// each one changes the peer list.
+    /// Pops, from the running leases, those that ran out by `now`: each such
+    /// node is Dead from now on, which changes the peer list.
     pub(super) fn notice_deaths(&mut self, now: Instant) {
-        while let Some((t, _)) = self.alive.first() {
+        while let Some((t, _)) = self.leases.first() {
             if now.saturating_duration_since(*t) < self.dead_after {
                 break;
             }
-            if let Some((_, id)) = self.alive.pop_first() {
+            if let Some((_, id)) = self.leases.pop_first() {
+                if let Some(live) = self.live.get_mut(&id) {
+                    live.lease_from = None;
+                }
                 self.rank(&id, false);
                 self.peer_changed(&id, now);
             }
         }
     }
 
-    /// Records that `id` was heard from at `now`.
+    /// Records that `id` was heard from at `now`: a new lease.
     pub(super) fn heard_from(&mut self, id: &str, now: Instant) {
         self.notice_deaths(now);
+        let before = self.liveness(id, now);
         let live = self.live.entry(id.to_string()).or_default();
-        let was_alive = match live.last_heartbeat.replace(now) {
-            Some(t) => self.alive.remove(&(t, id.to_string())),
-            None => false,
-        };
-        self.alive.insert((now, id.to_string()));
+        live.last_heartbeat = Some(now);
+        if let Some(t) = live.lease_from.replace(now) {
+            self.leases.remove(&(t, id.to_string()));
+        }
+        self.leases.insert((now, id.to_string()));
         self.rank(id, true);
-        if !was_alive {
+        if before != Some(Liveness::Alive) {
             self.peer_changed(id, now);
         }
+    }
+
+    /// The worker heard nothing between its previous command and `now`,
+    /// longer than a heartbeat should take: it was stalled, or nobody could
+    /// reach this process. Every lease still running when the silence began
+    /// starts again at `now`, so no node dies of heartbeats that could not be
+    /// received. Leases already seen to expire stay expired.
+    pub fn observation_gap(&mut self, since: Instant, now: Instant) {
+        let running: Vec<String> = self
+            .leases
+            .iter()
+            .filter(|(t, _)| since.saturating_duration_since(*t) < self.dead_after)
+            .map(|(_, id)| id.clone())
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        for id in &running {
+            if let Some(live) = self.live.get_mut(id)
+                && let Some(t) = live.lease_from.replace(now)
+            {
+                self.leases.remove(&(t, id.clone()));
+                self.leases.insert((now, id.clone()));
+            }
+        }
+        log::warn!(
+            "heard nothing for {:.1}s (the worker was stalled or nobody could reach this control plane); {} node leases start again instead of expiring",
+            now.saturating_duration_since(since).as_secs_f64(),
+            running.len()
+        );
+    }
+
+    /// How long the worker may hear nothing before [`Cluster::observation_gap`]
+    /// applies: half of `dead_after`, which is longer than a heartbeat period
+    /// (a third of it by default), so one node heartbeating alone never
+    /// looks like a stall.
+    pub fn stall_threshold(&self) -> std::time::Duration {
+        self.dead_after / 2
     }
 
     /// Puts `id` in `ranked` under its current headroom (`alive`), or takes
@@ -103,19 +167,37 @@ impl Cluster {
         self.ranked.first().map(|(_, id)| id.clone())
     }
 
-    /// Liveness of `id` at `now`, `None` when unknown.
+    /// Liveness of `id` at `now`, `None` when unknown; see the module docs.
     pub fn liveness(&self, id: &str, now: Instant) -> Option<Liveness> {
         self.state.nodes.get(id)?;
-        let alive = self.live.get(id).is_some_and(|l| self.is_alive(l, now));
-        Some(if alive {
+        let Some(live) = self.live.get(id).filter(|l| self.lease_running(l, now)) else {
+            return Some(Liveness::Dead);
+        };
+        Some(if live.last_heartbeat.is_some() {
             Liveness::Alive
         } else {
-            Liveness::Dead
+            Liveness::Unknown
         })
     }
 
-    pub(super) fn is_alive(&self, live: &Live, now: Instant) -> bool {
-        live.last_heartbeat
+    /// True unless `id` is unknown or this process saw its lease expire:
+    /// requests may be sent to it and what it holds stays where it is.
+    pub(super) fn not_dead(&self, id: &str, now: Instant) -> bool {
+        matches!(
+            self.liveness(id, now),
+            Some(Liveness::Alive | Liveness::Unknown)
+        )
+    }
+
+    /// True when `id` heartbeated since this process started.
+    pub(super) fn heard_since_start(&self, id: &str) -> bool {
+        self.live
+            .get(id)
+            .is_some_and(|l| l.last_heartbeat.is_some())
+    }
+
+    fn lease_running(&self, live: &Live, now: Instant) -> bool {
+        live.lease_from
             .is_some_and(|t| now.saturating_duration_since(t) < self.dead_after)
     }
 
@@ -130,7 +212,8 @@ impl Cluster {
             .filter_map(|(id, n)| {
                 while live.next_if(|(l, _)| *l < id).is_some() {}
                 let (_, l) = live.next_if(|(l, _)| *l == id)?;
-                (self.is_alive(l, now) && !n.cordoned).then_some(Candidate {
+                let alive = l.last_heartbeat.is_some() && self.lease_running(l, now);
+                (alive && !n.cordoned).then_some(Candidate {
                     node_id: id,
                     capacity: n.capacity,
                     committed: l.committed,

@@ -74,7 +74,12 @@ pub struct Target {
 
 #[derive(Debug, Clone, Default)]
 struct Live {
+    /// The last heartbeat (or registration) this process received.
     last_heartbeat: Option<Instant>,
+    /// When the node's current lease began: its last heartbeat, or the start
+    /// of a grace this process granted (its own start, the end of a stall).
+    /// `None` once the lease was seen to expire.
+    lease_from: Option<Instant>,
     committed: Resources,
     jails: u32,
     /// Placed jails as the node last reported them: running, address.
@@ -86,8 +91,8 @@ struct Live {
 /// See the module docs.
 #[derive(Debug)]
 pub struct Cluster {
-    /// When this control plane started: a node not heard from since is
-    /// Dead without evidence until `dead_after` has passed.
+    /// When this control plane started: every node known then got a lease
+    /// from this moment (see [`liveness`]).
     started: Instant,
     state: ClusterState,
     live: BTreeMap<String, Live>,
@@ -97,40 +102,72 @@ pub struct Cluster {
     cluster_cidr: Ipv4Net,
     service_cidr: Ipv4Net,
     dead_after: Duration,
-    /// Nodes Alive at the last read, oldest heartbeat first.
-    alive: BTreeSet<(Instant, String)>,
+    /// Nodes whose lease was running at the last read, by `lease_from`,
+    /// oldest first: Alive and Unknown ones.
+    leases: BTreeSet<(Instant, String)>,
     peers_version: u64,
     /// Each node's [`Peer`] entry, encoded.
     entries: BTreeMap<String, Vec<u8>>,
     /// The entries joined, for the current version, once asked for.
     peer_list: Option<Arc<PeerListJson>>,
-    /// The nodes in `alive`, most headroom first and ties by id: the
+    /// The Alive nodes, most headroom first and ties by id: the
     /// scheduled route's pick is the first one, without visiting 5,000 nodes.
     ranked: BTreeSet<(Rank, String)>,
 }
 
 impl Cluster {
-    /// A cluster from persisted state: every node Dead until it heartbeats.
+    /// A cluster from persisted state, starting now: every node is Unknown
+    /// until it heartbeats, and Dead only if it stays silent for
+    /// `dead_after` (see [`liveness`]).
     pub fn new(
         state: ClusterState,
         cluster_cidr: Ipv4Net,
         service_cidr: Ipv4Net,
         dead_after: Duration,
     ) -> Cluster {
+        Cluster::started_at(
+            state,
+            cluster_cidr,
+            service_cidr,
+            dead_after,
+            Instant::now(),
+        )
+    }
+
+    /// [`Cluster::new`], started at `now` (tests step a synthetic clock).
+    pub fn started_at(
+        state: ClusterState,
+        cluster_cidr: Ipv4Net,
+        service_cidr: Ipv4Net,
+        dead_after: Duration,
+        now: Instant,
+    ) -> Cluster {
+        let live = state
+            .nodes
+            .keys()
+            .map(|id| {
+                let live = Live {
+                    lease_from: Some(now),
+                    ..Live::default()
+                };
+                (id.clone(), live)
+            })
+            .collect();
+        let leases = state.nodes.keys().map(|id| (now, id.clone())).collect();
         let mut cluster = Cluster {
             state,
-            live: BTreeMap::new(),
+            live,
             pending: BTreeMap::new(),
             healing: BTreeSet::new(),
             cluster_cidr,
             service_cidr,
             dead_after,
-            alive: BTreeSet::new(),
+            leases,
             peers_version: first_peers_version(),
             entries: BTreeMap::new(),
             peer_list: None,
             ranked: BTreeSet::new(),
-            started: Instant::now(),
+            started: now,
         };
         cluster.encode_every_peer(cluster.started);
         cluster
@@ -148,10 +185,10 @@ impl Cluster {
         self.pending.clear();
         self.encode_every_peer(Instant::now());
         // Nodes the restored records lack must not be picked.
-        let alive: Vec<String> = self.alive.iter().map(|(_, id)| id.clone()).collect();
-        for id in alive {
-            let known = self.state.nodes.contains_key(&id);
-            self.rank(&id, known);
+        let leased: Vec<String> = self.leases.iter().map(|(_, id)| id.clone()).collect();
+        for id in leased {
+            let rank = self.state.nodes.contains_key(&id) && self.heard_since_start(&id);
+            self.rank(&id, rank);
         }
         self.healing.clear();
     }

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Cluster, HeartbeatAnswer, Refusal};
 use crate::common::cidr::{Ipv4Net, derive_pod_cidr};
@@ -142,7 +142,8 @@ impl Cluster {
             .collect()
     }
 
-    /// The address of an Alive node: unknown is 404, Dead is 503. No network.
+    /// The address of a node that is not Dead (an Unknown one may well be
+    /// running): an unknown id is 404, Dead is 503. No network.
     pub fn resolve_node(&self, id: &str, now: Instant) -> Result<SocketAddr, Refusal> {
         match self.liveness(id, now) {
             None => Err(Refusal::new(404, format!("no node named {id}"))),
@@ -153,7 +154,7 @@ impl Cluster {
                     self.dead_after.as_secs()
                 ),
             )),
-            Some(Liveness::Alive) => Ok(self.state.nodes[id].advertise),
+            Some(Liveness::Alive | Liveness::Unknown) => Ok(self.state.nodes[id].advertise),
         }
     }
 
@@ -223,27 +224,27 @@ impl Cluster {
                     ),
                 ));
             }
+            // Not heard from since a restart (or a stall) is no evidence the
+            // host is gone, and deleting a running node would have fencing
+            // remove all its jails when it registers again.
+            Some(Liveness::Unknown) => {
+                let lease = self
+                    .live
+                    .get(id)
+                    .and_then(|l| l.lease_from)
+                    .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+                return Err(Refusal::new(
+                    409,
+                    format!(
+                        "node {id} has not been heard from since this control plane started {} s ago; \
+                         it counts as gone only after {} s of silence: retry in {} s",
+                        lease.as_secs(),
+                        self.dead_after.as_secs(),
+                        self.dead_after.saturating_sub(lease).as_secs() + 1
+                    ),
+                ));
+            }
             Some(Liveness::Dead) => {}
-        }
-        // Right after a restart every node is Dead until it heartbeats: that
-        // is no evidence the host is gone, and deleting a running node would
-        // have fencing remove all its jails when it registers again.
-        let heard = self
-            .live
-            .get(id)
-            .is_some_and(|l| l.last_heartbeat.is_some());
-        let up = now.saturating_duration_since(self.started);
-        if !heard && up < self.dead_after {
-            return Err(Refusal::new(
-                409,
-                format!(
-                    "node {id} has not been heard from since this control plane started {} s ago; \
-                     it counts as gone only after {} s of silence: retry in {} s",
-                    up.as_secs(),
-                    self.dead_after.as_secs(),
-                    (self.dead_after - up).as_secs() + 1
-                ),
-            ));
         }
         let removal = NodeRemoval {
             deleted: id.to_string(),
@@ -264,8 +265,8 @@ impl Cluster {
         };
         let ops = self.apply(vec![Op::RemoveNode { id: id.to_string() }]);
         if let Some(live) = self.live.remove(id) {
-            if let Some(t) = live.last_heartbeat {
-                self.alive.remove(&(t, id.to_string()));
+            if let Some(t) = live.lease_from {
+                self.leases.remove(&(t, id.to_string()));
             }
             if let Some(rank) = live.rank {
                 self.ranked.remove(&(rank, id.to_string()));

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Cluster;
-use crate::common::wire::{HeartbeatResponse, Liveness, Peer};
+use crate::common::wire::{HeartbeatResponse, Peer};
 
 /// Every node's peer entry as JSON for one peer list version, shared with
 /// the handler threads; see the module docs.
@@ -117,9 +117,16 @@ impl Cluster {
         self.peer_list = None;
     }
 
-    /// `id`'s record or liveness changed: re-encode its entry, new version.
+    /// `id`'s record or liveness may have changed: re-encode its entry, and
+    /// take a new version when the entry differs. (After a restart every
+    /// node's first heartbeat lands here: an unchanged entry must not make
+    /// every agent fetch the whole list again.)
     pub(super) fn peer_changed(&mut self, id: &str, now: Instant) {
-        match self.encode_peer(id, now) {
+        let entry = self.encode_peer(id, now);
+        if self.entries.get(id) == entry.as_ref() {
+            return;
+        }
+        match entry {
             Some(entry) => self.entries.insert(id.to_string(), entry),
             None => self.entries.remove(id),
         };
@@ -137,7 +144,9 @@ impl Cluster {
             node_id: id.to_string(),
             address,
             pod_cidr: n.pod_cidr.to_string(),
-            alive: self.liveness(id, now) == Some(Liveness::Alive),
+            // An Unknown peer is routed to: withdrawing its route would cut
+            // the data plane off on no evidence.
+            alive: self.not_dead(id, now),
         };
         // A struct of strings, an address and a bool always encodes.
         serde_json::to_vec(&peer).ok()

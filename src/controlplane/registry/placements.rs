@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use super::{Cluster, Refusal, Target};
-use crate::common::wire::{HeartbeatRequest, Liveness};
+use crate::common::wire::HeartbeatRequest;
 use crate::controlplane::state::{Op, Placement};
 
 #[derive(Debug, Clone)]
@@ -108,7 +108,7 @@ impl Cluster {
                     field: Some("spec.volumes".into()),
                 });
             }
-            if self.liveness(home, now) != Some(Liveness::Alive) {
+            if !self.not_dead(home, now) {
                 return Err(Refusal::new(
                     503,
                     format!(
@@ -281,7 +281,7 @@ impl Cluster {
                 format!("no volume named {name} is known to the cluster"),
             ));
         };
-        if self.liveness(node, now) != Some(Liveness::Alive) {
+        if !self.not_dead(node, now) {
             return Err(Refusal::new(
                 503,
                 format!(

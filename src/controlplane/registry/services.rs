@@ -121,22 +121,25 @@ impl Cluster {
 
     /// The replica view both `GET /services/{name}` and the heartbeat's
     /// endpoint lists are built from, so the two can never disagree: a replica
-    /// is ready when its node is Alive and reports its workload running.
+    /// is ready when its node is Alive and reports its workload running. On
+    /// an Unknown node (not heard from since a restart) it is `NodeUnknown`:
+    /// not ready, since nothing vouches for it, but not gone either.
     pub(super) fn replica_view(&self, name: &str, now: Instant) -> Vec<ReplicaStatus> {
         self.placed_replicas(name)
             .into_iter()
             .map(|(_, replica, p)| {
-                let alive = self.liveness(&p.node, now) == Some(Liveness::Alive);
+                let liveness = self.liveness(&p.node, now).unwrap_or(Liveness::Dead);
                 let reported = self
                     .live
                     .get(&p.node)
                     .and_then(|l| l.reported.get(&replica))
                     .copied();
-                let (state, ready) = match (alive, reported) {
-                    (false, _) => ("NodeDead", false),
-                    (true, None) => ("Pending", false),
-                    (true, Some((true, _))) => ("Running", true),
-                    (true, Some((false, _))) => ("NotRunning", false),
+                let (state, ready) = match (liveness, reported) {
+                    (Liveness::Dead, _) => ("NodeDead", false),
+                    (Liveness::Unknown, _) => ("NodeUnknown", false),
+                    (Liveness::Alive, None) => ("Pending", false),
+                    (Liveness::Alive, Some((true, _))) => ("Running", true),
+                    (Liveness::Alive, Some((false, _))) => ("NotRunning", false),
                 };
                 ReplicaStatus {
                     name: replica,
@@ -174,20 +177,26 @@ impl Cluster {
     }
 
     /// Every service with its ready replicas' `address:port`, for the proxies.
+    /// A service with a replica on an Unknown node is marked `unsettled`: its
+    /// list lacks replicas that may well serve, so a proxy that routes the
+    /// service already keeps the replicas it has (see [`ServiceEndpoints`]).
     pub fn endpoints(&self, now: Instant) -> Vec<ServiceEndpoints> {
         self.state
             .services
             .iter()
-            .map(|(name, rec)| ServiceEndpoints {
-                name: name.clone(),
-                vip: rec.vip,
-                port: rec.applied.port,
-                replicas: self
-                    .replica_view(name, now)
-                    .into_iter()
-                    .filter(|r| r.ready)
-                    .filter_map(|r| r.address.map(|a| SocketAddrV4::new(a, rec.applied.port)))
-                    .collect(),
+            .map(|(name, rec)| {
+                let view = self.replica_view(name, now);
+                ServiceEndpoints {
+                    name: name.clone(),
+                    vip: rec.vip,
+                    port: rec.applied.port,
+                    unsettled: view.iter().any(|r| r.state == "NodeUnknown"),
+                    replicas: view
+                        .into_iter()
+                        .filter(|r| r.ready)
+                        .filter_map(|r| r.address.map(|a| SocketAddrV4::new(a, rec.applied.port)))
+                        .collect(),
+                }
             })
             .collect()
     }
@@ -196,10 +205,10 @@ impl Cluster {
     /// every service not already being healed (all services when `only` is
     /// `None`). Marks them as healing until [`Cluster::heal_done`].
     ///
-    /// A replica index counts as present when it is placed on an Alive node,
-    /// or, for a stateful service, placed at all: a stateful replica on a Dead
-    /// node is neither replaced nor torn down; it waits for its node and its
-    /// data. Missing indices are placed with the spreading scheduler; indices
+    /// A replica index counts as present when its node is not Dead (Alive,
+    /// or Unknown after a restart), or, for a stateful service, placed at
+    /// all: a stateful replica on a Dead node is neither replaced nor torn
+    /// down; it waits for its node and its data. Missing indices are placed with the spreading scheduler; indices
     /// at or beyond the desired count are removed.
     pub fn plan_heal(&mut self, only: Option<&str>, now: Instant) -> Vec<HealAction> {
         let names: Vec<String> = match only {
@@ -227,9 +236,8 @@ impl Cluster {
                     });
                 }
             }
-            let present = |c: &Cluster, p: &Placement| {
-                rec.applied.stateful || c.liveness(&p.node, now) == Some(Liveness::Alive)
-            };
+            let present =
+                |c: &Cluster, p: &Placement| rec.applied.stateful || c.not_dead(&p.node, now);
             let mut occupied: BTreeSet<String> = placed
                 .iter()
                 .filter(|(i, _, p)| *i < rec.applied.replicas && present(self, p))

@@ -247,7 +247,7 @@ fn pod_cidr_is_stable_across_re_registration_and_restarts() {
     assert_ne!(a, b);
     assert_eq!(register(&mut c, "a", 9, t0), a);
     let mut restarted = restarted(&c);
-    assert_eq!(restarted.liveness("a", t0), Some(Liveness::Dead));
+    assert_eq!(restarted.liveness("a", t0), Some(Liveness::Unknown));
     assert_eq!(register(&mut restarted, "a", 1, t0), a);
 }
 
@@ -1097,4 +1097,141 @@ fn deleting_a_service_releases_its_vip_and_removes_its_replicas() {
     assert!(c.state().placements.is_empty());
     assert!(c.service_status("web", t0).is_none());
     assert_eq!(c.remove_service("web", t0).expect_err("gone").status, 404);
+}
+
+/// The placed replicas `node` would report in a heartbeat, all running.
+fn reported_by(c: &Cluster, node: &str) -> HeartbeatRequest {
+    let placed = c
+        .state()
+        .placements
+        .iter()
+        .filter(|(_, p)| p.node == node)
+        .map(|(n, p)| PlacedJail {
+            name: n.clone(),
+            epoch: p.epoch,
+            running: true,
+            address: Some(Ipv4Addr::new(10, 20, 0, 2)),
+        })
+        .collect();
+    HeartbeatRequest {
+        committed: Resources::default(),
+        jails: 0,
+        placed,
+        peers_version: None,
+    }
+}
+
+/// Three nodes running one replica each of a 3-replica `web`.
+fn spread_web() -> (Cluster, Instant) {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    c.put_service("web", &service(3, 80, "t1", false))
+        .expect("put");
+    let plan = c.plan_heal(Some("web"), t0);
+    carry_out(&mut c, plan, t0);
+    (c, t0)
+}
+
+#[test]
+fn a_restart_moves_nothing_fences_nothing_and_keeps_every_route() {
+    let (c, _) = spread_web();
+    let placements = c.state().placements.clone();
+    let mut r = restarted(&c);
+    let t1 = r.started;
+    for id in ["a", "b", "c"] {
+        assert_eq!(r.liveness(id, t1), Some(Liveness::Unknown), "{id}");
+    }
+
+    // `a` heartbeats first: nothing of b's or c's is moved or fenced.
+    let answer = r.heartbeat("a", &reported_by(&r, "a"), t1).expect("beat");
+    let resp = decode(&answer, "a");
+    assert!(resp.stale.is_empty(), "nothing of a's is fenced");
+    assert!(
+        resp.peers.iter().all(|p| p.alive),
+        "unknown peers stay routed: {:?}",
+        resp.peers
+    );
+    let web = &resp.services[0];
+    assert!(web.unsettled, "b's and c's replicas are not known yet");
+    assert_eq!(web.replicas.len(), 1, "only a's replica is vouched for");
+    assert!(r.plan_heal(None, t1).is_empty(), "nothing is healed away");
+    assert!(r.scheduled_pick(t1).is_some_and(|n| n == "a"));
+    let refused = r.remove_node("c", t1).expect_err("unknown is not dead");
+    assert_eq!(refused.status, 409);
+    assert!(r.resolve_node("b", t1).is_ok(), "forwards still reach b");
+
+    // b and c report in: the table is whole and settled again.
+    for id in ["b", "c"] {
+        let req = reported_by(&r, id);
+        let resp = decode(&r.heartbeat(id, &req, t1).expect("beat"), id);
+        assert!(resp.stale.is_empty(), "nothing of {id}'s is fenced");
+    }
+    let endpoints = r.endpoints(t1);
+    assert!(!endpoints[0].unsettled);
+    assert_eq!(endpoints[0].replicas.len(), 3);
+    assert_eq!(r.state().placements, placements, "no replica moved");
+}
+
+#[test]
+fn a_node_silent_after_a_restart_dies_one_lease_later_and_its_replica_moves() {
+    let (c, _) = spread_web();
+    let mut r = restarted(&c);
+    let t1 = r.started;
+    let almost = t1 + DEAD_AFTER - Duration::from_millis(1);
+    for id in ["a", "b"] {
+        let req = reported_by(&r, id);
+        r.heartbeat(id, &req, almost).expect("beat");
+    }
+    assert_eq!(r.liveness("c", almost), Some(Liveness::Unknown));
+    assert!(r.plan_heal(None, almost).is_empty());
+
+    let expired = t1 + DEAD_AFTER;
+    let req = reported_by(&r, "a");
+    let resp = decode(&r.heartbeat("a", &req, expired).expect("beat"), "a");
+    assert_eq!(r.liveness("c", expired), Some(Liveness::Dead));
+    assert!(
+        resp.peers.iter().any(|p| p.node_id == "c" && !p.alive),
+        "c's route is withdrawn once it is seen dead"
+    );
+    let plan = r.plan_heal(None, expired);
+    let moved: Vec<&HealAction> = plan
+        .iter()
+        .filter(|a| matches!(a, HealAction::Place { .. }))
+        .collect();
+    assert_eq!(moved.len(), 1, "c's replica, and only it: {plan:?}");
+}
+
+#[test]
+fn a_stall_restarts_the_leases_it_hid_but_not_ones_seen_expired() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "gone"].iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    // `gone` is seen dead before the stall.
+    let t1 = t0 + DEAD_AFTER;
+    beat(&mut c, "a", 0.0, &[], t1);
+    beat(&mut c, "b", 0.0, &[], t1);
+    assert_eq!(c.liveness("gone", t1), Some(Liveness::Dead));
+
+    // The worker cannot run for twice dead_after; then a's heartbeat comes.
+    let resumed = t1 + 2 * DEAD_AFTER;
+    c.observation_gap(t1, resumed);
+    beat(&mut c, "a", 0.0, &[], resumed);
+    assert_eq!(
+        c.liveness("b", resumed),
+        Some(Liveness::Alive),
+        "b's lease restarted"
+    );
+    assert_eq!(c.liveness("gone", resumed), Some(Liveness::Dead));
+    let later = resumed + DEAD_AFTER;
+    beat(&mut c, "a", 0.0, &[], later);
+    assert_eq!(
+        c.liveness("b", later),
+        Some(Liveness::Dead),
+        "a whole lease after the stall, silence is evidence again"
+    );
 }
