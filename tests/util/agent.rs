@@ -230,8 +230,13 @@ pub fn sim_jail_pids(state_dir: &Path) -> BTreeMap<String, u32> {
 }
 
 /// SIGTERM to one process (a daemon the tests spawned, our own child).
-#[allow(unsafe_code)]
 pub fn terminate(pid: u32) -> std::io::Result<()> {
+    signal(pid, libc::SIGTERM)
+}
+
+/// Sends `sig` to one process (a daemon the tests spawned, our own child).
+#[allow(unsafe_code)]
+pub fn signal(pid: u32, sig: libc::c_int) -> std::io::Result<()> {
     let pid = libc::pid_t::try_from(pid)
         .ok()
         .filter(|&p| p > 1)
@@ -239,7 +244,7 @@ pub fn terminate(pid: u32) -> std::io::Result<()> {
     // SAFETY: kill(2) reads only its two integer arguments; `pid` is a child
     // we spawned and have not reaped, so it cannot name another process, and
     // it is never 0, 1 or negative (a group or every process).
-    if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+    if unsafe { libc::kill(pid, sig) } == 0 {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
