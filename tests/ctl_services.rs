@@ -144,3 +144,100 @@ fn keelctl_applies_lists_scales_and_deletes_a_service() {
     assert_eq!(removed.stdout, "service/api deleted\njail/solo deleted\n");
     assert!(services(&cluster).is_empty());
 }
+
+fn jail_doc(name: &str) -> String {
+    format!(
+        "kind: Jail\nmetadata: {{name: {name}}}\nspec:\n  base: 14.2-RELEASE\n  exec: {{start: [/bin/sleep, '300']}}\n"
+    )
+}
+
+/// `keelctl apply -f -` expected to be refused with 409 and a message
+/// naming `other`; returns stderr.
+fn refused(run: Run, other: &str) -> String {
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(
+        run.stderr.contains("409") && run.stderr.contains(other),
+        "refused naming {other}: {run:?}"
+    );
+    run.stderr
+}
+
+#[test]
+fn a_jail_and_a_service_replica_never_share_a_name_in_either_order() {
+    let cluster = Cluster::standard(2);
+    cluster.wait_for("two Alive nodes", || {
+        let nodes: Vec<NodeStatus> =
+            serde_json::from_str(&ok(&cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
+        (nodes.iter().filter(|n| n.status == Liveness::Alive).count() == 2).then_some(())
+    });
+
+    // A jail first: a service that would adopt it as a replica is refused.
+    let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&jail_doc("svcx-1")));
+    assert_eq!(run.code, 0, "{run:?}");
+    let svcx = service_doc("svcx", 2, 9100, "/bin/sleep, '300'");
+    let err = refused(
+        cluster.keelctl_with(&["apply", "-f", "-"], Some(&svcx)),
+        "jail svcx-1",
+    );
+    assert!(err.contains("metadata.name"), "{err}");
+    assert!(
+        services(&cluster).is_empty(),
+        "nothing recorded: {:?}",
+        services(&cluster)
+    );
+
+    // A service first: a jail named like any of its replicas is refused,
+    // scheduled or named to a node, and the replica keeps its spec.
+    ok(&cluster, &["delete", "jail", "svcx-1"]);
+    let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&svcx));
+    assert_eq!(run.code, 0, "{run:?}");
+    cluster.wait_for("2/2 ready", || {
+        services(&cluster)
+            .into_iter()
+            .find(|s| s.name == "svcx" && s.ready == 2)
+    });
+    for args in [
+        &["apply", "-f", "-"][..],
+        &["apply", "-f", "-", "--node", "n2"][..],
+    ] {
+        refused(
+            cluster.keelctl_with(args, Some(&jail_doc("svcx-0"))),
+            "service svcx",
+        );
+        // An index beyond the replica count is the service's too (scaling).
+        refused(
+            cluster.keelctl_with(args, Some(&jail_doc("svcx-7"))),
+            "service svcx",
+        );
+    }
+
+    // On a single agent, over its own socket: the replica the control plane
+    // placed there is not rewritten by a local apply.
+    let replica = services(&cluster)
+        .into_iter()
+        .find(|s| s.name == "svcx")
+        .and_then(|s| s.replicas.into_iter().find(|r| r.name == "svcx-0"))
+        .expect("svcx-0");
+    let socket = cluster.socket(&replica.node);
+    let local = crate::util::cluster::run(
+        {
+            let mut cmd = std::process::Command::new(crate::util::cluster::KEELCTL);
+            cmd.env("KEEL_SOCKET", &socket)
+                .env_remove("KEEL_CONTROLPLANE")
+                .args(["apply", "-f", "-"]);
+            cmd
+        },
+        Some(&jail_doc("svcx-0")),
+    );
+    let err = refused(local, "placed by the control plane");
+    assert!(err.contains("metadata.name"), "{err}");
+
+    // The reserved prefix reaches replica names too.
+    let keel = service_doc("keel", 1, 9200, "/bin/sleep, '300'");
+    let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&keel));
+    assert_eq!(run.code, 2, "invalid input: {run:?}");
+    assert!(
+        run.stderr.contains("metadata.name (line 2") && run.stderr.contains("\"keel-0\""),
+        "{run:?}"
+    );
+}

@@ -625,6 +625,32 @@ fn an_address_used_by_another_jail_is_a_conflict() {
 }
 
 #[test]
+fn a_placed_jail_and_a_local_jail_never_take_each_other_over() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    agent.apply(jail("replica-0"), Some(4)).expect("placed");
+    agent.apply(jail("local"), None).expect("local");
+    host.take();
+    let before = agent.state().clone();
+    for (name, epoch, says) in [
+        ("replica-0", None, "placed by the control plane (epoch 4)"),
+        ("local", Some(5), "applied on this node directly"),
+    ] {
+        let err = agent.apply(jail(name), epoch).expect_err("other owner");
+        let ReconcileError::Conflict { field, message } = &err else {
+            panic!("expected Conflict, got {err:?}");
+        };
+        assert_eq!(field, "metadata.name");
+        assert!(message.contains(says), "{message}");
+    }
+    assert!(host.take().is_empty(), "nothing ran");
+    assert_eq!(agent.state(), &before, "nothing changed");
+    agent
+        .apply(jail("replica-0"), Some(6))
+        .expect("the control plane may place it again");
+}
+
+#[test]
 fn a_full_subnet_is_addresses_exhausted() {
     let host = Host::new();
     // A /30 holds the network, the gateway, one jail and the broadcast.

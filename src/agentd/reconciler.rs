@@ -470,6 +470,32 @@ where
     /// jail changes nothing on the host.
     pub fn apply(&mut self, jail: Jail, epoch: Option<u64>) -> Result<JailStatus, ReconcileError> {
         let name = jail.metadata.name.clone();
+        // One owner per name: a local apply must not rewrite a jail the
+        // control plane placed (a service replica, say), nor the control
+        // plane adopt a jail an admin applied here, which its fencing and
+        // deletes would then remove.
+        match (epoch, self.state.jails.get(&name).map(|p| p.epoch)) {
+            (None, Some(Some(placed))) => {
+                return Err(ReconcileError::Conflict {
+                    field: "metadata.name".into(),
+                    message: format!(
+                        "jail {name} on this node was placed by the control plane (epoch {placed}); \
+                         apply it through the control plane, or delete it there first"
+                    ),
+                });
+            }
+            (Some(_), Some(None)) => {
+                return Err(ReconcileError::Conflict {
+                    field: "metadata.name".into(),
+                    message: format!(
+                        "a jail named {name} was applied on this node directly (over its Unix socket), \
+                         so the control plane cannot take it over; delete it on the node \
+                         (keelctl --socket SOCKET delete jail {name}) or choose another name"
+                    ),
+                });
+            }
+            _ => {}
+        }
         let address = self.choose_address(&name, &jail)?;
         let previous = self.state.jails.get(&name).cloned();
         let record = JailRecord {

@@ -41,3 +41,55 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Names of jails Keel runs itself (the ingress jail, `keel-ingress`) start
+/// with this; no Jail may, and no Service whose replicas would.
+pub const RESERVED_PREFIX: &str = "keel-";
+
+/// The name of replica `index` of service `service`: `{service}-{index}`.
+pub fn replica_name(service: &str, index: u32) -> String {
+    format!("{service}-{index}")
+}
+
+/// The service and index a jail name would be a replica of, for a name of
+/// the form `{service}-{index}` with a canonical index (`web-01` is not
+/// replica 1 of `web`). Any such name is taken by the service of that name
+/// if one exists.
+pub fn replica_of(name: &str) -> Option<(&str, u32)> {
+    let (service, index) = name.rsplit_once('-')?;
+    let n: u32 = index.parse().ok()?;
+    (!service.is_empty() && n.to_string() == index).then_some((service, n))
+}
+
+/// Why service `name`'s replicas would take reserved names, if they would:
+/// `keel` names its first replica `keel-0`.
+pub fn reserved_for_replicas(name: &str) -> Option<String> {
+    let first = replica_name(name, 0);
+    first.starts_with(RESERVED_PREFIX).then(|| {
+        format!(
+            "a service named {name:?} would name its replicas {first:?} and so on, and {RESERVED_PREFIX:?} is reserved for the jails Keel runs itself (keel-ingress); choose another name"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_names_round_trip_and_only_canonical_indices_count() {
+        assert_eq!(replica_of(&replica_name("web", 12)), Some(("web", 12)));
+        assert_eq!(replica_of("my-web-0"), Some(("my-web", 0)));
+        assert_eq!(replica_of("web-01"), None);
+        assert_eq!(replica_of("web-x"), None);
+        assert_eq!(replica_of("web"), None);
+        assert_eq!(replica_of("-3"), None);
+    }
+
+    #[test]
+    fn keel_is_a_reserved_service_name() {
+        assert!(reserved_for_replicas("keel").is_some_and(|m| m.contains("\"keel-0\"")));
+        assert!(reserved_for_replicas("keeler").is_none());
+        assert!(reserved_for_replicas("web").is_none());
+    }
+}

@@ -343,9 +343,7 @@ fn jail_body(p: &str, s: &JailSpec) -> Check {
     volumes(p, &s.volumes)
 }
 
-/// Names of jails Keel runs itself (the ingress jail, `keel-ingress`) start
-/// with this; no Jail or Service (whose replicas are jails) may.
-pub const RESERVED_PREFIX: &str = "keel-";
+use crate::common::names::RESERVED_PREFIX;
 
 fn not_reserved(name: &str) -> Result<(), String> {
     if name.starts_with(RESERVED_PREFIX) {
@@ -366,6 +364,9 @@ pub(crate) fn service(s: &Service) -> Check {
     let name = &s.metadata.name;
     at("metadata.name", validate_name(name))?;
     at("metadata.name", not_reserved(name))?;
+    if let Some(why) = crate::common::names::reserved_for_replicas(name) {
+        return Err(FieldError::new("metadata.name", why));
+    }
     let spec = &s.spec;
     if spec.replicas > MAX_REPLICAS {
         return Err(FieldError::new(

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use super::{Cluster, Refusal, Target};
+use crate::common::names::replica_of;
 use crate::common::wire::HeartbeatRequest;
 use crate::controlplane::state::{Op, Placement};
 
@@ -85,6 +86,18 @@ impl Cluster {
         volumes: &[String],
         now: Instant,
     ) -> Result<Target, Refusal> {
+        if let Some((service, index)) = replica_of(name)
+            && self.state.services.contains_key(service)
+        {
+            return Err(Refusal {
+                status: 409,
+                message: format!(
+                    "jail {name} would take the name of replica {index} of service {service}, which manages it; \
+                     choose another jail name (a replica changes through its service: keelctl apply -f the Service)"
+                ),
+                field: Some("metadata.name".into()),
+            });
+        }
         let placed = self.state.placements.get(name).cloned();
         let pending = self.pending.get(name).cloned();
         let pin = self.volume_home(name, volumes)?;

@@ -11,6 +11,7 @@ use std::time::Instant;
 use super::placements::Pending;
 use super::{Cluster, Refusal, Target};
 use crate::common::cidr::derive_service_vip;
+use crate::common::names::{replica_of, reserved_for_replicas};
 use crate::common::wire::{Liveness, ReplicaStatus, ServiceApply, ServiceEndpoints, ServiceStatus};
 use crate::controlplane::scheduler::pick_node_spread;
 use crate::controlplane::state::{Op, Placement, ServiceRecord};
@@ -77,6 +78,7 @@ impl Cluster {
                 existing.vip
             }
             None => {
+                self.check_new_service_name(name)?;
                 let taken: BTreeSet<Ipv4Addr> =
                     self.state.services.values().map(|s| s.vip).collect();
                 derive_service_vip(name, self.service_cidr, &taken)
@@ -94,6 +96,45 @@ impl Cluster {
             name: name.to_string(),
             record,
         }]))
+    }
+
+    /// A new service must not take reserved names or the names of jails
+    /// that exist: every `{name}-{index}` would be its replica, adopted by
+    /// it and deleted with it. Placed jails and applies in flight count.
+    fn check_new_service_name(&self, name: &str) -> Result<(), Refusal> {
+        if let Some(why) = reserved_for_replicas(name) {
+            return Err(Refusal {
+                status: 400,
+                message: why,
+                field: Some("metadata.name".into()),
+            });
+        }
+        let prefix = format!("{name}-");
+        let placed = self
+            .state
+            .placements
+            .range(prefix.clone()..)
+            .take_while(|(jail, _)| jail.starts_with(&prefix))
+            .map(|(jail, p)| (jail, &p.node));
+        let in_flight = self
+            .pending
+            .range(prefix.clone()..)
+            .take_while(|(jail, _)| jail.starts_with(&prefix))
+            .map(|(jail, p)| (jail, &p.node));
+        let taken = placed
+            .chain(in_flight)
+            .find(|(jail, _)| replica_of(jail).is_some_and(|(s, _)| s == name));
+        match taken {
+            None => Ok(()),
+            Some((jail, node)) => Err(Refusal {
+                status: 409,
+                message: format!(
+                    "jail {jail} exists (on node {node}), and a service {name} would name one of its replicas {jail}; \
+                     delete the jail (keelctl delete jail {jail}) or choose another service name"
+                ),
+                field: Some("metadata.name".into()),
+            }),
+        }
     }
 
     /// The document of a service, for forwarding replica applies.

@@ -1235,3 +1235,57 @@ fn a_stall_restarts_the_leases_it_hid_but_not_ones_seen_expired() {
         "a whole lease after the stall, silence is evidence again"
     );
 }
+
+#[test]
+fn a_jail_and_a_service_never_claim_one_name() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    let jail = c.begin_apply("svcx-1", None, t0).expect("placed");
+    // In flight: already taken.
+    let err = c
+        .put_service("svcx", &service(2, 80, "t1", false))
+        .expect_err("the jail's name is a replica's");
+    assert_eq!(
+        (err.status, err.field.as_deref()),
+        (409, Some("metadata.name"))
+    );
+    assert!(err.message.contains("jail svcx-1"), "{err}");
+    c.finish_apply("svcx-1", &jail, true);
+    let err = c
+        .put_service("svcx", &service(2, 80, "t1", false))
+        .expect_err("placed: still taken");
+    assert!(
+        err.message.contains("jail svcx-1 exists (on node a)"),
+        "{err}"
+    );
+    // Other names of the same shape are not this service's.
+    c.put_service("svcx-1", &service(1, 81, "t2", false))
+        .expect("replicas svcx-1-0 collide with nothing");
+    c.remove_placement("svcx-1", "a");
+    c.put_service("svcx", &service(2, 80, "t1", false))
+        .expect("free again");
+
+    for name in ["svcx-0", "svcx-9"] {
+        let err = c.begin_apply(name, None, t0).expect_err("a replica's name");
+        assert_eq!(err.status, 409);
+        assert!(
+            err.message.contains("replica") && err.message.contains("service svcx"),
+            "{err}"
+        );
+        assert!(
+            c.begin_apply(name, Some("a"), t0).is_err(),
+            "named route too"
+        );
+    }
+    assert!(
+        c.begin_apply("svcx-01", None, t0).is_ok(),
+        "not a canonical index"
+    );
+
+    let err = c
+        .put_service("keel", &service(1, 82, "t3", false))
+        .expect_err("reserved");
+    assert_eq!(err.status, 400);
+    assert!(err.message.contains("\"keel-0\""), "{err}");
+}
