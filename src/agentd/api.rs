@@ -284,10 +284,9 @@ fn jail_for(name: &str, text: &str) -> Result<spec::Jail, Response> {
         )),
         spec::Document::Service(service) => {
             let svc = &service.metadata.name;
-            let index = name
-                .strip_prefix(svc.as_str())
-                .and_then(|rest| rest.strip_prefix('-'))
-                .and_then(|i| i.parse::<u32>().ok());
+            let index = crate::common::names::replica_of(name)
+                .filter(|(of, _)| of == svc)
+                .map(|(_, i)| i);
             match index {
                 Some(i) if i < service.spec.replicas => {
                     Ok(service.spec.template.to_jail_spec(name))

@@ -19,6 +19,8 @@ use keel::common::auth::{self, KeyFilePolicy, Keyring, Role, Signer, Verifier};
 use keel::common::http::{
     Client, ClientResponse, Endpoint, Request, Response, Server, ServerLimits, ShutdownSignal,
 };
+use keel::common::names::replica_of;
+use keel::common::spec::Document;
 use keel::common::wire::{
     EPOCH_HEADER, HeartbeatRequest, HeartbeatResponse, PlacedJail, RegisterRequest,
     RegisterResponse, Resources,
@@ -228,11 +230,21 @@ impl FakeAgent {
                 }
                 ("PUT", ["jails", name]) => {
                     let text = String::from_utf8_lossy(&req.body);
-                    match keel::common::spec::parse_jail(&text) {
+                    // A Jail named `name`, or the Service `name` is a replica
+                    // of (the control plane healing a service).
+                    let named = |doc: &Document| match doc {
+                        Document::Jail(j) => j.metadata.name == *name,
+                        Document::Service(s) => replica_of(name)
+                            .is_some_and(|(svc, i)| svc == s.metadata.name && i < s.spec.replicas),
+                        _ => false,
+                    };
+                    match keel::common::spec::parse_documents(&text) {
                         Err(e) => Response::error(400, &e.to_string(), None),
-                        Ok(j) if j.metadata.name != *name => {
-                            Response::error(400, "metadata.name differs", None)
-                        }
+                        Ok(docs) if docs.len() != 1 || !named(&docs[0]) => Response::error(
+                            400,
+                            "not a Jail or Service document for this name",
+                            None,
+                        ),
                         Ok(_) => {
                             let epoch = req.header(EPOCH_HEADER).and_then(|e| e.parse().ok());
                             held.insert(name.to_string(), (epoch, req.body.clone()));
