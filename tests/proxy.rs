@@ -202,6 +202,30 @@ fn connections_go_round_robin_across_three_backends() {
 }
 
 #[test]
+fn an_unsettled_table_adds_replicas_and_drops_none() {
+    let backends: Vec<Backend> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| Backend::start(id, ip(8, i as u8 + 10)))
+        .collect();
+    let addrs: Vec<_> = backends.iter().map(|b| b.addr).collect();
+    let proxy = start(Duration::from_secs(1));
+    update_ok(&proxy, &[service("web", ip(8, 1), &addrs[..2])]);
+    let listen = listen_addr(&proxy, "web");
+    // A control plane that restarted has heard only from c's node so far.
+    let mut unsettled = service("web", ip(8, 1), &addrs[2..]);
+    unsettled.unsettled = true;
+    update_ok(&proxy, &[unsettled]);
+    assert_eq!(proxy.services(), [("web".to_string(), listen, 3)]);
+    let mut ids: Vec<String> = (0..3).map(|_| connect(listen).1).collect();
+    ids.sort();
+    assert_eq!(ids, ["a", "b", "c"], "a and b kept, c added");
+    // Settled again, the table is taken as it is.
+    update_ok(&proxy, &[service("web", ip(8, 1), &addrs[1..2])]);
+    assert_eq!(proxy.services(), [("web".to_string(), listen, 1)]);
+}
+
+#[test]
 fn a_dead_backend_is_skipped_by_the_retry_without_client_failures() {
     let a = Backend::start("a", ip(2, 10));
     let c = Backend::start("c", ip(2, 12));
