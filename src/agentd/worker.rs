@@ -15,7 +15,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::agentd::cluster::{self, HeartbeatOutcome};
+use crate::agentd::cluster::routes::{self, HeartbeatOutcome};
 use crate::agentd::ingress::controller::{IngressApiError, IngressController};
 use crate::agentd::metrics::Metrics;
 use crate::agentd::reconciler::{JailStatus, Phase, ReconcileError, Reconciler};
@@ -103,7 +103,7 @@ pub enum Command {
         /// Where the answer goes.
         reply: Sender<Result<(), ReconcileError>>,
     },
-    /// Apply a heartbeat answer: see [`cluster::apply_heartbeat`].
+    /// Apply a heartbeat answer: see [`routes::apply_heartbeat`].
     ClusterUpdate {
         /// The node's pod_cidr.
         pod_cidr: Ipv4Net,
@@ -486,7 +486,7 @@ fn run<J, Z, N, M>(
                 reply,
             } => {
                 let outcome =
-                    cluster::apply_heartbeat(&mut reconciler, pod_cidr, &peers, &vips, &fence);
+                    routes::apply_heartbeat(&mut reconciler, pod_cidr, &peers, &vips, &fence);
                 if let Some(ingress) = &mut ingress {
                     ingress.set_services(services);
                 }
