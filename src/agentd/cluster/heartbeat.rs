@@ -97,7 +97,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::agentd::cluster::fixtures::peer;
+    use crate::agentd::fixtures::peer;
 
     fn status(name: &str, state: Phase, epoch: Option<u64>, cpu: f64, mem: u64) -> JailStatus {
         JailStatus {

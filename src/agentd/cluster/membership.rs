@@ -1,10 +1,17 @@
 //! The cluster thread ([`spawn`]) and its client for the control plane
 //! ([`ControlPlane`]): register with backoff, then heartbeat every
-//! `agent.heartbeat_interval`, handing each answer to the worker and the
-//! service proxy. It never changes the host itself: that is the worker's.
+//! `agent.heartbeat_interval`.
+//!
+//! Nothing slow stands in front of a heartbeat: its body is built from the
+//! jail statuses the worker last published
+//! ([`WorkerHandle::published_jails`]), never by a command to the worker, and
+//! each answer is handed to the [`Applier`] without waiting for it to be
+//! applied. The only thing a heartbeat waits for is the control plane
+//! itself (bounded by [`CONTROLPLANE_TIMEOUT`]). It never changes the host
+//! itself: that is the worker's.
 
 use std::collections::BTreeSet;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddr;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
@@ -13,6 +20,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::agentd::cluster::applier::{Answer, Applier, Job};
 use crate::agentd::cluster::error::ClusterError;
 use crate::agentd::cluster::heartbeat::{PeerCache, heartbeat_request, stale_placed};
 use crate::agentd::proxy::Proxy;
@@ -142,15 +150,17 @@ fn error_message(body: &[u8]) -> String {
 }
 
 /// Starts the cluster thread: register, then heartbeat until `stop` receives
-/// (or is dropped) or the worker is gone. The thread owns `proxy`: each
-/// heartbeat answer's services go to it (the API only reads it), and the
-/// thread's handle is dropped when the thread ends.
+/// (or is dropped) or the worker is gone, and its [`Applier`], which owns
+/// `proxy`: each heartbeat answer's services go to it once the worker has
+/// applied the answer (the API only reads it). Both threads end together;
+/// the proxy handle is dropped then.
 pub fn spawn(
     membership: Membership,
     worker: WorkerHandle,
     proxy: Arc<Proxy>,
     stop: Receiver<()>,
 ) -> std::io::Result<JoinHandle<()>> {
+    let applier = Applier::spawn(worker.clone(), proxy)?;
     std::thread::Builder::new()
         .name("keel-cluster".into())
         .spawn(move || {
@@ -160,7 +170,8 @@ pub fn spawn(
                 membership.signer.clone(),
             );
             // Err only when the worker is gone: the daemon is stopping.
-            let _ = run(&membership, &cp, &worker, &proxy, &stop);
+            let _ = run(&membership, &cp, &worker, &applier, &stop);
+            // Dropping the applier here waits for the job it is running.
         })
 }
 
@@ -173,7 +184,7 @@ fn run(
     m: &Membership,
     cp: &ControlPlane,
     worker: &WorkerHandle,
-    proxy: &Proxy,
+    applier: &Applier,
     stop: &Receiver<()>,
 ) -> Result<(), WorkerGone> {
     let clock = SystemClock;
@@ -217,39 +228,32 @@ fn run(
             m.node_id,
             m.controlplane
         );
-        if let Err(e) = worker.adopt_subnet(pod_cidr)? {
-            log::error!(
-                "cannot adopt the node subnet {pod_cidr} the control plane assigned: {e}; jails keep their addresses, retrying on every heartbeat"
-            );
-        }
+        // The registration renewed the lease: heartbeats start now, whatever
+        // the worker is doing.
+        applier.submit(Job::AdoptSubnet(pod_cidr));
 
         // Heartbeat until the control plane forgets the node.
         let mut last_problem: Option<String> = None;
         let mut peers = PeerCache::default();
         loop {
-            let mut request = heartbeat_request(&worker.list()?);
+            let mut request = heartbeat_request(&worker.published_jails()?);
             request.peers_version = peers.version();
             let problem = match cp.heartbeat(&request) {
                 Ok(mut resp) => match peers.absorb(&mut resp) {
                     Some(list) => {
-                        let fence = stale_placed(&resp.stale, &request.placed);
                         let vips = if m.alias_vips {
                             resp.services.iter().map(|s| s.vip).collect()
                         } else {
                             BTreeSet::new()
                         };
-                        let services = resp
-                            .services
-                            .iter()
-                            .map(|s| (s.name.clone(), SocketAddrV4::new(s.vip, s.port)))
-                            .collect();
-                        let outcome =
-                            worker.cluster_update(pod_cidr, list, vips, services, fence)?;
-                        // After the aliases exist: a listener on a VIP the
-                        // host does not have yet would fail to bind.
-                        let mut errors = outcome.errors;
-                        errors.extend(proxy.update(&resp.services).iter().map(|e| e.to_string()));
-                        (!errors.is_empty()).then(|| errors.join("; "))
+                        applier.submit(Job::Answer(Box::new(Answer {
+                            pod_cidr,
+                            peers: list,
+                            vips,
+                            fence: stale_placed(&resp.stale, &request.placed),
+                            services: resp.services,
+                        })));
+                        None
                     }
                     None => Some(format!(
                         "{} answered that the peer list is unchanged but sent a version this node does not hold; keeping routes, asking for the full list next time",

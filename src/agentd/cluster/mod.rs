@@ -49,9 +49,8 @@
 //! the worker, and [`signed`] wraps the API. It never imports `controlplane`:
 //! the bodies are `common::wire`.
 
+pub mod applier;
 pub mod error;
-#[cfg(test)]
-mod fixtures;
 pub mod heartbeat;
 pub mod identity;
 pub mod membership;

@@ -308,16 +308,9 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agentd::cluster::fixtures::peer;
-    use crate::agentd::reconciler::{NodeNetwork, STATE_FILE};
-    use crate::common::backoff::ManualClock;
-    use crate::common::spec;
-    use crate::common::store::Store;
+    use crate::agentd::fixtures::{DEFAULT_SUBNET, fake_reconciler, jail, peer};
     use crate::host::fake::{CallLog, Faults};
-    use crate::host::jail::FakeJails;
-    use crate::host::mount::FakeMounts;
     use crate::host::net::FakeNet;
-    use crate::host::zfs::FakeZfs;
 
     fn net(s: &str) -> Ipv4Net {
         s.parse().expect("test prefix")
@@ -459,52 +452,15 @@ mod tests {
         assert!(log.matching("net.").is_empty());
     }
 
-    type FakeReconciler = Reconciler<FakeJails, FakeZfs, FakeNet, FakeMounts>;
-
-    fn reconciler(dir: &std::path::Path, net: FakeNet) -> FakeReconciler {
-        let log = CallLog::new();
-        let (store, state) = Store::open(dir, STATE_FILE).expect("store");
-        Reconciler::new(
-            FakeJails::new(log.clone(), Faults::default()),
-            {
-                let zfs = FakeZfs::new(log.clone(), Faults::default());
-                zfs.add_base("14.2-RELEASE");
-                zfs
-            },
-            net,
-            FakeMounts::new(log, Faults::default()),
-            NodeNetwork {
-                bridge: "keel0".into(),
-                subnet: state
-                    .as_ref()
-                    .and_then(|s: &crate::agentd::reconciler::AgentState| s.node_subnet)
-                    .unwrap_or(net_default()),
-            },
-            store,
-            state,
-            Box::new(ManualClock::new()),
-        )
-    }
-
     fn net_default() -> Ipv4Net {
-        net("10.20.0.0/24")
-    }
-
-    fn jail(name: &str, address: Option<&str>) -> spec::Jail {
-        let addr = address
-            .map(|a| format!("  network:\n    address: {a}\n"))
-            .unwrap_or_default();
-        spec::parse_jail(&format!(
-            "kind: Jail\nmetadata:\n  name: {name}\nspec:\n  base: 14.2-RELEASE\n{addr}  exec:\n    start: [\"/bin/sleep\", \"60\"]\n"
-        ))
-        .expect("test spec")
+        net(DEFAULT_SUBNET)
     }
 
     #[test]
     fn fencing_deletes_stale_placed_jails_and_never_local_ones() {
         let dir = tempfile::tempdir().expect("tempdir");
         let fake_net = FakeNet::new(CallLog::new(), Faults::default());
-        let mut r = reconciler(dir.path(), fake_net);
+        let mut r = fake_reconciler(dir.path(), fake_net);
         let pod = net("10.20.5.0/24");
         r.adopt_node_subnet(pod).expect("adopt");
         r.ensure_gateway().expect("bridge");
@@ -548,7 +504,7 @@ mod tests {
         let fake_net = FakeNet::new(CallLog::new(), Faults::default());
         let pod = net("10.20.5.0/24");
         {
-            let mut r = reconciler(dir.path(), fake_net.clone());
+            let mut r = fake_reconciler(dir.path(), fake_net.clone());
             r.adopt_node_subnet(pod).expect("adopt");
             r.ensure_gateway().expect("bridge");
             r.ensure_gateway().expect("bridge");
@@ -562,7 +518,7 @@ mod tests {
             assert!(r.record("stray").is_none(), "refused before provisioning");
         }
         // A restarted node keeps its subnet without the control plane.
-        let r = reconciler(dir.path(), fake_net);
+        let r = fake_reconciler(dir.path(), fake_net);
         assert_eq!(r.state().node_subnet, Some(pod));
         assert_eq!(r.node().subnet, pod);
     }
@@ -570,7 +526,7 @@ mod tests {
     #[test]
     fn a_subnet_that_strands_jails_is_refused_and_nothing_changes() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut r = reconciler(dir.path(), FakeNet::new(CallLog::new(), Faults::default()));
+        let mut r = fake_reconciler(dir.path(), FakeNet::new(CallLog::new(), Faults::default()));
         r.reconcile();
         r.apply(jail("local", None), None).expect("local");
         let err = r
@@ -585,7 +541,7 @@ mod tests {
     fn heartbeat_routes_are_persisted_as_keels() {
         let dir = tempfile::tempdir().expect("tempdir");
         let fake_net = FakeNet::new(CallLog::new(), Faults::default());
-        let mut r = reconciler(dir.path(), fake_net.clone());
+        let mut r = fake_reconciler(dir.path(), fake_net.clone());
         let pod = net("10.20.5.0/24");
         let peers = [peer("n2", [10, 0, 0, 2], "10.20.7.0/24", true)];
         let outcome = apply_heartbeat(&mut r, pod, &peers, &BTreeSet::new(), &[]);
@@ -597,7 +553,7 @@ mod tests {
         drop(r);
         // The peer left the cluster while the agent was down: the restarted
         // agent still knows the route is Keel's and withdraws it.
-        let mut r = reconciler(dir.path(), fake_net.clone());
+        let mut r = fake_reconciler(dir.path(), fake_net.clone());
         apply_heartbeat(&mut r, pod, &[], &BTreeSet::new(), &[]);
         assert!(fake_net.routes().is_empty());
         assert!(r.state().cluster_routes.is_empty());
@@ -649,7 +605,7 @@ mod tests {
     fn heartbeat_vips_are_persisted_so_a_restarted_agent_removes_them() {
         let dir = tempfile::tempdir().expect("tempdir");
         let fake_net = FakeNet::new(CallLog::new(), Faults::default());
-        let mut r = reconciler(dir.path(), fake_net.clone());
+        let mut r = fake_reconciler(dir.path(), fake_net.clone());
         let pod = net("10.20.5.0/24");
         let outcome = apply_heartbeat(&mut r, pod, &[], &BTreeSet::from([ip(7)]), &[]);
         assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
@@ -657,7 +613,7 @@ mod tests {
         assert_eq!(r.state().service_vips, BTreeSet::from([ip(7)]));
         drop(r);
         // The service was deleted while the agent was down.
-        let mut r = reconciler(dir.path(), fake_net.clone());
+        let mut r = fake_reconciler(dir.path(), fake_net.clone());
         let outcome = apply_heartbeat(&mut r, pod, &[], &BTreeSet::new(), &[]);
         assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
         assert!(fake_net.aliases("keel0").is_empty());
