@@ -67,6 +67,9 @@ fn a_stalled_zfs_clone_leaves_its_node_and_its_neighbour_alive() {
     });
     assert_eq!(applied.code, 0, "apply: {applied:?}\n{}", cluster.logs());
     assert!(applied.stdout.contains("applied on node n1"), "{applied:?}");
+    eprintln!(
+        "heartbeat path: {observed_during_stall} looks at the nodes while n1's clone stalled, every one Alive"
+    );
     assert!(
         observed_during_stall > 0,
         "the liveness was never read while the clone stalled; the fault did not fire?\n{}",

@@ -6,14 +6,24 @@
 //! a slow or unreachable control plane never delays an API request: it
 //! registers (retrying with backoff, 1 s doubling to 30 s, while the agent
 //! serves locally), then heartbeats every `agent.heartbeat_interval`.
-//! Everything that changes the host goes to the worker as a command: adopting
-//! the node subnet ([`crate::agentd::worker::Command::AdoptSubnet`]) and
-//! applying a heartbeat answer
-//! ([`crate::agentd::worker::Command::ClusterUpdate`], which runs
-//! [`routes::apply_heartbeat`] on the worker thread). The thread also owns the
-//! node's service proxy ([`crate::agentd::proxy`]): once the worker has
-//! aliased the answer's VIPs on the bridge, the answer's service table goes to
-//! [`Proxy::update`](crate::agentd::proxy::Proxy::update).
+//!
+//! Nothing slow stands in front of liveness, in either direction. A heartbeat
+//! is built from the jail statuses the worker last published
+//! ([`crate::agentd::worker::WorkerHandle::published_jails`]), never by a
+//! command to the worker, so a `jail -c` or `zfs` call that takes 30 s does
+//! not delay it past the control plane's `dead_after`. And the thread never
+//! waits for an answer to be applied: it hands the answer (and, after
+//! registering, the subnet to adopt) to the [`applier::Applier`], whose own
+//! thread sends it to the worker (adopting the node subnet,
+//! [`crate::agentd::worker::Command::AdoptSubnet`], or applying the answer,
+//! [`crate::agentd::worker::Command::ClusterUpdate`], which runs
+//! [`routes::apply_heartbeat`] on the worker thread) and then, once the
+//! worker has aliased the answer's VIPs on the bridge, gives the answer's
+//! service table to the node's service proxy
+//! ([`Proxy::update`](crate::agentd::proxy::Proxy::update)). While the
+//! worker is busy, newer answers replace the one waiting; only the newest is
+//! applied, and the applier's docs say why a late one is still safe to fence
+//! by.
 //!
 //! Rules this module keeps:
 //! - A heartbeat that fails changes nothing: the node keeps its jails, its
@@ -38,6 +48,7 @@
 //! | file | owns |
 //! |---|---|
 //! | [`membership`] | the cluster thread and its control-plane client |
+//! | [`applier`] | handing answers to the worker and the proxy, newest first, never waiting |
 //! | [`heartbeat`] | the heartbeat body, the held peer list, the fence list (pure) |
 //! | [`routes`] | applying an answer on the worker: subnet, peer routes, VIP aliases, fencing |
 //! | [`identity`] | the node id and the host's capacity, decided at startup |
@@ -45,8 +56,8 @@
 //! | [`error`] | [`error::ClusterError`] |
 //!
 //! Imports run one way: [`heartbeat`] and [`routes`] know nothing of the
-//! worker or the API (the worker and the API use them), [`membership`] uses
-//! the worker, and [`signed`] wraps the API. It never imports `controlplane`:
+//! worker or the API (the worker and the API use them), [`membership`] and
+//! [`applier`] use the worker, and [`signed`] wraps the API. It never imports `controlplane`:
 //! the bodies are `common::wire`.
 
 pub mod applier;
