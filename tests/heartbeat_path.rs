@@ -1,5 +1,5 @@
 //! Nothing slow stands in front of liveness: a host command that takes
-//! longer than three leases (a simulated `zfs clone` stalled for 6 s, with
+//! longer than three leases (a simulated `zfs clone` stalled for 7 s, with
 //! the cluster's `dead_after` at 2 s) keeps its node Alive, because the agent
 //! heartbeats from the snapshot its worker publishes instead of queueing
 //! behind the worker, and the control plane relays the stalled apply on a
@@ -13,8 +13,8 @@ use keel::common::wire::{Liveness, NodeStatus};
 
 use crate::util::cluster::Cluster;
 
-/// Three times the standard cluster's `dead_after` of 2 s.
-const STALLED_CLONE: &str = "sim.zfs.clone=sleep:6s";
+/// Longer than three times the standard cluster's `dead_after` of 2 s.
+const STALLED_CLONE: &str = "sim.zfs.clone=sleep:7s";
 
 const JAIL: &str = "kind: Jail\nmetadata: {name: slow}\nspec:\n  base: 14.2-RELEASE\n  \
                     exec: {start: [/bin/sleep, '300']}\n";
