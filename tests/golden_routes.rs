@@ -1,5 +1,5 @@
 //! Golden transcripts of the agent's peer-route reconciliation
-//! ([`cluster::sync_routes`]) over [`FreeBsdNet`]: on each heartbeat one
+//! ([`routes::sync_routes`]) over [`FreeBsdNet`]: on each heartbeat one
 //! netstat(1) listing, then the route(8) deletes and adds that make every
 //! Alive peer's pod_cidr route via that peer, and nothing else.
 
@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-use keel::agentd::cluster;
+use keel::agentd::cluster::routes;
 use keel::common::cidr::Ipv4Net;
 use keel::common::cmd::RecordingRunner;
 use keel::common::config::CommandPaths;
@@ -44,7 +44,7 @@ fn managed() -> BTreeSet<Ipv4Net> {
 #[test]
 fn a_new_alive_peer_gets_a_route() {
     golden::check("agent_routes_peer_appears", |r| {
-        let sync = cluster::sync_routes(
+        let sync = routes::sync_routes(
             &net(r),
             prefix(OWN),
             &[n2([192, 168, 1, 12], true)],
@@ -59,7 +59,7 @@ fn a_new_alive_peer_gets_a_route() {
 #[test]
 fn a_dead_peer_route_is_withdrawn() {
     golden::check("agent_routes_peer_dies", |r| {
-        let sync = cluster::sync_routes(
+        let sync = routes::sync_routes(
             &net(r),
             prefix(OWN),
             &[n2([192, 168, 1, 12], false)],
@@ -74,7 +74,7 @@ fn a_dead_peer_route_is_withdrawn() {
 #[test]
 fn an_unchanged_table_only_lists_routes() {
     golden::check("agent_routes_unchanged", |r| {
-        let sync = cluster::sync_routes(
+        let sync = routes::sync_routes(
             &net(r),
             prefix(OWN),
             &[n2([192, 168, 1, 12], true)],
@@ -89,7 +89,7 @@ fn an_unchanged_table_only_lists_routes() {
 #[test]
 fn a_changed_gateway_is_replaced() {
     golden::check("agent_routes_gateway_changed", |r| {
-        let sync = cluster::sync_routes(
+        let sync = routes::sync_routes(
             &net(r),
             prefix(OWN),
             &[n2([192, 168, 1, 22], true)],
@@ -106,7 +106,7 @@ fn a_changed_gateway_is_replaced() {
 #[test]
 fn a_peer_that_left_loses_the_route_keel_added() {
     golden::check("agent_routes_peer_gone", |r| {
-        let sync = cluster::sync_routes(&net(r), prefix(OWN), &[], &managed());
+        let sync = routes::sync_routes(&net(r), prefix(OWN), &[], &managed());
         assert!(sync.errors.is_empty(), "{:?}", sync.errors);
         assert_eq!(sync.deleted, [prefix(N2_SUBNET)]);
         assert!(sync.managed.is_empty());

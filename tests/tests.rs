@@ -20,6 +20,7 @@ mod golden_net;
 mod golden_pf;
 mod golden_routes;
 mod golden_zfs;
+mod heartbeat_path;
 mod hostile;
 mod http;
 mod ingress_e2e;

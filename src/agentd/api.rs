@@ -244,7 +244,8 @@ impl AgentApi {
             // it; a local apply skips the extra pass over every jail.
             Ok(status) if epoch.is_some() => {
                 let committed =
-                    crate::agentd::cluster::heartbeat_request(&self.worker.list()?).committed;
+                    crate::agentd::cluster::heartbeat::heartbeat_request(&self.worker.list()?)
+                        .committed;
                 Response::json(200, &status)
                     .with_header(COMMITTED_HEADER, &format_committed(&committed))
             }

@@ -22,7 +22,11 @@ use std::sync::{Arc, RwLock};
 
 use crate::agentd::api::AgentApi;
 use crate::agentd::cli::Options;
-use crate::agentd::cluster::{self, ClusterError, Membership, SignedApi};
+use crate::agentd::cluster;
+use crate::agentd::cluster::error::ClusterError;
+use crate::agentd::cluster::identity;
+use crate::agentd::cluster::membership::Membership;
+use crate::agentd::cluster::signed::{self, SignedApi};
 use crate::agentd::ingress::CertManager;
 use crate::agentd::ingress::acme::AcmeSettings;
 use crate::agentd::ingress::controller::{IngressController, IngressSettings};
@@ -293,7 +297,7 @@ fn reload_keys(
     let reloaded = source
         .load()
         .map_err(|e| e.to_string())
-        .and_then(|cfg| cluster::load_key_material(&cfg).map_err(|e| e.to_string()));
+        .and_then(|cfg| signed::load_key_material(&cfg).map_err(|e| e.to_string()));
     match reloaded {
         Ok((new_signer, keyring)) => {
             log::info!("reloaded keys (signing with {})", new_signer.key_id());
@@ -311,18 +315,18 @@ fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifi
     let (Some(controlplane), Some(advertise_addr)) = (&a.controlplane, a.advertise_addr) else {
         return Ok(None);
     };
-    let node_id = cluster::node_id(a.node_id.as_deref()).map_err(RunError::Cluster)?;
+    let node_id = identity::node_id(a.node_id.as_deref()).map_err(RunError::Cluster)?;
     if simulate {
         // A simulated cluster shares keel-sim/keys: whichever daemon starts
         // first creates the node key (see common::auth::ensure_key).
         crate::common::auth::ensure_key(&a.key_file, "sim-node")
-            .map_err(|e| RunError::Cluster(cluster::ClusterError::Keys(e)))?;
+            .map_err(|e| RunError::Cluster(ClusterError::Keys(e)))?;
     }
-    let (signer, verifier) = cluster::load_keys(cfg).map_err(RunError::Cluster)?;
+    let (signer, verifier) = signed::load_keys(cfg).map_err(RunError::Cluster)?;
     let capacity = if simulate {
-        cluster::detect_capacity(&cluster::simulated_capacity())
+        identity::detect_capacity(&identity::simulated_capacity())
     } else {
-        cluster::detect_capacity(&FreeBsdCapacity::new(
+        identity::detect_capacity(&FreeBsdCapacity::new(
             Arc::new(SystemRunner),
             cfg.commands.clone(),
         ))
@@ -435,7 +439,7 @@ where
     }
     let cluster_thread = membership
         .zip(proxy)
-        .map(|(m, proxy)| cluster::spawn(m, worker.clone(), proxy, cluster_stop))
+        .map(|(m, proxy)| cluster::membership::spawn(m, worker.clone(), proxy, cluster_stop))
         .transpose()
         .map_err(setup)?;
     let (stop_timer, timer_stop) = mpsc::channel();

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | [`reconciler`] | desired vs observed state of this host's jails; provision, restart, delete |
 //! | [`worker`] | the one thread that owns the reconciler, and the channel to it |
+//! | [`snapshot`] | what the worker publishes for readers that must not wait for it (the heartbeat) |
 //! | [`api`] | the route table served on the Unix socket (and TCP when clustered) |
 //! | [`cluster`] | registration, heartbeats, peer routes and fencing when clustered |
 //! | [`volumes`] | `GET/DELETE /volumes`: volume datasets keyed by dataset path, never by jail records |
@@ -20,10 +21,13 @@ pub mod api;
 pub mod cli;
 pub mod cluster;
 pub mod daemon;
+#[cfg(test)]
+mod fixtures;
 pub mod ingress;
 pub mod metrics;
 pub mod proxy;
 pub mod reconciler;
+pub mod snapshot;
 pub mod volumes;
 pub mod worker;
 

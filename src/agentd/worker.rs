@@ -8,17 +8,28 @@
 //! so handlers block only on their own answer and requests are served one at a
 //! time in arrival order. A timer tick is just another command, which is why an
 //! apply never races a pass.
+//!
+//! One thing is read without a command: after every command it handles and
+//! every pass, the worker publishes its jail statuses
+//! ([`crate::agentd::snapshot`]), and [`WorkerHandle::published_jails`] reads
+//! the last ones without waiting for the worker. That is what the heartbeat
+//! is built from, so a host command that takes 30 s delays the commands
+//! queued behind it but never the node's liveness. The snapshot is at most
+//! one command behind (the one in progress), and it closes when the worker
+//! thread ends, panicking or not.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::agentd::cluster::{self, HeartbeatOutcome};
+use crate::agentd::cluster::routes::{self, HeartbeatOutcome};
 use crate::agentd::ingress::controller::{IngressApiError, IngressController};
 use crate::agentd::metrics::Metrics;
 use crate::agentd::reconciler::{JailStatus, Phase, ReconcileError, Reconciler};
+use crate::agentd::snapshot::{self, Publisher, Snapshot};
 use crate::agentd::volumes::{self, VolumeError};
 use crate::common::cidr::Ipv4Net;
 use crate::common::spec::{Ingress, Jail};
@@ -103,7 +114,7 @@ pub enum Command {
         /// Where the answer goes.
         reply: Sender<Result<(), ReconcileError>>,
     },
-    /// Apply a heartbeat answer: see [`cluster::apply_heartbeat`].
+    /// Apply a heartbeat answer: see [`routes::apply_heartbeat`].
     ClusterUpdate {
         /// The node's pod_cidr.
         pod_cidr: Ipv4Net,
@@ -171,6 +182,7 @@ impl std::error::Error for WorkerGone {}
 #[derive(Clone)]
 pub struct WorkerHandle {
     tx: Sender<Command>,
+    jails: Snapshot<Vec<JailStatus>>,
 }
 
 impl WorkerHandle {
@@ -226,6 +238,12 @@ impl WorkerHandle {
     /// See [`Command::List`].
     pub fn list(&self) -> Result<Vec<JailStatus>, WorkerGone> {
         self.ask(|reply| Command::List { reply })
+    }
+
+    /// The jail statuses the worker published last (after its latest command
+    /// or pass), read without waiting for the worker: see the module docs.
+    pub fn published_jails(&self) -> Result<Arc<Vec<JailStatus>>, WorkerGone> {
+        self.jails.latest().ok_or(WorkerGone)
     }
 
     /// See [`IngressCommand::Put`]; `Ok(None)` when this agent runs no
@@ -360,16 +378,19 @@ where
     M: MountManager + 'static,
 {
     let (tx, rx) = mpsc::channel();
+    let (publisher, jails) = snapshot::channel(reconciler.list());
     let handle = std::thread::Builder::new()
         .name("keel-worker".into())
-        .spawn(move || run(reconciler, ingress, rx))?;
-    Ok((WorkerHandle { tx }, handle))
+        .spawn(move || run(reconciler, ingress, rx, publisher))?;
+    Ok((WorkerHandle { tx, jails }, handle))
 }
 
 fn run<J, Z, N, M>(
     mut reconciler: Reconciler<J, Z, N, M>,
     mut ingress: Option<IngressController>,
     rx: Receiver<Command>,
+    // Dropped with this frame, also when it unwinds: that closes the snapshot.
+    published: Publisher<Vec<JailStatus>>,
 ) where
     J: JailRuntime,
     Z: ZfsManager,
@@ -379,6 +400,7 @@ fn run<J, Z, N, M>(
     let mut metrics = Metrics::default();
     pass(&mut reconciler, &mut metrics);
     ingress_pass(&mut ingress, &mut reconciler);
+    published.publish(reconciler.list());
     // Replies go to callers that may have given up (a closed connection); a
     // failed send is theirs to lose, never a reason to stop the worker.
     while let Ok(cmd) = rx.recv() {
@@ -486,7 +508,7 @@ fn run<J, Z, N, M>(
                 reply,
             } => {
                 let outcome =
-                    cluster::apply_heartbeat(&mut reconciler, pod_cidr, &peers, &vips, &fence);
+                    routes::apply_heartbeat(&mut reconciler, pod_cidr, &peers, &vips, &fence);
                 if let Some(ingress) = &mut ingress {
                     ingress.set_services(services);
                 }
@@ -494,6 +516,9 @@ fn run<J, Z, N, M>(
             }
             Command::Shutdown => break,
         }
+        // After every command, read-only ones too: cheaper than knowing
+        // which ones changed a status (the list is built from memory).
+        published.publish(reconciler.list());
     }
 }
 
@@ -608,4 +633,46 @@ pub fn spawn_timer(
                 }
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agentd::fixtures::{fake_reconciler, jail};
+    use crate::host::fake::{CallLog, Faults};
+    use crate::host::net::FakeNet;
+
+    fn names(worker: &WorkerHandle) -> Vec<(String, Option<u64>)> {
+        let jails = worker.published_jails().expect("the worker runs");
+        jails.iter().map(|s| (s.name.clone(), s.epoch)).collect()
+    }
+
+    #[test]
+    fn the_worker_publishes_its_jails_after_every_command_and_closes_when_it_ends() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let net = FakeNet::new(CallLog::new(), Faults::default());
+        let (worker, thread) = spawn(fake_reconciler(dir.path(), net)).expect("worker");
+        assert_eq!(names(&worker), []);
+
+        worker
+            .apply(jail("web", None), Some(3))
+            .expect("worker")
+            .expect("applied");
+        // The worker publishes before it takes its next command, so once a
+        // later command is answered the snapshot shows the apply.
+        worker.metrics().expect("worker");
+        assert_eq!(names(&worker), [("web".to_string(), Some(3))]);
+
+        worker.delete("web").expect("worker").expect("deleted");
+        worker.metrics().expect("worker");
+        assert_eq!(names(&worker), []);
+
+        worker.shutdown();
+        thread.join().expect("the worker ends cleanly");
+        assert_eq!(
+            worker.published_jails().map(|j| j.len()),
+            Err(WorkerGone),
+            "a stopped worker's last jails are not reported as current"
+        );
+    }
 }

@@ -84,6 +84,8 @@ struct Daemon {
     prefix: Vec<String>,
     program: &'static str,
     args: Vec<String>,
+    /// Added to the daemon's environment, e.g. `KEEL_SIM_FAULTS`.
+    env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<Child>,
 }
@@ -97,6 +99,7 @@ impl Daemon {
             .expect("log file");
         let child = prefixed(&self.prefix, self.program)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log handle"))
@@ -208,11 +211,18 @@ impl Cluster {
 
     /// Starts agent `n{n}` of [`Cluster::standard`].
     pub fn start_standard_agent(&mut self, n: u8) {
+        self.start_standard_agent_with_env(n, &[]);
+    }
+
+    /// [`Cluster::start_standard_agent`] with `env` added to the agent's
+    /// environment (kept for [`Cluster::restart_agent`]), e.g.
+    /// `KEEL_SIM_FAULTS` to stall one of its host commands.
+    pub fn start_standard_agent_with_env(&mut self, n: u8, env: &[(&str, &str)]) {
         let ip = node_ip(n);
         let id = format!("n{n}");
         let args = self.standard_agent_args(&id, SocketAddr::from((ip, free_port(ip))), ip);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.start_agent(&id, &args);
+        self.spawn_agent(&id, &[], env, &args);
     }
 
     /// The arguments of agent `id` of [`Cluster::standard`]: its own state dir
@@ -269,6 +279,7 @@ impl Cluster {
             prefix: prefix.iter().map(|a| a.to_string()).collect(),
             program: CONTROLPLANE,
             args: args.iter().map(|a| a.to_string()).collect(),
+            env: Vec::new(),
             log: self.dir().join("controlplane.log"),
             child: None,
         };
@@ -313,12 +324,20 @@ impl Cluster {
     /// [`Cluster::start_agent`] behind `prefix` (see the module docs); the
     /// agent's socket is a file, so it answers the test from any namespace.
     pub fn start_agent_in(&mut self, id: &str, prefix: &[&str], args: &[&str]) {
+        self.spawn_agent(id, prefix, &[], args);
+    }
+
+    fn spawn_agent(&mut self, id: &str, prefix: &[&str], env: &[(&str, &str)], args: &[&str]) {
         let path = |flag| PathBuf::from(flag_value(args, flag).expect("state dir and socket"));
         let socket = path("--socket");
         let mut daemon = Daemon {
             prefix: prefix.iter().map(|a| a.to_string()).collect(),
             program: AGENTD,
             args: args.iter().map(|a| a.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             log: self.dir().join(format!("{id}.log")),
             child: None,
         };

@@ -1,0 +1,186 @@
+//! What a heartbeat says and how its answer is read, as pure functions: the
+//! request body from the jail statuses ([`heartbeat_request`]), the peer list
+//! held between answers ([`PeerCache`]) and the stale names turned into the
+//! fence list ([`stale_placed`]). It never touches the host or the network.
+
+use crate::agentd::reconciler::Phase;
+use crate::common::wire::{
+    HeartbeatRequest, HeartbeatResponse, JailStatus, Peer, PlacedJail, Resources,
+};
+
+/// The heartbeat body from the worker's jail list: committed resources and
+/// count of the jails it tracks (a jail being deleted no longer counts), and
+/// the jails the control plane placed, with their epochs.
+pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
+    let tracked: Vec<&JailStatus> = statuses
+        .iter()
+        .filter(|s| s.state != Phase::Deleting)
+        .collect();
+    let committed = Resources {
+        // `+ 0.0`: an empty f64 sum is -0.0, which would print as such.
+        cpu: tracked.iter().filter_map(|s| s.cpu).sum::<f64>() + 0.0,
+        memory: tracked.iter().filter_map(|s| s.memory).sum(),
+    };
+    let placed = tracked
+        .iter()
+        .filter_map(|s| {
+            Some(PlacedJail {
+                name: s.name.clone(),
+                epoch: s.epoch?,
+                running: s.state == Phase::Running,
+                address: Some(s.address),
+            })
+        })
+        .collect();
+    HeartbeatRequest {
+        committed,
+        jails: u32::try_from(tracked.len()).unwrap_or(u32::MAX),
+        placed,
+        peers_version: None,
+    }
+}
+
+/// The last peer list the control plane sent in full, and its version, so a
+/// heartbeat can ask for the list only when it changed (see
+/// [`HeartbeatRequest::peers_version`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PeerCache {
+    held: Option<(u64, Vec<Peer>)>,
+}
+
+impl PeerCache {
+    /// The version to send with the next heartbeat.
+    pub fn version(&self) -> Option<u64> {
+        self.held.as_ref().map(|(v, _)| *v)
+    }
+
+    /// Takes in a heartbeat answer and returns the peer list to route by, or
+    /// `None` when the answer says "unchanged" about a list this cache does
+    /// not hold (a confused control plane): routes are then left as they are
+    /// and the next heartbeat asks for the full list.
+    pub fn absorb(&mut self, resp: &mut HeartbeatResponse) -> Option<Vec<Peer>> {
+        let peers = std::mem::take(&mut resp.peers);
+        if resp.peers_unchanged {
+            return match &self.held {
+                Some((v, held)) if Some(*v) == resp.peers_version => Some(held.clone()),
+                _ => {
+                    self.held = None;
+                    None
+                }
+            };
+        }
+        self.held = resp.peers_version.map(|v| (v, peers.clone()));
+        Some(peers)
+    }
+}
+
+/// The stale names of a heartbeat answer, each with the epoch the agent
+/// reported for it. A name the agent did not report is dropped: the agent
+/// cannot know which placement the control plane meant.
+pub fn stale_placed(stale: &[String], reported: &[PlacedJail]) -> Vec<PlacedJail> {
+    stale
+        .iter()
+        .filter_map(|name| {
+            let found = reported.iter().find(|p| &p.name == name).cloned();
+            if found.is_none() {
+                log::warn!(
+                    "the control plane named jail {name} stale, but this node did not report it as placed; ignoring"
+                );
+            }
+            found
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::agentd::fixtures::peer;
+
+    fn status(name: &str, state: Phase, epoch: Option<u64>, cpu: f64, mem: u64) -> JailStatus {
+        JailStatus {
+            name: name.into(),
+            state,
+            address: Ipv4Addr::new(10, 20, 3, 2),
+            restarts: 0,
+            created_unix: 0,
+            last_error: None,
+            retry_in_secs: None,
+            epoch,
+            cpu: Some(cpu),
+            memory: Some(mem),
+        }
+    }
+
+    #[test]
+    fn heartbeat_sums_tracked_jails_and_reports_placed_ones() {
+        let req = heartbeat_request(&[
+            status("a", Phase::Running, Some(3), 1.5, 512 << 20),
+            status("b", Phase::CrashLoop, None, 0.5, 256 << 20),
+            status("c", Phase::Deleting, None, 4.0, 1 << 30),
+            status("d", Phase::Failed, Some(7), 1.0, 0),
+        ]);
+        assert_eq!(req.jails, 3);
+        assert_eq!(req.committed.cpu, 3.0);
+        assert_eq!(req.committed.memory, 768 << 20);
+        let placed: Vec<(&str, u64, bool)> = req
+            .placed
+            .iter()
+            .map(|p| (p.name.as_str(), p.epoch, p.running))
+            .collect();
+        assert_eq!(placed, [("a", 3, true), ("d", 7, false)]);
+        assert!(req.placed.iter().all(|p| p.address.is_some()));
+        let fence = stale_placed(&["d".into(), "zz".into()], &req.placed);
+        assert_eq!(fence.len(), 1);
+        assert_eq!(fence[0].epoch, 7);
+    }
+
+    fn answer(peers: Vec<Peer>, version: Option<u64>, unchanged: bool) -> HeartbeatResponse {
+        HeartbeatResponse {
+            peers,
+            stale: Vec::new(),
+            services: Vec::new(),
+            peers_version: version,
+            peers_unchanged: unchanged,
+        }
+    }
+
+    #[test]
+    fn the_peer_cache_keeps_the_last_full_list_for_unchanged_answers() {
+        let list = vec![peer("n2", [10, 0, 0, 2], "10.20.7.0/24", true)];
+        let mut cache = PeerCache::default();
+        assert_eq!(
+            cache.version(),
+            None,
+            "the first heartbeat asks for the list"
+        );
+        let got = cache.absorb(&mut answer(list.clone(), Some(41), false));
+        assert_eq!(got.as_ref(), Some(&list));
+        assert_eq!(cache.version(), Some(41));
+        let got = cache.absorb(&mut answer(Vec::new(), Some(41), true));
+        assert_eq!(
+            got.as_ref(),
+            Some(&list),
+            "unchanged: route by the held list"
+        );
+        let newer = vec![peer("n2", [10, 0, 0, 2], "10.20.7.0/24", false)];
+        let got = cache.absorb(&mut answer(newer.clone(), Some(42), false));
+        assert_eq!(got.as_ref(), Some(&newer));
+        assert_eq!(cache.version(), Some(42));
+    }
+
+    #[test]
+    fn the_peer_cache_never_routes_by_a_list_it_does_not_hold() {
+        let list = vec![peer("n2", [10, 0, 0, 2], "10.20.7.0/24", true)];
+        let mut cache = PeerCache::default();
+        cache.absorb(&mut answer(list, Some(7), false));
+        assert_eq!(cache.absorb(&mut answer(Vec::new(), Some(8), true)), None);
+        assert_eq!(cache.version(), None, "the next heartbeat asks again");
+        // A control plane without versions: every answer is the full list.
+        let empty = cache.absorb(&mut answer(Vec::new(), None, false));
+        assert_eq!(empty, Some(Vec::new()));
+        assert_eq!(cache.version(), None);
+    }
+}
