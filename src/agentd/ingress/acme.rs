@@ -3,7 +3,8 @@
 //! certificate files of a host in a directory ([`CertFiles`]).
 //!
 //! It owns the ACME account file, one order from creation to the downloaded
-//! chain, and writing key and chain with mode 0600. It must never leave a
+//! chain, and writing key and chain with mode 0600 beneath the ingress
+//! jail's root ([`crate::host::beneath`]). It must never leave a
 //! challenge TXT record behind (every record [`AcmeClient::issue`] published is
 //! deleted before it returns, whatever happened), never run on the agent's
 //! worker thread (it blocks for minutes: [`super::CertManager`] runs it on its
@@ -257,7 +258,9 @@ fn read_pem(file: &PathBeneath) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|_| format!("{} is not text", file.display_path().display()))
 }
 
-/// Writes `path` atomically with mode 0600 from its creation on.
+/// Writes `path` atomically with mode 0600 from its creation on. For host
+/// files outside any jail's root (the ACME account); key and chain, which
+/// live in the ingress jail's root, are written through [`PathBeneath`].
 pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), IngressError> {
     let err = |action: &'static str, source| IngressError::Install {
         path: path.to_path_buf(),
