@@ -551,7 +551,7 @@ impl PathBeneath {
         read(&self.root, &self.inside, limit)
     }
 
-    /// [`write`] of this file.
+    /// [`write()`] of this file.
     pub fn write(&self, contents: &[u8], mode: u32) -> Result<(), BeneathError> {
         write(&self.root, &self.inside, contents, mode)
     }
@@ -589,7 +589,7 @@ pub fn write(root: &Path, file: &Path, contents: &[u8], mode: u32) -> Result<(),
         .write(name, contents, mode)
 }
 
-/// Writes `file` beneath `root` like [`write`], only when nothing is there
+/// Writes `file` beneath `root` like [`write()`], only when nothing is there
 /// yet; false when something was.
 pub fn write_if_absent(
     root: &Path,
