@@ -28,6 +28,7 @@ use keel::agentd::ingress::nginx::{NginxLayout, Site, render};
 use keel::agentd::ingress::{CertManager, CertStatus};
 use keel::common::auth::{KeyFilePolicy, unix_now};
 use keel::common::backoff::{Clock, ManualClock};
+use keel::host::beneath::PathBeneath;
 use rustls_pki_types::CertificateDer;
 
 use crate::util::acme::{
@@ -79,7 +80,7 @@ fn manager_at(
 }
 
 /// Runs `ensure` until the order it started has finished; returns the status after.
-fn settle(m: &CertManager, host: &str, dir: &Path, unix: i64) -> CertStatus {
+fn settle(m: &CertManager, host: &str, dir: &PathBeneath, unix: i64) -> CertStatus {
     poll_until(&format!("the order for {host}"), || !m.issuing(host));
     m.ensure(host, dir, unix).expect("ensure")
 }
@@ -90,8 +91,8 @@ fn certificate_issued_renewed_and_challenges_cleaned() {
         return;
     };
     let ovh = start_fake_ovh(peers.challtestsrv);
-    let certs = peers.dir.path().join("rootfs-certs");
-    fs::create_dir(&certs).expect("cert dir");
+    let certs = PathBeneath::new(peers.dir.path(), "rootfs-certs");
+    fs::create_dir(certs.display_path()).expect("cert dir");
     let host = "www.example.com";
     let m = manager(&peers, &ovh, vec![peers.dns], Duration::from_secs(20));
 
@@ -112,8 +113,8 @@ fn certificate_issued_renewed_and_challenges_cleaned() {
         ),
     };
     let files = CertFiles::new(&certs, host);
-    assert_eq!(mode_of(&files.key), 0o600);
-    assert_eq!(mode_of(&files.chain), 0o600);
+    assert_eq!(mode_of(&files.key.display_path()), 0o600);
+    assert_eq!(mode_of(&files.chain.display_path()), 0o600);
     assert_eq!(
         mode_of(&peers.dir.path().join("keel/acme-account.json")),
         0o600
@@ -121,9 +122,12 @@ fn certificate_issued_renewed_and_challenges_cleaned() {
 
     // The chain: leaf for the host, signed by the intermediate, signed by
     // Pebble's root as its management API serves it.
-    let chain = pem_chain(&files.chain);
+    let chain = pem_chain(&files.chain.display_path());
     let root_pem = peers.root_pem();
-    assert_eq!(assert_chains_to_root(&files.chain, host, &root_pem), first);
+    assert_eq!(
+        assert_chains_to_root(&files.chain.display_path(), host, &root_pem),
+        first
+    );
 
     // The challenge record went up through signed OVH calls and came down.
     {
@@ -161,7 +165,7 @@ fn certificate_issued_renewed_and_challenges_cleaned() {
         "{:?}",
         m.last_error(host)
     );
-    let renewed = pem_chain(&files.chain);
+    let renewed = pem_chain(&files.chain.display_path());
     assert_ne!(renewed[0], chain[0], "the leaf was not replaced");
     assert_eq!(ovh.state.lock().expect("state").records.len(), 0);
     assert_no_challenge_record(&peers, host);
@@ -200,7 +204,7 @@ fn certificate_issued_renewed_and_challenges_cleaned() {
         );
     }
     assert_no_challenge_record(&peers, lost);
-    assert!(!CertFiles::new(&certs, lost).chain.exists());
+    assert!(!CertFiles::new(&certs, lost).chain.display_path().exists());
 
     // Forced failure 2: OVH refuses the record; the error says what to fix and
     // the next pass waits for the backoff instead of ordering again.
@@ -249,7 +253,7 @@ fn installed_after_order(m: &CertManager, host: &str, files: &CertFiles) -> Vali
 
 /// Runs `ensure` at `unix` until the certificate is Valid with `renew_at`
 /// (the renewal window's answer arrived); every pass must find it Valid.
-fn await_renew_at(m: &CertManager, host: &str, dir: &Path, unix: i64, renew_at: i64) {
+fn await_renew_at(m: &CertManager, host: &str, dir: &PathBeneath, unix: i64, renew_at: i64) {
     poll_until(&format!("renew_at {renew_at} for {host}"), || {
         match m.ensure(host, dir, unix).expect("ensure") {
             CertStatus::Valid { renew_at: r, .. } => r == renew_at,
@@ -260,7 +264,7 @@ fn await_renew_at(m: &CertManager, host: &str, dir: &Path, unix: i64, renew_at: 
 
 /// The ARI identifier (RFC 9773 section 4.1) of the installed leaf.
 fn ari_id(files: &CertFiles) -> String {
-    let der = CertificateDer::from(pem_chain(&files.chain).remove(0));
+    let der = CertificateDer::from(pem_chain(&files.chain.display_path()).remove(0));
     CertificateIdentifier::try_from(&der)
         .expect("ari id")
         .to_string()
@@ -268,7 +272,7 @@ fn ari_id(files: &CertFiles) -> String {
 
 /// The serial number of the installed leaf.
 fn serial(files: &CertFiles) -> Vec<u8> {
-    let leaf = pem_chain(&files.chain).remove(0);
+    let leaf = pem_chain(&files.chain.display_path()).remove(0);
     let (_, cert) = x509_parser::parse_x509_certificate(&leaf).expect("leaf");
     cert.tbs_certificate.raw_serial().to_vec()
 }
@@ -280,8 +284,8 @@ fn renewal_information_decides_and_renews_when_the_window_opens() {
     };
     let front = AriFront::start(&peers);
     let ovh = start_fake_ovh(peers.challtestsrv);
-    let certs = peers.dir.path().join("rootfs-certs");
-    fs::create_dir(&certs).expect("cert dir");
+    let certs = PathBeneath::new(peers.dir.path(), "rootfs-certs");
+    fs::create_dir(certs.display_path()).expect("cert dir");
     let host = "ari.example.com";
     let clock = ManualClock::new();
     let m = manager_at(
@@ -443,8 +447,8 @@ fn nginx_serves_the_certificate(dir: &Path, host: &str, files: &CertFiles, root_
     let site = Site {
         host: host.into(),
         upstream: backend.addr,
-        certificate: files.chain.clone(),
-        key: files.key.clone(),
+        certificate: files.chain.display_path(),
+        key: files.key.display_path(),
     };
     let (conf, refused) = render(&[site], &layout);
     assert!(refused.is_empty(), "{refused:?}");

@@ -236,11 +236,14 @@ fn a_three_node_simulated_cluster_schedules_routes_fails_over_nothing_and_surviv
         "{}",
         run.stderr
     );
+    // The list is partial, and says so: the other nodes' jails, the dead
+    // node named on stderr, exit 1.
     let run = cluster.keelctl(&["get", "jails"]);
-    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.code, 1, "{run:?}");
     assert!(
-        run.stderr
-            .contains(&format!("node {victim} is Dead: its jails are not listed")),
+        run.stderr.starts_with(&format!(
+            "keelctl: get jails is incomplete: node {victim} is Dead"
+        )),
         "{}",
         run.stderr
     );
@@ -249,6 +252,16 @@ fn a_three_node_simulated_cluster_schedules_routes_fails_over_nothing_and_surviv
         "j3 was not moved to a live node: {}",
         run.stdout
     );
+    for (name, node) in placed.iter().filter(|(_, node)| **node != victim) {
+        assert!(
+            run.stdout.lines().any(|l| l
+                .split_whitespace()
+                .take(2)
+                .eq([name.as_str(), node.as_str()])),
+            "{name} on {node} is listed: {}",
+            run.stdout
+        );
+    }
     for survivor in after.keys().filter(|id| **id != victim) {
         let run = cluster.keelctl(&["--node", survivor, "get", "jails", "j3"]);
         assert_eq!(run.code, 1, "{survivor}: {run:?}");
@@ -352,6 +365,142 @@ fn a_cordoned_node_gets_no_new_jails_until_uncordoned() {
     let unknown = cluster.keelctl(&["cordon", "n9"]);
     assert_eq!(unknown.code, 1, "{unknown:?}");
     assert!(unknown.stderr.contains("no node named n9"), "{unknown:?}");
+}
+
+/// A jail on whichever node `--node` names, with a 1M volume `NAME-data`.
+fn jail_with_volume(name: &str) -> String {
+    format!(
+        "kind: Jail\nmetadata: {{name: {name}}}\nspec:\n  base: 14.2-RELEASE\n  \
+         exec: {{start: [/bin/sleep, '300']}}\n  \
+         volumes:\n    - {{name: {name}-data, mountPath: /data, size: 1M}}\n"
+    )
+}
+
+/// `(name, node)` of every object in a `-o json` listing.
+fn listed(stdout: &str) -> Vec<(String, String)> {
+    let list: Vec<serde_json::Value> = serde_json::from_str(stdout).expect("a JSON list");
+    list.iter()
+        .map(|o| {
+            let field = |f: &str| o[f].as_str().unwrap_or_default().to_string();
+            (field("name"), field("node"))
+        })
+        .collect()
+}
+
+/// `here{suffix}` on n1 and `there{suffix}` on n2, as [`listed`] gives them.
+fn both(suffix: &str) -> Vec<(String, String)> {
+    vec![
+        (format!("here{suffix}"), "n1".to_string()),
+        (format!("there{suffix}"), "n2".to_string()),
+    ]
+}
+
+/// Waits until `get RESOURCE -o json` lists [`both`] and exits 0 quietly.
+fn wait_whole(cluster: &Cluster, resource: &str, suffix: &str) {
+    cluster.wait_for(&format!("get {resource} to list both nodes'"), || {
+        let run = cluster.keelctl(&["get", resource, "-o", "json"]);
+        (run.code == 0 && run.stderr.is_empty() && listed(&run.stdout) == both(suffix))
+            .then_some(())
+    });
+}
+
+/// Listings through the control plane never pass a partial answer off as
+/// the whole: with n2's agent killed and Dead, `get jails` (table and
+/// JSON), `get volumes` and `get ingresses` print what n1 holds in their
+/// usual format, name n2 and why on stderr, and exit 1 (`--node n2` too);
+/// once n2 is back the same commands list everything and exit 0.
+#[test]
+fn a_listing_with_a_dead_node_prints_the_rest_names_the_node_and_exits_1_until_it_is_back() {
+    let mut cluster = Cluster::standard(2);
+    wait_status(&cluster, &["n1", "n2"], Liveness::Alive);
+    for (node, name) in [("n1", "here"), ("n2", "there")] {
+        ok(
+            &cluster,
+            cluster.keelctl_with(
+                &["--node", node, "apply", "-f", "-"],
+                Some(&jail_with_volume(name)),
+            ),
+            "apply",
+        );
+    }
+    wait_whole(&cluster, "jails", "");
+    wait_whole(&cluster, "volumes", "-data");
+
+    cluster.kill9_agent("n2");
+    wait_status(&cluster, &["n2"], Liveness::Dead);
+
+    let table = cluster.keelctl(&["get", "jails"]);
+    assert_eq!(table.code, 1, "{table:?}");
+    let rows: Vec<&str> = table.stdout.lines().collect();
+    assert_eq!(rows.len(), 2, "a header and n1's jail: {table:?}");
+    assert!(rows[0].starts_with("NAME"), "{table:?}");
+    assert!(
+        rows[1].split_whitespace().take(2).eq(["here", "n1"]),
+        "{table:?}"
+    );
+    assert!(
+        table
+            .stderr
+            .starts_with("keelctl: get jails is incomplete: node n2 is Dead (last heartbeat "),
+        "{table:?}"
+    );
+    assert!(
+        table
+            .stderr
+            .contains("`keelctl get nodes` shows when the node is Alive again"),
+        "{table:?}"
+    );
+
+    let json = cluster.keelctl(&["get", "jails", "-o", "json"]);
+    assert_eq!(json.code, 1, "{json:?}");
+    assert_eq!(
+        listed(&json.stdout),
+        [("here".to_string(), "n1".to_string())]
+    );
+    assert!(json.stderr.contains("node n2 is Dead"), "{json:?}");
+
+    let named = cluster.keelctl(&["--node", "n2", "get", "jails"]);
+    assert_eq!((named.code, named.stdout.as_str()), (1, ""), "{named:?}");
+    assert!(named.stderr.contains("node n2 is Dead"), "{named:?}");
+    assert!(!named.stderr.contains("No jails found"), "{named:?}");
+
+    // Volumes: n1's as usual, n2's as the registry knows them (unknown
+    // size), and the node named.
+    let volumes = cluster.keelctl(&["get", "volumes", "-o", "json"]);
+    assert_eq!(volumes.code, 1, "{volumes:?}");
+    assert_eq!(listed(&volumes.stdout), both("-data"));
+    assert!(
+        volumes
+            .stderr
+            .starts_with("keelctl: get volumes is incomplete: node n2 could not be asked ("),
+        "{volumes:?}"
+    );
+
+    let ingresses = cluster.keelctl(&["get", "ingresses"]);
+    assert_eq!(
+        (ingresses.code, ingresses.stdout.as_str()),
+        (1, ""),
+        "{ingresses:?}"
+    );
+    assert!(
+        ingresses
+            .stderr
+            .starts_with("keelctl: get ingresses is incomplete: node n2 is Dead"),
+        "{ingresses:?}"
+    );
+
+    cluster.restart_agent("n2");
+    wait_status(&cluster, &["n2"], Liveness::Alive);
+    wait_whole(&cluster, "jails", "");
+    wait_whole(&cluster, "volumes", "-data");
+    let table = ok(&cluster, cluster.keelctl(&["get", "jails"]), "get jails");
+    assert_eq!(table.lines().count(), 3, "{table}");
+    let ingresses = cluster.keelctl(&["get", "ingresses"]);
+    assert_eq!(
+        (ingresses.code, ingresses.stderr.as_str()),
+        (0, "No ingresses found.\n"),
+        "{ingresses:?}"
+    );
 }
 
 /// A host that is gone for good: `keelctl delete node` refuses while it is

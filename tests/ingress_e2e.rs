@@ -30,6 +30,7 @@ use keel::agentd::reconciler::Phase;
 use keel::common::auth::KeyFilePolicy;
 use keel::common::http::{Client, Endpoint};
 use keel::common::wire::{IngressPhase, IngressStatus, JailStatus, ServiceStatus};
+use keel::host::beneath::PathBeneath;
 
 use crate::util::acme::{
     AK, AS, CK, FakeOvh, Peers, assert_chains_to_root, assert_no_challenge_record, mode_of,
@@ -204,17 +205,22 @@ fn an_ingress_through_the_agent_serves_https_with_an_issued_certificate() {
     // The installed files: in the ingress jail's root, the chain naming the
     // host and chaining to Pebble's root, the key readable by root alone.
     let jail_root = cluster.state_dir(NODE).join("jails").join(INGRESS_JAIL);
-    let cert_dir = jail_root
-        .join(CONF_DIR.trim_start_matches('/'))
-        .join(CERT_DIR);
+    let cert_dir = PathBeneath::new(
+        &jail_root,
+        Path::new(CONF_DIR.trim_start_matches('/')).join(CERT_DIR),
+    );
     let files = CertFiles::new(&cert_dir, HOST);
     assert_eq!(
-        Some(assert_chains_to_root(&files.chain, HOST, &root_pem)),
+        Some(assert_chains_to_root(
+            &files.chain.display_path(),
+            HOST,
+            &root_pem
+        )),
         status.certificate_expires,
         "the status shows the installed certificate's expiry"
     );
-    assert_eq!(mode_of(&files.key), 0o600);
-    assert_eq!(mode_of(&files.chain), 0o600);
+    assert_eq!(mode_of(&files.key.display_path()), 0o600);
+    assert_eq!(mode_of(&files.chain.display_path()), 0o600);
     assert_eq!(mode_of(&peers.dir.path().join("acme-account.json")), 0o600);
     // nginx relays to the Service's VIP, not to a replica.
     let conf = std::fs::read_to_string(

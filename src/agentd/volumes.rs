@@ -103,6 +103,7 @@ pub fn list<Z: ZfsManager, M: MountManager>(
                 used: Some(d.used),
                 mounted_by: mounted_by(layout, name, &mounted),
                 error: None,
+                unreachable: false,
             })
         })
         .collect();

@@ -436,6 +436,11 @@ pub struct VolumeStatus {
     /// Why the other fields are unknown (through the control plane only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The control plane could not ask its node (Dead, or no answer): the
+    /// entry is the registry's, not the node's (through the control plane
+    /// only; `error` says why).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unreachable: bool,
 }
 
 /// Where an Ingress stands, as `GET /ingresses` and `GET /ingresses/{name}`

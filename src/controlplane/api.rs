@@ -442,6 +442,7 @@ impl ControlPlaneApi {
                                     "registered on node {}, which has no such dataset",
                                     home.node
                                 ),
+                                false,
                             ));
                         }
                     }
@@ -453,7 +454,7 @@ impl ControlPlaneApi {
                 Err(why) => out.extend(
                     home.volumes
                         .iter()
-                        .map(|v| unknown_volume(v, &home.node, why.clone())),
+                        .map(|v| unknown_volume(v, &home.node, why.clone(), true)),
                 ),
             }
         }
@@ -650,7 +651,9 @@ impl Handler for ControlPlaneApi {
 }
 
 /// A registered volume whose node could not say anything about it.
-fn unknown_volume(name: &str, node: &str, why: String) -> VolumeStatus {
+/// A volume the registry places on `node` but whose status `node` did not
+/// give: `why`, and whether that is because it could not be asked.
+fn unknown_volume(name: &str, node: &str, why: String, unreachable: bool) -> VolumeStatus {
     VolumeStatus {
         name: name.to_string(),
         dataset: None,
@@ -659,6 +662,7 @@ fn unknown_volume(name: &str, node: &str, why: String) -> VolumeStatus {
         used: None,
         mounted_by: None,
         error: Some(why),
+        unreachable,
     }
 }
 

@@ -404,8 +404,8 @@ pub fn help_text() -> String {
     out.push_str(
         "\nWhere requests go, first match wins: --socket, --controlplane, $KEEL_CONTROLPLANE,\n\
          $KEEL_SOCKET, ctl.controlplane, agent.socket (keel.toml).\n\
-         \nExit status: 0 success, 1 request failed (daemon unreachable or refused), \
-         2 usage or validation error.\n",
+         \nExit status: 0 success, 1 request failed (daemon unreachable or refused) or a \
+         listing left out a node it could not reach, 2 usage or validation error.\n",
     );
     out
 }

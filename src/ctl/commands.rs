@@ -16,8 +16,11 @@
 //!
 //! Through the control plane, `get jails` and `get ingresses` are assembled
 //! here: the node list, then each Alive node's list, merged by name with the
-//! node alongside; Dead nodes cannot answer and are named on stderr rather
-//! than silently missing.
+//! node alongside. A node that is Dead or whose list could not be had is
+//! never silently missing: what the others hold is printed, then the command
+//! fails with [`CtlError::Incomplete`] naming each such node and why (exit
+//! 1). `get volumes` does the same with the entries the control plane marks
+//! unreachable.
 //!
 //! This file decides what happens and in which order; it never formats (that
 //! is `output.rs`), never builds a request path (`api.rs`) and never chooses an
@@ -30,13 +33,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::common::auth::{self, KeyFilePolicy, Signer};
 use crate::common::http::Endpoint;
 use crate::common::spec::{self, Document, Ingress, Jail, Service};
-use crate::common::wire::Liveness;
+use crate::common::wire::{Liveness, VolumeStatus};
 
 use super::api::ApiError;
 use super::api::{Api, Route};
 use super::args::{Command, Input, Invocation, OutputFormat, Resource};
-use super::output::{NodeIngress, NodeJail, OnNode};
-use super::{CONTROLPLANE_ENV, CtlError, Env, Remote, Target, output, target};
+use super::output::{NodeJail, OnNode};
+use super::{CONTROLPLANE_ENV, CtlError, Env, Remote, Target, Unreached, output, target};
 
 /// stdout as commands use it: a reader that went away (`| head`) silently
 /// ends the output without ending the command (an apply half printed must
@@ -231,14 +234,10 @@ pub fn execute(
                     })?;
                 }
             } else {
-                let jails = cluster_jails(&api, stderr)?;
-                if *format == OutputFormat::Table && jails.is_empty() {
-                    let _ = writeln!(stderr, "No jails found.");
-                } else {
-                    show(out, *format, &jails, || {
-                        output::cluster_jail_table(&jails, now_unix())
-                    })?;
-                }
+                let jails = per_node(&api, "jails", Api::list_jails_on)?;
+                show_gathered(out, stderr, *format, jails, |listed| {
+                    output::cluster_jail_table(listed, now_unix())
+                })?;
             }
         }
         Command::Get {
@@ -287,6 +286,15 @@ pub fn execute(
                 show(out, *format, &volumes[0], || output::volume_table(&volumes))?;
             } else {
                 show(out, *format, &volumes, || output::volume_table(&volumes))?;
+                // The control plane lists what its registry places on a node
+                // it could not ask, marked unreachable: shown, but not whole.
+                let unreached = unreached_volume_nodes(&volumes);
+                if !unreached.is_empty() {
+                    return Err(CtlError::Incomplete {
+                        action: "get volumes".into(),
+                        unreached,
+                    });
+                }
             }
         }
         Command::Get {
@@ -307,12 +315,8 @@ pub fn execute(
                         show(out, *format, &list, || output::ingress_table(&list))?;
                     }
                 } else {
-                    let list = cluster_ingresses(&api, stderr)?;
-                    if *format == OutputFormat::Table && list.is_empty() {
-                        let _ = writeln!(stderr, "No ingresses found.");
-                    } else {
-                        show(out, *format, &list, || output::cluster_ingress_table(&list))?;
-                    }
+                    let list = per_node(&api, "ingresses", Api::list_ingresses_on)?;
+                    show_gathered(out, stderr, *format, list, output::cluster_ingress_table)?;
                 }
             }
             Some(name) => {
@@ -515,18 +519,6 @@ fn services_need_controlplane(
     }
 }
 
-/// Every jail of the cluster (only the `--node`'s with one), sorted by
-/// name then node.
-fn cluster_jails(api: &Api, stderr: &mut dyn Write) -> Result<Vec<NodeJail>, CtlError> {
-    per_node(api, "jails", stderr, Api::list_jails_on)
-}
-
-/// Every Ingress of the cluster (only the `--node`'s with one), sorted by
-/// name then node.
-fn cluster_ingresses(api: &Api, stderr: &mut dyn Write) -> Result<Vec<NodeIngress>, CtlError> {
-    per_node(api, "ingresses", stderr, Api::list_ingresses_on)
-}
-
 /// A named object an agent lists.
 trait Named {
     fn name(&self) -> &str;
@@ -544,16 +536,25 @@ impl Named for crate::common::wire::IngressStatus {
     }
 }
 
+/// What a listing over the nodes gathered: the objects of the nodes that
+/// answered, sorted by name then node, and the nodes that could not.
+struct Gathered<T> {
+    what: &'static str,
+    listed: Vec<OnNode<T>>,
+    unreached: Vec<Unreached>,
+}
+
 /// One list per node, merged: `GET /nodes`, then `list_on` for each Alive
-/// node (only the named one with `--node`), sorted by name then node. A
-/// node that is Dead, or dies between the two requests, is named on stderr
-/// (`what` says what it lists).
+/// node (only the named one with `--node`). A node that is Dead, or whose
+/// list the control plane could not get (a 5xx: it died between the two
+/// requests, it timed out), is left out and named in
+/// [`Gathered::unreached`] (`what` says what it lists). Failures of the
+/// control plane itself stop the command.
 fn per_node<T: Named>(
     api: &Api,
-    what: &str,
-    stderr: &mut dyn Write,
+    what: &'static str,
     list_on: fn(&Api, &str) -> Result<Vec<T>, ApiError>,
-) -> Result<Vec<OnNode<T>>, CtlError> {
+) -> Result<Gathered<T>, CtlError> {
     let failed = |error| CtlError::Request {
         action: format!("get {what}"),
         error,
@@ -564,42 +565,102 @@ fn per_node<T: Named>(
             let Some(node) = nodes.into_iter().find(|n| &n.node_id == id) else {
                 // Let the control plane say it (404 no node named ...).
                 list_on(api, id).map_err(failed)?;
-                return Ok(Vec::new());
+                return Ok(Gathered {
+                    what,
+                    listed: Vec::new(),
+                    unreached: Vec::new(),
+                });
             };
             vec![node]
         }
         _ => nodes,
     };
-    let mut all = Vec::new();
+    let mut listed = Vec::new();
+    let mut unreached = Vec::new();
     for node in nodes {
+        let id = output::one_line(&node.node_id);
         if node.status == Liveness::Dead {
-            let _ = writeln!(
-                stderr,
-                "node {} is Dead: its {what} are not listed",
-                output::one_line(&node.node_id)
-            );
+            let why = match node.last_seen_secs {
+                Some(secs) => format!("is Dead (last heartbeat {secs}s ago)"),
+                None => "is Dead (no heartbeat since the control plane started)".into(),
+            };
+            unreached.push(Unreached { node: id, why });
             continue;
         }
         match list_on(api, &node.node_id) {
-            Ok(list) => all.extend(list.into_iter().map(|status| OnNode {
+            Ok(list) => listed.extend(list.into_iter().map(|status| OnNode {
                 node: Some(node.node_id.clone()),
                 status,
             })),
-            Err(ApiError::Refused {
-                status: 503, body, ..
-            }) => {
-                let _ = writeln!(
-                    stderr,
-                    "node {}: {}; its {what} are not listed",
-                    output::one_line(&node.node_id),
-                    output::one_line(&body.error)
-                );
+            Err(ApiError::Refused { status, body, .. }) if status >= 500 => {
+                unreached.push(Unreached {
+                    node: id,
+                    why: format!(
+                        "could not be listed (HTTP {status}: {})",
+                        output::one_line(&body.error)
+                    ),
+                });
             }
             Err(error) => return Err(failed(error)),
         }
     }
-    all.sort_by(|a, b| (a.status.name(), &a.node).cmp(&(b.status.name(), &b.node)));
-    Ok(all)
+    listed.sort_by(|a, b| (a.status.name(), &a.node).cmp(&(b.status.name(), &b.node)));
+    Ok(Gathered {
+        what,
+        listed,
+        unreached,
+    })
+}
+
+/// Prints what `gathered` holds (the table built by `table`, or encoded),
+/// then fails with [`CtlError::Incomplete`] when a node was left out. An
+/// empty table says `No ... found.` on stderr only when nothing was left
+/// out: otherwise it would claim there is nothing.
+fn show_gathered<T: serde::Serialize>(
+    out: &mut Out<'_>,
+    stderr: &mut dyn Write,
+    format: OutputFormat,
+    gathered: Gathered<T>,
+    table: impl FnOnce(&[OnNode<T>]) -> String,
+) -> Result<(), CtlError> {
+    let Gathered {
+        what,
+        listed,
+        unreached,
+    } = gathered;
+    if format == OutputFormat::Table && listed.is_empty() {
+        if unreached.is_empty() {
+            let _ = writeln!(stderr, "No {what} found.");
+        }
+    } else {
+        show(out, format, &listed, || table(&listed))?;
+    }
+    if unreached.is_empty() {
+        Ok(())
+    } else {
+        Err(CtlError::Incomplete {
+            action: format!("get {what}"),
+            unreached,
+        })
+    }
+}
+
+/// The nodes of `volumes` (through the control plane) that could not be
+/// asked, each once, with the control plane's reason.
+fn unreached_volume_nodes(volumes: &[VolumeStatus]) -> Vec<Unreached> {
+    let mut unreached: Vec<Unreached> = Vec::new();
+    for v in volumes.iter().filter(|v| v.unreachable) {
+        let node = output::one_line(v.node.as_deref().unwrap_or("?"));
+        if unreached.iter().any(|u| u.node == node) {
+            continue;
+        }
+        let why = format!(
+            "could not be asked ({})",
+            output::one_line(v.error.as_deref().unwrap_or("no reason given"))
+        );
+        unreached.push(Unreached { node, why });
+    }
+    unreached
 }
 
 /// `key generate PATH` without `--id`: the file's name without `.key`.

@@ -14,8 +14,9 @@
 //!
 //! This module owns keelctl's behaviour towards the user: where requests go
 //! ([`target`]), what is printed, and the exit status: 0 success, 1 a request
-//! failed (daemon unreachable or it refused, a key file not written), 2 usage,
-//! configuration or validation error. Errors are one line
+//! failed (daemon unreachable or it refused, a key file not written, a
+//! listing through the control plane that left out a node it could not
+//! reach), 2 usage, configuration or validation error. Errors are one line
 //! `keelctl: ...` plus, when there is more to say, an indented detail line. A
 //! closed stdout (`keelctl get jails | head -1`) is not an error.
 //!
@@ -144,6 +145,15 @@ pub enum CtlError {
         /// Why it failed.
         error: ApiError,
     },
+    /// A listing that fans out over the nodes printed what it could, but
+    /// some nodes could not be listed: exit 1 so scripts do not take the
+    /// partial list for the whole.
+    Incomplete {
+        /// What was listed, e.g. `get jails`.
+        action: String,
+        /// Each node left out, and why.
+        unreached: Vec<Unreached>,
+    },
     /// An answer could not be encoded for printing.
     Encode {
         /// The format asked for.
@@ -172,6 +182,7 @@ impl CtlError {
                 ..
             } => 2,
             CtlError::Request { .. }
+            | CtlError::Incomplete { .. }
             | CtlError::KeyGenerate { .. }
             | CtlError::Encode { .. }
             | CtlError::Output(_) => 1,
@@ -199,6 +210,11 @@ impl CtlError {
                  nothing was sent"
             )),
             CtlError::Request { error, .. } => error.detail(),
+            CtlError::Incomplete { .. } => Some(
+                "only what the other nodes answered is complete in the output; `keelctl get \
+                 nodes` shows when the node is Alive again, and the same command then exits 0"
+                    .into(),
+            ),
             _ => None,
         }
     }
@@ -223,6 +239,14 @@ impl fmt::Display for CtlError {
                 socket.display()
             ),
             CtlError::Request { action, error } => write!(f, "{action} failed: {error}"),
+            CtlError::Incomplete { action, unreached } => {
+                write!(f, "{action} is incomplete: ")?;
+                for (i, u) in unreached.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { "; " };
+                    write!(f, "{sep}node {} {}", u.node, u.why)?;
+                }
+                Ok(())
+            }
             CtlError::Encode { format, reason } => {
                 write!(f, "cannot print the answer as {format}: {reason}")
             }
@@ -242,6 +266,16 @@ impl std::error::Error for CtlError {
             _ => None,
         }
     }
+}
+
+/// A node a listing through the control plane could not list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreached {
+    /// The node's id (made printable).
+    pub node: String,
+    /// Why, as a phrase after the node's id: `is Dead (last heartbeat 12s
+    /// ago)`, `did not answer: ...`.
+    pub why: String,
 }
 
 /// Where requests go. By level, flags first, then the environment, then
@@ -596,6 +630,30 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("is keel-agentd running?"), "{err}");
+    }
+
+    #[test]
+    fn an_incomplete_listing_exits_1_naming_every_node_left_out() {
+        let e = CtlError::Incomplete {
+            action: "get jails".into(),
+            unreached: vec![
+                Unreached {
+                    node: "n2".into(),
+                    why: "is Dead (last heartbeat 9s ago)".into(),
+                },
+                Unreached {
+                    node: "n3".into(),
+                    why: "could not be listed (HTTP 503: timed out)".into(),
+                },
+            ],
+        };
+        assert_eq!(e.exit_code(), 1);
+        assert_eq!(
+            e.to_string(),
+            "get jails is incomplete: node n2 is Dead (last heartbeat 9s ago); node n3 could \
+             not be listed (HTTP 503: timed out)"
+        );
+        assert!(e.detail().is_some_and(|d| d.contains("exits 0")));
     }
 
     #[test]

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use crate::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
 use crate::common::config::CommandPaths;
+use crate::host::beneath;
 use crate::host::fake::{CallLog, Faults, lock};
 
 /// Everything jail(8) needs to create one jail.
@@ -174,31 +175,6 @@ pub trait JailRuntime: Send {
     /// `root` is the jail's root filesystem. Empty when it printed nothing
     /// yet. Never follows a symbolic link the jail may have planted.
     fn workload_log(&self, name: &str, root: &Path, max_bytes: u64) -> Result<Vec<u8>, JailError>;
-}
-
-/// The last `max_bytes` of `file`, opened without following a symbolic link
-/// (`O_NOFOLLOW`) and without blocking on a FIFO (`O_NONBLOCK`); anything but
-/// a regular file is refused. A file that does not exist is empty.
-pub fn read_tail(file: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(file)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let meta = f.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    f.seek(SeekFrom::Start(meta.len().saturating_sub(max_bytes)))?;
-    let mut tail = Vec::new();
-    f.take(max_bytes).read_to_end(&mut tail)?;
-    Ok(tail)
 }
 
 /// How long `jail -c` and `jail -r` may run: they run exec.start and exec.stop,
@@ -619,20 +595,15 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
     }
 
     /// daemon(8) writes the workload's output to [`WORKLOAD_LOG`] inside the
-    /// jail; the jail's root user controls that path, so every directory on
-    /// the way is checked and the file is opened without following links.
+    /// jail; the jail's root user controls that path, so it is resolved
+    /// beneath the root ([`crate::host::beneath`]): no link is followed, and
+    /// anything but a regular file is refused.
     fn workload_log(&self, _name: &str, root: &Path, max_bytes: u64) -> Result<Vec<u8>, JailError> {
-        let file = root.join(WORKLOAD_LOG.trim_start_matches('/'));
-        let refused = |reason: String| JailError::Log {
-            path: file.clone(),
-            reason,
-        };
-        if let Some(dir) = file.parent() {
-            crate::host::directories_below(root, dir).map_err(|(component, what)| {
-                refused(format!("{} is {what}", component.display()))
-            })?;
-        }
-        read_tail(&file, max_bytes).map_err(|e| refused(e.to_string()))
+        let inside = Path::new(WORKLOAD_LOG.trim_start_matches('/'));
+        beneath::read_tail(root, inside, max_bytes).map_err(|e| JailError::Log {
+            path: root.join(inside),
+            reason: e.to_string(),
+        })
     }
 }
 

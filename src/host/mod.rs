@@ -22,9 +22,12 @@
 //!   interface names come from [`iface_names`], never from raw input.
 //! - Idempotent outcomes FreeBSD reports as errors (route already in table,
 //!   no rctl rules, jail not found on removal) are success here.
+//! - Whatever Keel itself reads or writes inside a jail's root (which the
+//!   jail's root user controls) is resolved with [`beneath`], never by path.
 //!
 //! [`sim`] is the simulated host of `keel-agentd --simulate`.
 
+pub mod beneath;
 pub mod capacity;
 pub mod fake;
 pub mod jail;
@@ -60,42 +63,6 @@ pub fn iface_names(jail: &str) -> (String, String) {
         )
     };
     (format!("kh_{stem}"), format!("kj_{stem}"))
-}
-
-/// Checks that every component of `dir` below `root` (a jail's root, which
-/// the jail's own root user controls) that exists is a directory and not a
-/// symbolic link, with `lstat`, never following one; components that do not
-/// exist yet are fine. On refusal: the offending component and what it is
-/// (`a symbolic link`, `not a directory`, or the error reading it). A `dir`
-/// outside `root` is refused too. Used before the host creates, mounts on or
-/// reads anything inside a jail's root.
-pub fn directories_below(
-    root: &std::path::Path,
-    dir: &std::path::Path,
-) -> Result<(), (std::path::PathBuf, String)> {
-    let Ok(inside) = dir.strip_prefix(root) else {
-        return Err((
-            dir.to_path_buf(),
-            format!("outside the jail's root {}", root.display()),
-        ));
-    };
-    let mut path = root.to_path_buf();
-    for part in inside.components() {
-        if !matches!(part, std::path::Component::Normal(_)) {
-            return Err((path, "not a plain path component".into()));
-        }
-        path.push(part);
-        match std::fs::symlink_metadata(&path) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                return Err((path, "a symbolic link".into()));
-            }
-            Ok(meta) if !meta.is_dir() => return Err((path, "not a directory".into())),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err((path, format!("unreadable ({e})"))),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -7,7 +7,11 @@
 //!
 //! A mount point lies in a jail's root, which the jail's root user controls:
 //! [`check_mount_point`] refuses one that a symbolic link could redirect out
-//! of the jail, before anything follows the path.
+//! of the jail, before anything follows the path. This is a check by path,
+//! then mkdir(1) and mount(8) act by path (they take no descriptor, so the
+//! openat walk of [`crate::host::beneath`] cannot serve them): it runs before
+//! each of the two, and volumes are mounted before the jail starts, so no
+//! process of the jail can race it.
 //!
 //! [`FreeBsdMounts`] runs mount(8), umount(8) and mkdir(1) (formats in
 //! `reference/freebsd.md` section 6); [`FakeMounts`] keeps a mount table in
@@ -204,7 +208,7 @@ impl<R: CommandRunner> MountManager for FreeBsdMounts<R> {
 /// Components that do not exist yet are fine: `mkdir -p` creates them as
 /// directories. A `target` outside `root` is refused as well.
 pub fn check_mount_point(root: &Path, target: &Path) -> Result<(), MountError> {
-    crate::host::directories_below(root, target).map_err(|(component, what)| {
+    crate::host::beneath::directories_below(root, target).map_err(|(component, what)| {
         MountError::Redirected {
             target: target.to_path_buf(),
             component,

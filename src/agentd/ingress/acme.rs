@@ -3,7 +3,8 @@
 //! certificate files of a host in a directory ([`CertFiles`]).
 //!
 //! It owns the ACME account file, one order from creation to the downloaded
-//! chain, and writing key and chain with mode 0600. It must never leave a
+//! chain, and writing key and chain with mode 0600 beneath the ingress
+//! jail's root ([`crate::host::beneath`]). It must never leave a
 //! challenge TXT record behind (every record [`AcmeClient::issue`] published is
 //! deleted before it returns, whatever happened), never run on the agent's
 //! worker thread (it blocks for minutes: [`super::CertManager`] runs it on its
@@ -32,6 +33,11 @@ use super::dns::{DnsProvider, TxtRecord, challenge_name};
 use super::{IngressError, propagation, read_secret_file};
 use crate::common::auth::KeyFilePolicy;
 use crate::common::config::IngressConfig;
+use crate::host::beneath::PathBeneath;
+
+/// Certificate chains and keys larger than this are refused unread (a chain
+/// with its intermediates is a few KiB).
+pub const MAX_PEM_FILE_LEN: u64 = 64 * 1024;
 
 /// How long the CA may take to validate the challenge and to issue.
 const ORDER_TIMEOUT: Duration = Duration::from_secs(120);
@@ -187,19 +193,20 @@ pub struct IssuedCert {
 }
 
 /// Where a host's certificate lives in a directory: `<host>.crt` (chain) and
-/// `<host>.key`.
+/// `<host>.key`. The directory is in the ingress jail's root, so both are
+/// read and written beneath it ([`PathBeneath`]), never by path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertFiles {
     /// The chain, PEM, leaf first.
-    pub chain: PathBuf,
+    pub chain: PathBeneath,
     /// The private key, PEM, mode 0600.
-    pub key: PathBuf,
+    pub key: PathBeneath,
 }
 
 impl CertFiles {
     /// The files of `host` in `dir`. `host` must be a validated Ingress host
     /// (no `/`, not starting with `.`); [`super::CertManager::ensure`] checks.
-    pub fn new(dir: &Path, host: &str) -> CertFiles {
+    pub fn new(dir: &PathBeneath, host: &str) -> CertFiles {
         CertFiles {
             chain: dir.join(format!("{host}.crt")),
             key: dir.join(format!("{host}.key")),
@@ -207,22 +214,24 @@ impl CertFiles {
     }
 
     /// The validity of the installed certificate, or why there is none usable:
-    /// a file is missing or unreadable, the chain does not parse, or the key
-    /// is not the certificate's.
+    /// a file is missing, unreadable or not a plain file, the chain does not
+    /// parse, or the key is not the certificate's.
     pub fn installed(&self) -> Result<Validity, String> {
-        let chain = fs::read_to_string(&self.chain)
-            .map_err(|e| format!("{}: {e}", self.chain.display()))?;
-        let key =
-            fs::read_to_string(&self.key).map_err(|e| format!("{}: {e}", self.key.display()))?;
+        let chain = read_pem(&self.chain)?;
+        let key = read_pem(&self.key)?;
         let leaf = first_certificate(&chain)?;
         let validity = validity_of(&leaf)?;
-        let key = rcgen::KeyPair::from_pem(&key)
-            .map_err(|e| format!("{}: not a private key: {e}", self.key.display()))?;
+        let key = rcgen::KeyPair::from_pem(&key).map_err(|e| {
+            format!(
+                "{}: not a private key: {e}",
+                self.key.display_path().display()
+            )
+        })?;
         if rcgen::PublicKeyData::subject_public_key_info(&key) != spki_of(&leaf)? {
             return Err(format!(
                 "{} is not the key of {}",
-                self.key.display(),
-                self.chain.display()
+                self.key.display_path().display(),
+                self.chain.display_path().display()
             ));
         }
         Ok(validity)
@@ -232,13 +241,26 @@ impl CertFiles {
     /// 0600 and renamed into place (the key first: [`CertFiles::installed`]
     /// refuses the mismatched pair a crash between the two renames leaves).
     pub fn install(&self, cert: &IssuedCert) -> Result<(), IngressError> {
-        write_private(&self.key, cert.key_pem.as_bytes())?;
-        write_private(&self.chain, cert.chain_pem.as_bytes())?;
+        self.key
+            .write(cert.key_pem.as_bytes(), 0o600)
+            .map_err(IngressError::JailFile)?;
+        self.chain
+            .write(cert.chain_pem.as_bytes(), 0o600)
+            .map_err(IngressError::JailFile)?;
         Ok(())
     }
 }
 
-/// Writes `path` atomically with mode 0600 from its creation on.
+/// A PEM file of the ingress jail's root as text, at most
+/// [`MAX_PEM_FILE_LEN`] bytes.
+fn read_pem(file: &PathBeneath) -> Result<String, String> {
+    let bytes = file.read(MAX_PEM_FILE_LEN).map_err(|e| e.to_string())?;
+    String::from_utf8(bytes).map_err(|_| format!("{} is not text", file.display_path().display()))
+}
+
+/// Writes `path` atomically with mode 0600 from its creation on. For host
+/// files outside any jail's root (the ACME account); key and chain, which
+/// live in the ingress jail's root, are written through [`PathBeneath`].
 pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), IngressError> {
     let err = |action: &'static str, source| IngressError::Install {
         path: path.to_path_buf(),
@@ -656,7 +678,7 @@ mod tests {
     fn install_writes_private_files_and_checks_the_pair() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tempdir");
-        let files = CertFiles::new(dir.path(), "a.example");
+        let files = CertFiles::new(&PathBeneath::new(dir.path(), "certs"), "a.example");
         assert!(files.installed().is_err(), "nothing installed yet");
         let key = rcgen::KeyPair::generate().expect("key");
         let params = rcgen::CertificateParams::new(vec!["a.example".into()]).expect("params");
@@ -668,14 +690,17 @@ mod tests {
             cleanup_error: None,
         };
         files.install(&issued).expect("install");
-        for path in [&files.key, &files.chain] {
-            let mode = fs::metadata(path).expect("meta").permissions().mode() & 0o777;
+        for path in [files.key.display_path(), files.chain.display_path()] {
+            let mode = fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
             assert_eq!(mode, 0o600, "{}", path.display());
         }
         assert_eq!(files.installed(), Ok(issued.validity));
         // A key that is not the certificate's (a crash between the renames).
         let other = rcgen::KeyPair::generate().expect("key");
-        write_private(&files.key, other.serialize_pem().as_bytes()).expect("write");
+        files
+            .key
+            .write(other.serialize_pem().as_bytes(), 0o600)
+            .expect("write");
         let err = files.installed().expect_err("mismatch accepted");
         assert!(err.contains("is not the key of"), "{err}");
     }

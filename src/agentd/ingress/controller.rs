@@ -26,17 +26,18 @@
 //!    the hosts that were added since the last good one are marked Failed
 //!    with nginx's message, and the others keep serving.
 //!
+//! Every file it reads or writes in the jail's root goes through
+//! [`crate::host::beneath`] (the jail's processes could plant a link at any
+//! moment).
+//!
 //! Must never: reload nginx with a configuration `nginx -t` did not accept,
-//! follow a symbolic link inside the jail's root when writing (the jail's
-//! processes could plant one), or let one Ingress's failure touch another.
+//! open anything in the jail's root by path, or let one Ingress's failure
+//! touch another.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::fs;
-use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::unix::fs::OpenOptionsExt as _;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -49,6 +50,7 @@ use crate::common::backoff::Backoff;
 use crate::common::spec::{ExecSpec, Ingress, Jail, JailSpec, Metadata, NetworkSpec, Resources};
 use crate::common::store::{Store, StoreError};
 use crate::common::wire::{IngressPhase, IngressStatus};
+use crate::host::beneath::{self, PathBeneath};
 use crate::host::pf::Firewall;
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
 
@@ -64,6 +66,8 @@ pub const CONF_FILE: &str = "nginx.conf";
 pub const NEXT_FILE: &str = "nginx.conf.next";
 /// Certificates and keys, under [`CONF_DIR`].
 pub const CERT_DIR: &str = "certs";
+/// Mode of nginx's configuration files (keys and certificates are 0600).
+const CONF_MODE: u32 = 0o644;
 
 /// How the ingress jail is built and reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -275,8 +279,8 @@ impl IngressController {
 
         let root = reconciler.rootfs_path(INGRESS_JAIL);
         let seen = |p: &str| self.settings.as_seen_by_nginx(&root, p);
-        let cert_dir_host = root.join(relative(CONF_DIR)).join(CERT_DIR);
-        if let Err(e) = make_dirs_in_root(&root, &Path::new(CONF_DIR).join(CERT_DIR)) {
+        let cert_files = PathBeneath::new(&root, Path::new(relative(CONF_DIR)).join(CERT_DIR));
+        if let Err(e) = beneath::make_dirs(cert_files.root(), cert_files.inside()) {
             let message = format!("ingress jail files: {e}");
             self.observed = self
                 .state
@@ -316,7 +320,7 @@ impl IngressController {
             };
             let (phase, expires, error) = match &self.certs {
                 Err(why) => (IngressPhase::Issuing, None, Some(why.clone())),
-                Ok(certs) => match certs.ensure(host, &cert_dir_host, unix_now) {
+                Ok(certs) => match certs.ensure(host, &cert_files, unix_now) {
                     Err(e) => (IngressPhase::BackingOff, None, Some(e.to_string())),
                     Ok(CertStatus::Valid { not_after, .. }) => {
                         (IngressPhase::Serving, Some(not_after), None)
@@ -390,7 +394,7 @@ impl IngressController {
         if self.running.as_ref().is_none_or(|(c, _)| *c != conf) {
             // nginx's own directories, which a bare base may lack.
             for dir in ["/var/run", "/var/log/nginx", "/var/tmp/nginx"] {
-                if let Err(e) = make_dirs_in_root(&root, Path::new(dir)) {
+                if let Err(e) = beneath::make_dirs(&root, Path::new(relative(dir))) {
                     self.problems.push(format!("{dir} in {INGRESS_JAIL}: {e}"));
                 }
             }
@@ -444,8 +448,13 @@ impl IngressController {
     {
         let next = Path::new(CONF_DIR).join(NEXT_FILE);
         let live = Path::new(CONF_DIR).join(CONF_FILE);
-        write_in_root(root, &next, conf.as_bytes(), 0o644)
-            .map_err(|e| format!("writing nginx's configuration: {e}"))?;
+        beneath::write(
+            root,
+            &Path::new(relative(CONF_DIR)).join(NEXT_FILE),
+            conf.as_bytes(),
+            CONF_MODE,
+        )
+        .map_err(|e| format!("writing nginx's configuration: {e}"))?;
         let seen_next = self
             .settings
             .as_seen_by_nginx(root, &next.to_string_lossy());
@@ -468,7 +477,7 @@ impl IngressController {
                 out.stderr.trim()
             ));
         }
-        rename_in_root(root, &next, &live)
+        beneath::rename(root, Path::new(relative(CONF_DIR)), NEXT_FILE, CONF_FILE)
             .map_err(|e| format!("installing nginx's configuration: {e}"))?;
         // nginx crashed and waits for its restart: there is no master to
         // signal, and the restart reads the live file.
@@ -651,16 +660,11 @@ impl IngressSettings {
     /// not start without one, and an existing one is the controller's to
     /// replace (checked with `nginx -t` first).
     fn seed_first_configuration(&self, root: &Path, address: Ipv4Addr) -> Result<(), String> {
-        let live = Path::new(CONF_DIR).join(CONF_FILE);
-        match fs::symlink_metadata(root.join(relative(&live.to_string_lossy()))) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let (empty, _) = render(&[], &self.layout(root, address));
-                write_in_root(root, &live, empty.as_bytes(), 0o644)
-                    .map_err(|e| format!("first nginx configuration of {INGRESS_JAIL}: {e}"))
-            }
-            Err(e) => Err(format!("first nginx configuration of {INGRESS_JAIL}: {e}")),
-        }
+        let live = Path::new(relative(CONF_DIR)).join(CONF_FILE);
+        let (empty, _) = render(&[], &self.layout(root, address));
+        beneath::write_if_absent(root, &live, empty.as_bytes(), CONF_MODE)
+            .map(drop)
+            .map_err(|e| format!("first nginx configuration of {INGRESS_JAIL}: {e}"))
     }
 }
 
@@ -673,71 +677,9 @@ fn path_arg(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
-/// Creates `dir` (absolute, inside the jail) under `root`, refusing any
-/// component that exists as something other than a directory (a symbolic
-/// link planted by a process in the jail is not followed).
-fn make_dirs_in_root(root: &Path, dir: &Path) -> std::io::Result<()> {
-    let mut at = root.to_path_buf();
-    for c in dir.components() {
-        match c {
-            Component::RootDir => {}
-            Component::Normal(part) => {
-                at.push(part);
-                match fs::symlink_metadata(&at) {
-                    Ok(m) if m.is_dir() => {}
-                    Ok(_) => {
-                        return Err(std::io::Error::other(format!(
-                            "{} is not a directory (a symbolic link is never followed in a jail's root)",
-                            at.display()
-                        )));
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => fs::create_dir(&at)?,
-                    Err(e) => return Err(e),
-                }
-            }
-            _ => {
-                return Err(std::io::Error::other(format!(
-                    "{} is not a plain absolute path",
-                    dir.display()
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Writes `file` (absolute, inside the jail) under `root` through a fresh
-/// temporary file (`O_CREAT|O_EXCL`, which never follows a symbolic link),
-/// then renames it into place (a rename replaces a link, it does not follow
-/// it); the parent directories are checked by [`make_dirs_in_root`].
-fn write_in_root(root: &Path, file: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
-    let parent = file.parent().unwrap_or(Path::new("/"));
-    make_dirs_in_root(root, parent)?;
-    let target = root.join(relative(&file.to_string_lossy()));
-    let tmp = target.with_extension("keel-tmp");
-    let _ = fs::remove_file(&tmp);
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)?;
-    f.write_all(contents)?;
-    f.sync_all()?;
-    fs::rename(&tmp, &target)
-}
-
-/// Renames `from` over `to`, both inside the jail, after checking the
-/// directories on the way.
-fn rename_in_root(root: &Path, from: &Path, to: &Path) -> std::io::Result<()> {
-    make_dirs_in_root(root, to.parent().unwrap_or(Path::new("/")))?;
-    fs::rename(
-        root.join(relative(&from.to_string_lossy())),
-        root.join(relative(&to.to_string_lossy())),
-    )
-}
-
 #[cfg(test)]
 mod tests {
+    use std::fs;
     use std::sync::Arc;
 
     use super::*;
@@ -1076,26 +1018,39 @@ mod tests {
         assert_eq!(state.expect("saved").ingresses.len(), 1);
     }
 
+    /// A process in the ingress jail replaces Keel's configuration
+    /// directory with a link to a host directory: the pass writes nothing
+    /// there (neither nginx.conf nor certificates are read or written
+    /// through it) and every Ingress says which component to remove.
     #[test]
     fn a_symbolic_link_in_the_jail_root_is_never_followed() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path().join("root");
-        let outside = dir.path().join("outside");
-        fs::create_dir_all(root.join("usr/local/etc")).expect("dirs");
-        fs::create_dir_all(&outside).expect("outside");
-        std::os::unix::fs::symlink(&outside, root.join("usr/local/etc/keel-ingress"))
-            .expect("plant a link");
-        let err = write_in_root(
-            &root,
-            Path::new("/usr/local/etc/keel-ingress/nginx.conf"),
-            b"x",
-            0o644,
-        )
-        .expect_err("followed a link");
-        assert!(err.to_string().contains("symbolic link"), "{err}");
+        let mut w = world(true);
+        w.web_ingress();
+        w.pass();
+        w.install_certificate(HOST);
+        w.pass();
+        assert_eq!(w.phase("web"), IngressPhase::Serving);
+
+        let outside = w.dir.path().join("outside");
+        fs::create_dir(&outside).expect("outside");
+        let conf_dir = w.root().join(relative(CONF_DIR));
+        fs::rename(&conf_dir, w.root().join("moved-away")).expect("move");
+        std::os::unix::fs::symlink(&outside, &conf_dir).expect("plant a link");
+        w.controller
+            .put(ingress("second", "second.example.org", "web"))
+            .expect("put");
+        w.pass();
+
+        let status = w.controller.status("web").expect("status");
+        assert_eq!(status.phase, IngressPhase::Failed, "{status:?}");
+        let error = status.last_error.unwrap_or_default();
+        assert!(
+            error.contains(&format!("{} is a symbolic link", conf_dir.display())),
+            "{error}"
+        );
         assert!(
             fs::read_dir(&outside).expect("outside").next().is_none(),
-            "nothing written outside"
+            "nothing written outside the jail's root"
         );
     }
 }

@@ -54,6 +54,7 @@ use self::propagation::PropagationError;
 use crate::common::auth::KeyFilePolicy;
 use crate::common::backoff::{Backoff, Clock};
 use crate::common::sync::lock;
+use crate::host::beneath::{BeneathError, PathBeneath};
 
 /// Secret files larger than this are refused unread.
 const MAX_SECRET_FILE_LEN: u64 = 64 * 1024;
@@ -112,6 +113,9 @@ pub enum IngressError {
         /// What the OS said.
         source: io::Error,
     },
+    /// Reading or writing key or chain in the ingress jail's root failed, or
+    /// was refused (a link or a non-file planted there).
+    JailFile(BeneathError),
     /// Issuance failed and deleting its challenge record failed too.
     Cleanup {
         /// Why issuance failed.
@@ -171,6 +175,7 @@ impl fmt::Display for IngressError {
                 "cannot install {}: {action} failed: {source}",
                 path.display()
             ),
+            IngressError::JailFile(e) => write!(f, "certificate files: {e}"),
             IngressError::Cleanup { error, cleanup } => write!(
                 f,
                 "{error}; and the challenge record could not be deleted, remove it at the \
@@ -385,7 +390,7 @@ impl CertManager {
     }
 
     /// One pass for `host`, whose key and chain live in `dir` (the ingress
-    /// jail's certificate directory): reads what is installed there (a missing,
+    /// jail's certificate directory, beneath its root): reads what is installed there (a missing,
     /// unreadable or mismatched pair counts as none, whatever was issued
     /// before), decides with [`acme::renewal_due`] at `unix_now`, and queues an
     /// order when due and the host's backoff allows. Never blocks on the
@@ -393,7 +398,7 @@ impl CertManager {
     pub fn ensure(
         &self,
         host: &str,
-        dir: &Path,
+        dir: &PathBeneath,
         unix_now: i64,
     ) -> Result<CertStatus, IngressError> {
         if host.is_empty() || host.starts_with('.') || host.contains(['/', '\0']) {
@@ -561,7 +566,7 @@ impl Issuer {
             Ok(cert) => {
                 log::info!(
                     "ingress {host}: certificate installed in {}, valid until {}",
-                    files.chain.display(),
+                    files.chain.display_path().display(),
                     cert.validity.not_after
                 );
                 shared.backoff.forget(&key);
@@ -588,12 +593,11 @@ impl Issuer {
     }
 
     fn ari(&mut self, host: &str, files: &CertFiles, not_after: i64) {
-        let result = std::fs::read_to_string(&files.chain)
-            .map_err(|e| IngressError::Install {
-                path: files.chain.clone(),
-                action: "read",
-                source: e,
-            })
+        let result = files
+            .chain
+            .read(acme::MAX_PEM_FILE_LEN)
+            .map_err(IngressError::JailFile)
+            .map(|chain| String::from_utf8_lossy(&chain).into_owned())
             .and_then(|chain| {
                 Self::client(&mut self.client, &self.settings)
                     .and_then(|client| client.renewal_window(host, &chain))

@@ -118,6 +118,11 @@ enum Leader {
     Reused,
 }
 
+/// The name of jail `name`'s log in the logs directory.
+fn log_file_name(name: &str) -> String {
+    format!("{name}.log")
+}
+
 /// [`JailRuntime`] over child processes. A cheap `Clone` handle over shared
 /// state (see the module docs for what differs from real jails).
 #[derive(Debug, Clone)]
@@ -191,7 +196,7 @@ impl SimJails {
     /// `{state_dir}/logs/{name}.log`: the jail's stdout and stderr, and lines
     /// starting `keel-sim:` saying when exec.start began and ended.
     pub fn log_path(&self, name: &str) -> PathBuf {
-        self.logs.join(format!("{name}.log"))
+        self.logs.join(log_file_name(name))
     }
 
     /// The limits last set for `name` (recorded only, never enforced).
@@ -523,13 +528,17 @@ impl JailRuntime for SimJails {
         Ok(run_in(argv, &path, &env, Output::Capture, EXEC_TIMEOUT)?)
     }
 
-    /// The end of [`SimJails::log_path`], which the agent's simulated host
-    /// owns (the workload's output and the `keel-sim:` lines).
+    /// The end of [`SimJails::log_path`] (the workload's output and the
+    /// `keel-sim:` lines). The simulated workload runs as the agent's own
+    /// user and can write there, so it is read like a file in a jail's root,
+    /// beneath the logs directory ([`crate::host::beneath`]).
     fn workload_log(&self, name: &str, _root: &Path, max_bytes: u64) -> Result<Vec<u8>, JailError> {
-        let path = self.log_path(name);
-        crate::host::jail::read_tail(&path, max_bytes).map_err(|e| JailError::Log {
-            path,
-            reason: e.to_string(),
+        let file = log_file_name(name);
+        crate::host::beneath::read_tail(&self.logs, Path::new(&file), max_bytes).map_err(|e| {
+            JailError::Log {
+                path: self.log_path(name),
+                reason: e.to_string(),
+            }
         })
     }
 }
