@@ -16,5 +16,6 @@ pub mod logging;
 pub mod names;
 pub mod spec;
 pub mod store;
+pub mod supervise;
 pub mod sync;
 pub mod wire;

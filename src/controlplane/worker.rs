@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::common::journal::{Journal, JournalError};
+use crate::common::supervise::{self, WorkerHealth};
 use crate::common::wire::NodeRemoval;
 use crate::common::wire::{
     HeartbeatRequest, NodeStatus, RegisterRequest, RegisterResponse, Resources, ServiceApply,
@@ -129,6 +130,8 @@ pub enum Command {
     PlanHeal(Sender<Vec<HealAction>>),
     /// A heal is over.
     HealDone(Vec<String>),
+    /// Answer at once (`/healthz`: the worker is alive and not stuck).
+    Health(Sender<()>),
     /// Stop the loop.
     Shutdown,
 }
@@ -344,6 +347,15 @@ impl WorkerHandle {
     /// See [`Command::HealDone`].
     pub fn heal_done(&self, services: Vec<String>) {
         let _ = self.tx.send(Command::HealDone(services));
+    }
+
+    /// See [`Command::Health`]: whether the worker answers within `wait`.
+    pub fn health(&self, wait: std::time::Duration) -> WorkerHealth {
+        let (reply, rx) = mpsc::channel();
+        if self.tx.send(Command::Health(reply)).is_err() {
+            return WorkerHealth::Gone;
+        }
+        supervise::await_answer(&rx, wait)
     }
 
     /// Asks the loop to stop after what is queued.
@@ -628,6 +640,9 @@ impl Worker {
                     }
                 }
                 let _ = reply.send(homes);
+            }
+            Command::Health(reply) => {
+                let _ = reply.send(());
             }
             Command::Shutdown => {}
         }
