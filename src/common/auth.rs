@@ -49,7 +49,8 @@
 //! ([`AuthError::Malformed`]), the key id is known ([`AuthError::UnknownKey`]),
 //! the signature matches, compared in constant time
 //! ([`AuthError::BadSignature`]), `|now - ts| <= max_skew`
-//! ([`AuthError::Stale`]), the key's role is the one the route requires
+//! ([`AuthError::Stale`]), `ts` is not earlier than the daemon's start
+//! ([`AuthError::SignedBeforeStart`], see below), the key's role is the one the route requires
 //! ([`AuthError::WrongRole`]), and the `(ts, nonce)` pair was not accepted
 //! before ([`AuthError::Replayed`]). The signature comes before every check
 //! that could tell an unauthenticated sender something; the nonce is recorded
@@ -63,6 +64,15 @@
 //! full, new requests are refused ([`AuthError::ReplayCacheFull`], a 503)
 //! instead of evicting live entries (which would reopen replays) or growing
 //! without bound (which lets any key holder exhaust the daemon's memory).
+//!
+//! The cache lives in memory, so a restarted daemon has forgotten it. What
+//! stops a replay across a restart is [`Verifier::with_not_before`]: the
+//! daemon, holding its state-directory lock (so the previous process is
+//! gone), waits for the next whole second ([`wait_for_next_second`]) before
+//! it listens and refuses any `ts` earlier than that second. Every request
+//! the previous process accepted carries a `ts` it could check against its
+//! own clock; docs/security.md (replay) says what this covers and what it
+//! does not (a signer whose clock runs ahead of the daemon's).
 //!
 //! # Keys
 //!
@@ -178,6 +188,14 @@ pub enum AuthError {
         /// The role the route requires.
         required: Role,
     },
+    /// The request was signed before this daemon started, so an earlier
+    /// process may have accepted it already.
+    SignedBeforeStart {
+        /// The request's timestamp.
+        ts: u64,
+        /// The first second this daemon accepts.
+        started: u64,
+    },
     /// The same signed request was already accepted.
     Replayed {
         /// The id the request named.
@@ -272,6 +290,7 @@ impl AuthError {
             | AuthError::BadSignature { .. }
             | AuthError::Stale { .. }
             | AuthError::WrongRole { .. }
+            | AuthError::SignedBeforeStart { .. }
             | AuthError::Replayed { .. } => 401,
             AuthError::ReplayCacheFull { .. } => 503,
             _ => 500,
@@ -318,6 +337,11 @@ impl fmt::Display for AuthError {
             } => write!(
                 f,
                 "key {key_id:?} is a {role} key and this route requires a {required} key"
+            ),
+            AuthError::SignedBeforeStart { ts, started } => write!(
+                f,
+                "signed before this daemon started (timestamp {ts}, started at {started}); \
+                 sign a new request (check the clock with NTP if this repeats)"
             ),
             AuthError::Replayed { key_id } => write!(
                 f,
@@ -978,6 +1002,7 @@ impl NonceCache {
 pub struct Verifier {
     keyring: RwLock<Arc<Keyring>>,
     max_skew_secs: u64,
+    not_before: u64,
     seen: Mutex<NonceCache>,
 }
 
@@ -989,6 +1014,7 @@ impl Verifier {
         Verifier {
             keyring: RwLock::new(Arc::new(keyring)),
             max_skew_secs: max_skew.as_secs(),
+            not_before: 0,
             seen: Mutex::new(NonceCache {
                 by_ts: BTreeMap::new(),
                 len: 0,
@@ -1000,6 +1026,13 @@ impl Verifier {
     /// The same verifier with another bound on remembered nonces.
     pub fn with_nonce_capacity(self, capacity: usize) -> Verifier {
         lock(&self.seen).capacity = capacity;
+        self
+    }
+
+    /// The same verifier refusing every `ts` earlier than `first_second`
+    /// (Unix seconds), the daemon's start: see the module docs.
+    pub fn with_not_before(mut self, first_second: u64) -> Verifier {
+        self.not_before = first_second;
         self
     }
 
@@ -1049,6 +1082,12 @@ impl Verifier {
                 ts: header.ts,
                 now: now_unix,
                 max_skew_secs: self.max_skew_secs,
+            });
+        }
+        if header.ts < self.not_before {
+            return Err(AuthError::SignedBeforeStart {
+                ts: header.ts,
+                started: self.not_before,
             });
         }
         if role != required {
@@ -1138,6 +1177,19 @@ pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// Sleeps until the wall clock enters its next whole second and returns that
+/// second: the [`Verifier::with_not_before`] of a daemon starting after its
+/// predecessor exited. Waiting makes the bound exact: a request signed in the
+/// second the predecessor died carries a `ts` below it.
+pub fn wait_for_next_second() -> u64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let next = now.as_secs().saturating_add(1);
+    std::thread::sleep(Duration::from_secs(next).saturating_sub(now));
+    next
 }
 
 fn random_bytes<const N: usize>() -> Result<[u8; N], AuthError> {
@@ -1287,6 +1339,60 @@ mod tests {
         c.evict_before(11);
         assert_eq!(c.len, 2);
         assert!(c.insert(12, [3; 16]).expect("room again"));
+    }
+
+    #[test]
+    fn requests_signed_before_the_start_are_refused() {
+        let operator = key("ops", 1);
+        let keyring = Keyring::new(vec![], vec![operator.clone()]).expect("keyring");
+        let verifier = Verifier::new(keyring, DEFAULT_MAX_SKEW).with_not_before(1_000);
+        let signer = Signer::new(operator);
+        let verify = |ts: u64, nonce: u8| {
+            let auth = signer
+                .authorization_with_nonce("DELETE", "/jails/web", b"", ts, [nonce; NONCE_LEN])
+                .expect("sign");
+            verifier.verify(
+                "DELETE",
+                "/jails/web",
+                Some(&auth),
+                b"",
+                1_005,
+                Role::Operator,
+            )
+        };
+        let err = verify(999, 1).expect_err("signed a second before the start");
+        assert!(
+            matches!(
+                err,
+                AuthError::SignedBeforeStart {
+                    ts: 999,
+                    started: 1_000
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.status(), 401);
+        let message = err.to_string();
+        assert!(
+            message.contains("signed before this daemon started"),
+            "{message}"
+        );
+        assert!(message.contains("check the clock with NTP"), "{message}");
+        assert!(verify(1_000, 2).is_ok(), "signed in the first second");
+        assert!(verify(1_004, 3).is_ok(), "signed after the start");
+        assert_eq!(
+            verifier.remembered_nonces(),
+            2,
+            "refusals are not remembered"
+        );
+    }
+
+    #[test]
+    fn waiting_for_the_next_second_ends_in_it() {
+        let before = unix_now();
+        let second = wait_for_next_second();
+        assert!(second > before, "{second} after {before}");
+        assert!(unix_now() >= second);
     }
 
     #[test]
