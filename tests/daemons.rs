@@ -177,12 +177,19 @@ struct Captured {
 }
 
 impl Captured {
-    fn sign(endpoint: Endpoint, signer: &Signer, method: &'static str, path: &str) -> Captured {
+    /// Signed at `ts` by the signer's clock.
+    fn sign(
+        endpoint: Endpoint,
+        signer: &Signer,
+        method: &'static str,
+        path: &str,
+        ts: u64,
+    ) -> Captured {
         Captured {
             endpoint,
             method,
             path: path.to_string(),
-            headers: auth::sign_headers(signer, method, path, b"", auth::unix_now()).expect("sign"),
+            headers: auth::sign_headers(signer, method, path, b"", ts).expect("sign"),
         }
     }
 
@@ -194,41 +201,51 @@ impl Captured {
     }
 }
 
+/// A signed DELETE from an operator whose clock is in step, and one from an
+/// operator whose clock runs 60 s ahead (accepted: within max_clock_skew).
+/// The second is dated after the restart, so only the recorded replay floor
+/// refuses it then.
 #[test]
 fn a_signed_delete_replayed_to_the_controlplane_after_a_restart_gets_401_and_deletes_nothing() {
     let mut cluster = Cluster::standard(1);
-    let apply = || {
+    let apply = |cluster: &Cluster| {
         let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&jail("web")));
         assert_eq!(run.code, 0, "{run:?}\n{}", cluster.logs());
     };
-    apply();
-    let delete = Captured::sign(
-        Endpoint::Tcp(cluster.controlplane_addr().to_string()),
-        &signer(&cluster.operator_key()),
-        "DELETE",
-        "/jails/web",
-    );
-    let first = delete.send();
-    assert_eq!(first.status, 200, "{}", text(&first));
-    apply();
-
-    let replayed = delete.send();
-    assert_eq!(replayed.status, 401, "{}", text(&replayed));
-    assert!(
-        text(&replayed).contains("replayed request"),
-        "{}",
-        text(&replayed)
-    );
+    let operator = signer(&cluster.operator_key());
+    let endpoint = Endpoint::Tcp(cluster.controlplane_addr().to_string());
+    let now = auth::unix_now();
+    let deletes = [
+        Captured::sign(endpoint.clone(), &operator, "DELETE", "/jails/web", now),
+        Captured::sign(endpoint, &operator, "DELETE", "/jails/web", now + 60),
+    ];
+    for delete in &deletes {
+        apply(&cluster);
+        let first = delete.send();
+        assert_eq!(first.status, 200, "{}", text(&first));
+    }
+    apply(&cluster);
+    for delete in &deletes {
+        let replayed = delete.send();
+        assert_eq!(replayed.status, 401, "{}", text(&replayed));
+        assert!(
+            text(&replayed).contains("replayed request"),
+            "{}",
+            text(&replayed)
+        );
+    }
 
     cluster.kill9_controlplane();
     cluster.restart_controlplane();
-    let after = delete.send();
-    assert_eq!(after.status, 401, "{}", text(&after));
-    assert!(
-        text(&after).contains("signed before this daemon started"),
-        "{}",
-        text(&after)
-    );
+    for delete in &deletes {
+        let after = delete.send();
+        assert_eq!(after.status, 401, "{}", text(&after));
+        assert!(
+            text(&after).contains("signed before this daemon started"),
+            "{}",
+            text(&after)
+        );
+    }
     let still = over_socket(&cluster.socket("n1"), "GET", "/jails/web", b"");
     assert_eq!(
         still.status,
@@ -257,6 +274,7 @@ fn a_signed_delete_replayed_to_an_agent_after_its_restart_gets_401_and_deletes_n
         &signer(&cluster.dir().join("keel-sim/keys/node.key")),
         "DELETE",
         "/jails/web",
+        auth::unix_now(),
     );
     let first = delete.send();
     assert_eq!(first.status, 200, "{}", text(&first));

@@ -14,8 +14,9 @@
 //! ([`crate::common::lockfile`]); a second agent on the same directory exits
 //! non-zero naming the pid of the first. A clustered agent then waits for the
 //! next whole second of the wall clock before it listens on TCP and refuses
-//! signed requests dated earlier ([`Verifier::with_not_before`]), so nothing
-//! signed for the previous process can be replayed to this one.
+//! signed requests dated earlier, or dated up to what the previous agent
+//! recorded when a signer's clock ran ahead ([`replay_floor::start`]), so
+//! nothing signed for the previous process can be replayed to this one.
 //!
 //! If the worker thread dies the agent exits non-zero with the panic in the
 //! log ([`crate::common::supervise`]), so rc or `daemon -r` restarts it.
@@ -41,7 +42,7 @@ use crate::agentd::ingress::dns::OvhDns;
 use crate::agentd::proxy::{Proxy, ProxyConfig};
 use crate::agentd::reconciler::{AgentState, NodeNetwork, Reconciler, STATE_FILE};
 use crate::agentd::worker;
-use crate::common::auth::{self, KeyFilePolicy};
+use crate::common::auth::KeyFilePolicy;
 use crate::common::auth::{Signer, Verifier};
 use crate::common::backoff::SystemClock;
 use crate::common::cmd::SystemRunner;
@@ -52,6 +53,7 @@ use crate::common::http::{
 };
 use crate::common::lockfile::{LockError, StateDirLock};
 use crate::common::logging;
+use crate::common::replay_floor::{self, FloorError};
 use crate::common::store::{Store, StoreError};
 use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
 use crate::host::capacity::{Capacity, FreeBsdCapacity};
@@ -78,6 +80,8 @@ pub enum RunError {
     Lock(LockError),
     /// The worker thread panicked; the agent stopped.
     Worker(WorkerDied),
+    /// The replay floor in the state directory cannot be read.
+    ReplayFloor(FloorError),
     /// The state file could not be opened (corrupt, unknown format, I/O).
     Store(StoreError),
     /// The simulated host could not be set up.
@@ -106,6 +110,7 @@ impl fmt::Display for RunError {
         match self {
             RunError::Lock(e) => write!(f, "{e}"),
             RunError::Worker(e) => write!(f, "{e}"),
+            RunError::ReplayFloor(e) => write!(f, "{e}"),
             RunError::Store(e) => write!(f, "{e}"),
             RunError::Sim(e) => write!(f, "{e}"),
             RunError::Faults(e) => write!(f, "{e}"),
@@ -349,8 +354,12 @@ fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifi
     }
     let (signer, verifier) = cluster::load_keys(cfg).map_err(RunError::Cluster)?;
     // The previous agent on this state directory is gone (we hold the lock);
-    // whatever it accepted is dated before this second.
-    let verifier = verifier.with_not_before(auth::wait_for_next_second());
+    // whatever it accepted is dated before this second, or recorded in the
+    // floor.
+    let (floor, not_before) = replay_floor::start(&a.state_dir).map_err(RunError::ReplayFloor)?;
+    let verifier = verifier
+        .with_not_before(not_before)
+        .with_replay_floor(floor);
     let capacity = if simulate {
         cluster::detect_capacity(&cluster::simulated_capacity())
     } else {

@@ -68,11 +68,15 @@
 //! The cache lives in memory, so a restarted daemon has forgotten it. What
 //! stops a replay across a restart is [`Verifier::with_not_before`]: the
 //! daemon, holding its state-directory lock (so the previous process is
-//! gone), waits for the next whole second ([`wait_for_next_second`]) before
-//! it listens and refuses any `ts` earlier than that second. Every request
+//! gone), waits for the next whole second before it listens and refuses any
+//! `ts` earlier than that second ([`crate::common::replay_floor::start`]). Every request
 //! the previous process accepted carries a `ts` it could check against its
-//! own clock; docs/security.md (replay) says what this covers and what it
-//! does not (a signer whose clock runs ahead of the daemon's).
+//! own clock. A request dated ahead of the clock (its signer's clock runs
+//! fast) could still be dated after the restart, so its `ts` is recorded in
+//! the state directory before it is acted on
+//! ([`Verifier::with_replay_floor`]) and the next daemon's floor starts
+//! above it. docs/security.md (replay) has the
+//! whole argument and what a signer whose clock is behind sees.
 //!
 //! # Keys
 //!
@@ -102,6 +106,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::common::http::{Request, Response};
+use crate::common::replay_floor::{FloorError, ReplayFloor};
 use crate::common::sync::lock;
 
 /// The authorization scheme name.
@@ -193,9 +198,14 @@ pub enum AuthError {
     SignedBeforeStart {
         /// The request's timestamp.
         ts: u64,
-        /// The first second this daemon accepts.
+        /// The first timestamp this daemon accepts: its start, or one past
+        /// the highest its predecessor accepted ahead of its clock.
         started: u64,
     },
+    /// The request's timestamp, ahead of this host's clock, could not be
+    /// recorded for the next daemon (see [`Verifier::with_replay_floor`]);
+    /// the request was refused.
+    RecordFloor(FloorError),
     /// The same signed request was already accepted.
     Replayed {
         /// The id the request named.
@@ -292,7 +302,7 @@ impl AuthError {
             | AuthError::WrongRole { .. }
             | AuthError::SignedBeforeStart { .. }
             | AuthError::Replayed { .. } => 401,
-            AuthError::ReplayCacheFull { .. } => 503,
+            AuthError::ReplayCacheFull { .. } | AuthError::RecordFloor(_) => 503,
             _ => 500,
         }
     }
@@ -340,8 +350,14 @@ impl fmt::Display for AuthError {
             ),
             AuthError::SignedBeforeStart { ts, started } => write!(
                 f,
-                "signed before this daemon started (timestamp {ts}, started at {started}); \
-                 sign a new request (check the clock with NTP if this repeats)"
+                "signed before this daemon started (timestamp {ts}; it accepts {started} and \
+                 later); sign a new request (check the clock with NTP if this repeats)"
+            ),
+            AuthError::RecordFloor(e) => write!(
+                f,
+                "the request is dated ahead of this host's clock and its timestamp could not \
+                 be recorded for replay protection across restarts ({e}); it was not acted \
+                 on: retry, check the state directory's disk, and synchronise the clocks (NTP)"
             ),
             AuthError::Replayed { key_id } => write!(
                 f,
@@ -422,6 +438,7 @@ impl std::error::Error for AuthError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             AuthError::KeyFileIo { source, .. } => Some(source),
+            AuthError::RecordFloor(e) => Some(e),
             _ => None,
         }
     }
@@ -1003,6 +1020,7 @@ pub struct Verifier {
     keyring: RwLock<Arc<Keyring>>,
     max_skew_secs: u64,
     not_before: u64,
+    floor: Option<ReplayFloor>,
     seen: Mutex<NonceCache>,
 }
 
@@ -1015,6 +1033,7 @@ impl Verifier {
             keyring: RwLock::new(Arc::new(keyring)),
             max_skew_secs: max_skew.as_secs(),
             not_before: 0,
+            floor: None,
             seen: Mutex::new(NonceCache {
                 by_ts: BTreeMap::new(),
                 len: 0,
@@ -1032,7 +1051,15 @@ impl Verifier {
     /// The same verifier refusing every `ts` earlier than `first_second`
     /// (Unix seconds), the daemon's start: see the module docs.
     pub fn with_not_before(mut self, first_second: u64) -> Verifier {
-        self.not_before = first_second;
+        self.not_before = self.not_before.max(first_second);
+        self
+    }
+
+    /// The same verifier recording in `floor` (durably, before accepting)
+    /// every accepted `ts` ahead of this host's clock, for the next daemon
+    /// on this state directory: see the module docs.
+    pub fn with_replay_floor(mut self, floor: ReplayFloor) -> Verifier {
+        self.floor = Some(floor);
         self
     }
 
@@ -1103,6 +1130,12 @@ impl Verifier {
             return Err(AuthError::Replayed {
                 key_id: header.key_id,
             });
+        }
+        drop(seen);
+        if header.ts > now_unix
+            && let Some(floor) = &self.floor
+        {
+            floor.raise(header.ts).map_err(AuthError::RecordFloor)?;
         }
         Ok(Verified {
             key_id: header.key_id,
@@ -1177,19 +1210,6 @@ pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// Sleeps until the wall clock enters its next whole second and returns that
-/// second: the [`Verifier::with_not_before`] of a daemon starting after its
-/// predecessor exited. Waiting makes the bound exact: a request signed in the
-/// second the predecessor died carries a `ts` below it.
-pub fn wait_for_next_second() -> u64 {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let next = now.as_secs().saturating_add(1);
-    std::thread::sleep(Duration::from_secs(next).saturating_sub(now));
-    next
 }
 
 fn random_bytes<const N: usize>() -> Result<[u8; N], AuthError> {
@@ -1388,11 +1408,52 @@ mod tests {
     }
 
     #[test]
-    fn waiting_for_the_next_second_ends_in_it() {
-        let before = unix_now();
-        let second = wait_for_next_second();
-        assert!(second > before, "{second} after {before}");
-        assert!(unix_now() >= second);
+    fn a_request_dated_ahead_is_recorded_and_refused_by_the_next_daemon() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let operator = key("ops", 1);
+        let keyring = || Keyring::new(vec![], vec![operator.clone()]).expect("keyring");
+        let signer = Signer::new(operator.clone());
+        let auth = |ts: u64, nonce: u8| {
+            signer
+                .authorization_with_nonce("DELETE", "/jails/web", b"", ts, [nonce; NONCE_LEN])
+                .expect("sign")
+        };
+        let (floor, recorded) = ReplayFloor::open(dir.path()).expect("floor");
+        assert_eq!(recorded, 0);
+        let first = Verifier::new(keyring(), DEFAULT_MAX_SKEW)
+            .with_not_before(1_000)
+            .with_replay_floor(floor);
+        let verify = |v: &Verifier, auth: &str, now: u64| {
+            v.verify("DELETE", "/jails/web", Some(auth), b"", now, Role::Operator)
+        };
+        // The signer's clock is 60 s ahead; the daemon's is 1_001.
+        let ahead = auth(1_061, 1);
+        verify(&first, &ahead, 1_001).expect("within the skew");
+        verify(&first, &auth(1_001, 2), 1_001).expect("in step");
+        drop(first);
+
+        // The next daemon starts at 1_003: the first request's ts is later.
+        let (floor, recorded) = ReplayFloor::open(dir.path()).expect("floor");
+        assert_eq!(
+            recorded, 1_061,
+            "only the ts ahead of the clock is recorded"
+        );
+        let next = Verifier::new(keyring(), DEFAULT_MAX_SKEW)
+            .with_not_before(1_003)
+            .with_not_before(recorded + 1)
+            .with_replay_floor(floor);
+        let err = verify(&next, &ahead, 1_010).expect_err("replay after the restart");
+        assert!(
+            matches!(
+                err,
+                AuthError::SignedBeforeStart {
+                    ts: 1_061,
+                    started: 1_062
+                }
+            ),
+            "{err:?}"
+        );
+        verify(&next, &auth(1_062, 3), 1_010).expect("signed after the floor");
     }
 
     #[test]

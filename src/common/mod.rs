@@ -14,6 +14,7 @@ pub mod journal;
 pub mod lockfile;
 pub mod logging;
 pub mod names;
+pub mod replay_floor;
 pub mod spec;
 pub mod store;
 pub mod supervise;

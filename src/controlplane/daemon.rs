@@ -6,8 +6,9 @@
 //! it ([`crate::common::lockfile`]), and a second control plane on the same
 //! directory exits non-zero naming the pid of the first. It then waits for
 //! the next whole second before it listens and refuses signed requests dated
-//! earlier ([`Verifier::with_not_before`]), so a request captured and sent to
-//! the previous process cannot be replayed to this one. If the worker thread
+//! earlier, or dated up to what the previous process recorded when a signer's
+//! clock ran ahead ([`replay_floor::start`]), so a request captured and sent
+//! to the previous process cannot be replayed to this one. If the worker thread
 //! dies the process exits non-zero with the panic in the log
 //! ([`crate::common::supervise`]).
 //!
@@ -24,6 +25,7 @@ use crate::common::http::{HttpError, Server, ServerLimits, ShutdownSignal};
 use crate::common::journal::JournalError;
 use crate::common::lockfile::{LockError, StateDirLock};
 use crate::common::logging;
+use crate::common::replay_floor::{self, FloorError};
 use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
 use crate::controlplane::api::ControlPlaneApi;
 use crate::controlplane::cli::Options;
@@ -38,6 +40,8 @@ pub enum RunError {
     Lock(LockError),
     /// The worker thread panicked; the control plane stopped.
     Worker(WorkerDied),
+    /// The replay floor in the state directory cannot be read.
+    ReplayFloor(FloorError),
     /// The persisted state could not be opened.
     State(JournalError),
     /// A key file is missing, unreadable, too permissive or malformed.
@@ -64,6 +68,7 @@ impl fmt::Display for RunError {
         match self {
             RunError::Lock(e) => write!(f, "{e}"),
             RunError::Worker(e) => write!(f, "{e}"),
+            RunError::ReplayFloor(e) => write!(f, "{e}"),
             RunError::State(e) => write!(f, "{e}"),
             RunError::Keys(e) => write!(f, "{e}"),
             RunError::Listen { addr, source } => write!(
@@ -107,8 +112,9 @@ pub fn run(options: Options) -> Result<(), RunError> {
     // reported on the admin's terminal, not only in syslog.
     let (keyring, signer) = load_keys(cfg).map_err(RunError::Keys)?;
     // The previous process on this state directory is gone (we hold the
-    // lock); whatever it accepted is dated before this second.
-    let started = auth::wait_for_next_second();
+    // lock); whatever it accepted is dated before this second, or recorded
+    // in the floor.
+    let (floor, not_before) = replay_floor::start(&c.state_dir).map_err(RunError::ReplayFloor)?;
     let listener = TcpListener::bind(c.listen).map_err(|source| RunError::Listen {
         addr: c.listen,
         source,
@@ -147,7 +153,9 @@ pub fn run(options: Options) -> Result<(), RunError> {
         .spawn()
         .map_err(setup)?;
     let watcher = signals.watch(worker_thread).map_err(setup)?;
-    let verifier = Verifier::new(keyring, cfg.auth.max_clock_skew.0).with_not_before(started);
+    let verifier = Verifier::new(keyring, cfg.auth.max_clock_skew.0)
+        .with_not_before(not_before)
+        .with_replay_floor(floor);
     let shutdown = ShutdownSignal::new();
     let api = Arc::new(ControlPlaneApi::new(worker.clone(), verifier, signer));
     let server = Server::new(api.clone(), ServerLimits::default(), shutdown.clone());
