@@ -15,7 +15,7 @@ use keel::common::http::{Client, ClientResponse, Endpoint};
 
 use crate::util::agent::process_alive;
 use crate::util::cluster::{
-    AGENTD, CONTROLPLANE, Cluster, free_port, node_ip, standard_controlplane_args,
+    AGENTD, CONTROLPLANE, Cluster, Exited, free_port, node_ip, standard_controlplane_args,
 };
 use crate::util::poll_until;
 
@@ -60,6 +60,23 @@ fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
 
+/// The daemon exited non-zero and its log says every one of `phrases`.
+fn assert_failed_saying(exited: &Exited, phrases: &[&str]) {
+    assert!(
+        !exited.status.success(),
+        "{:?}\n{}",
+        exited.status,
+        exited.log
+    );
+    for phrase in phrases {
+        assert!(
+            exited.log.contains(phrase),
+            "no {phrase:?} in:\n{}",
+            exited.log
+        );
+    }
+}
+
 fn signer(path: &Path) -> Signer {
     Signer::new(auth::load_key(path, KeyFilePolicy::for_current_process()).expect("a key"))
 }
@@ -87,18 +104,14 @@ fn a_second_agent_on_a_state_dir_in_use_exits_naming_the_pid_and_a_restart_after
             &other_socket.display().to_string(),
         ],
     );
-    assert!(
-        !second.status.success(),
-        "{:?}\n{}",
-        second.status,
-        second.log
-    );
-    assert!(
-        second.log.contains(&state.display().to_string())
-            && second.log.contains(&format!("pid {first}"))
-            && second.log.contains("in use by another daemon"),
-        "the refusal names the state dir and the holder's pid:\n{}",
-        second.log
+    // The refusal names the state dir and the holder's pid.
+    assert_failed_saying(
+        &second,
+        &[
+            &state.display().to_string(),
+            &format!("pid {first}"),
+            "in use by another daemon",
+        ],
     );
     assert!(!other_socket.exists(), "the refused agent bound its socket");
     let jails = over_socket(&socket, "GET", "/jails/web", b"");
@@ -138,18 +151,13 @@ fn a_second_controlplane_on_a_state_dir_in_use_exits_naming_the_pid_and_a_restar
         CONTROLPLANE,
         &["--simulate", "--listen", &other.to_string()],
     );
-    assert!(
-        !second.status.success(),
-        "{:?}\n{}",
-        second.status,
-        second.log
-    );
-    assert!(
-        second.log.contains("keel-sim/controlplane")
-            && second.log.contains(&format!("pid {first}"))
-            && second.log.contains("in use by another daemon"),
-        "the refusal names the state dir and the holder's pid:\n{}",
-        second.log
+    assert_failed_saying(
+        &second,
+        &[
+            "keel-sim/controlplane",
+            &format!("pid {first}"),
+            "in use by another daemon",
+        ],
     );
     let nodes = cluster.keelctl(&["get", "nodes"]);
     assert_eq!(nodes.code, 0, "the first keeps serving: {nodes:?}");
@@ -201,6 +209,27 @@ impl Captured {
     }
 }
 
+/// The refusal of a request signed for the daemon's predecessor.
+fn assert_signed_before_start(r: &ClientResponse) {
+    assert_eq!(r.status, 401, "{}", text(r));
+    assert!(
+        text(r).contains("signed before this daemon started"),
+        "{}",
+        text(r)
+    );
+}
+
+/// Jail `web` is still on the agent behind `socket`.
+fn assert_jail_still_there(socket: &Path) {
+    let still = over_socket(socket, "GET", "/jails/web", b"");
+    assert_eq!(
+        still.status,
+        200,
+        "the jail is still there: {}",
+        text(&still)
+    );
+}
+
 /// A signed DELETE from an operator whose clock is in step, and one from an
 /// operator whose clock runs 60 s ahead (accepted: within max_clock_skew).
 /// The second is dated after the restart, so only the recorded replay floor
@@ -238,21 +267,9 @@ fn a_signed_delete_replayed_to_the_controlplane_after_a_restart_gets_401_and_del
     cluster.kill9_controlplane();
     cluster.restart_controlplane();
     for delete in &deletes {
-        let after = delete.send();
-        assert_eq!(after.status, 401, "{}", text(&after));
-        assert!(
-            text(&after).contains("signed before this daemon started"),
-            "{}",
-            text(&after)
-        );
+        assert_signed_before_start(&delete.send());
     }
-    let still = over_socket(&cluster.socket("n1"), "GET", "/jails/web", b"");
-    assert_eq!(
-        still.status,
-        200,
-        "the jail is still there: {}",
-        text(&still)
-    );
+    assert_jail_still_there(&cluster.socket("n1"));
 }
 
 #[test]
@@ -283,20 +300,8 @@ fn a_signed_delete_replayed_to_an_agent_after_its_restart_gets_401_and_deletes_n
 
     cluster.kill9_agent("n1");
     cluster.restart_agent("n1");
-    let after = delete.send();
-    assert_eq!(after.status, 401, "{}", text(&after));
-    assert!(
-        text(&after).contains("signed before this daemon started"),
-        "{}",
-        text(&after)
-    );
-    let still = over_socket(&socket, "GET", "/jails/web", b"");
-    assert_eq!(
-        still.status,
-        200,
-        "the jail is still there: {}",
-        text(&still)
-    );
+    assert_signed_before_start(&delete.send());
+    assert_jail_still_there(&socket);
 }
 
 #[test]
@@ -316,19 +321,9 @@ fn a_panicking_agent_worker_ends_the_agent_with_the_panic_in_its_log() {
     if let Ok(r) = &answer {
         assert_eq!(r.status, 503, "{}", text(r));
     }
-    let exited = cluster.wait_agent_exit("a");
-    assert!(
-        !exited.status.success(),
-        "{:?}\n{}",
-        exited.status,
-        exited.log
-    );
-    assert!(
-        exited
-            .log
-            .contains("worker thread keel-worker panicked: fault injected at agent.worker.apply"),
-        "{}",
-        exited.log
+    assert_failed_saying(
+        &cluster.wait_agent_exit("a"),
+        &["worker thread keel-worker panicked: fault injected at agent.worker.apply"],
     );
 }
 
@@ -343,19 +338,9 @@ fn a_panicking_controlplane_worker_ends_the_controlplane_with_the_panic_in_its_l
     );
     // Its first act is to register.
     cluster.start_standard_agent(1);
-    let exited = cluster.wait_controlplane_exit();
-    assert!(
-        !exited.status.success(),
-        "{:?}\n{}",
-        exited.status,
-        exited.log
-    );
-    assert!(
-        exited.log.contains(
-            "worker thread keel-cp-worker panicked: fault injected at controlplane.worker.register"
-        ),
-        "{}",
-        exited.log
+    assert_failed_saying(
+        &cluster.wait_controlplane_exit(),
+        &["worker thread keel-cp-worker panicked: fault injected at controlplane.worker.register"],
     );
 }
 

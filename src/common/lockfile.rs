@@ -134,20 +134,13 @@ impl StateDirLock {
         };
         // Not truncated on open: until the lock is ours the content is the
         // holder's pid, which a refused daemon reads back.
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(FILE_MODE)
-            .open(&path)
-            .map_err(file_error("open"))?;
+        let file = open_record(&path).map_err(file_error("open"))?;
         match try_lock_exclusive(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 return Err(LockError::Held {
                     dir: dir.to_path_buf(),
-                    holder: read_pid(&mut file),
+                    holder: read_record(&file).ok().and_then(|t| t.trim().parse().ok()),
                 });
             }
             Err(e) => return Err(file_error("lock")(e)),
@@ -178,11 +171,27 @@ impl StateDirLock {
     }
 }
 
-/// The pid a holder wrote, if the file holds one.
-fn read_pid(file: &mut File) -> Option<u32> {
+/// Opens (creating, mode [`FILE_MODE`], never truncating) one of the small
+/// files a daemon keeps beside its lock and rewrites in place: the lock file
+/// itself and [`crate::common::replay_floor`]'s.
+pub fn open_record(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(FILE_MODE)
+        .open(path)
+}
+
+/// The text of a file opened with [`open_record`] (its first 64 bytes, all a
+/// record ever holds), read from the start.
+pub fn read_record(file: &File) -> io::Result<String> {
     let mut text = String::new();
-    file.take(64).read_to_string(&mut text).ok()?;
-    text.trim().parse().ok()
+    let mut reader = file;
+    reader.seek(SeekFrom::Start(0))?;
+    reader.take(64).read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// flock(2) with `LOCK_EX | LOCK_NB`: `WouldBlock` when another open file

@@ -20,14 +20,14 @@
 //! not hold the state directory's lock ([`crate::common::lockfile`]).
 
 use std::fmt;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::common::store::FILE_MODE;
+use crate::common::lockfile::{open_record, read_record};
 use crate::common::sync::lock;
 
 /// The file's name inside a state directory.
@@ -134,19 +134,8 @@ impl ReplayFloor {
                 source,
             }
         };
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(FILE_MODE)
-            .open(&path)
-            .map_err(io_error("open"))?;
-        let mut text = String::new();
-        (&mut file)
-            .take(64)
-            .read_to_string(&mut text)
-            .map_err(io_error("read"))?;
+        let file = open_record(&path).map_err(io_error("open"))?;
+        let text = read_record(&file).map_err(io_error("read"))?;
         let recorded = match text.trim() {
             "" => 0,
             digits => digits
