@@ -10,7 +10,9 @@
 //! predecessor may already have accepted; their `ts` is recorded here before
 //! the request is acted on, and the next daemon starts its floor above it.
 //! Only a `ts` above the recorded one is written (at most one write a second,
-//! and none while every signer's clock is at or behind the daemon's), and a
+//! and none while every signer's clock is at or behind the daemon's: `ts`
+//! has whole-second resolution, so a signer milliseconds ahead writes only
+//! when it crosses a second boundary first), and a
 //! write is flushed with fsync(2) so it also survives a power loss.
 //!
 //! [`start`] is the whole restart sequence both daemons run once they hold
