@@ -11,6 +11,7 @@ mod crash_campaign;
 mod ctl;
 mod ctl_ingress;
 mod ctl_services;
+mod daemons;
 mod golden_agent;
 mod golden_capacity;
 mod golden_ingress;

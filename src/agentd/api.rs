@@ -20,6 +20,7 @@ use crate::agentd::volumes::VolumeError;
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::http::{Handler, Request, Response};
 use crate::common::spec;
+use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
     COMMITTED_HEADER, EPOCH_HEADER, LOG_BYTES_MAX, VOLUMES_PARAM, format_committed, last_lines,
     parse_tail_query, parse_volumes_query,
@@ -98,7 +99,9 @@ impl AgentApi {
         let segments = req.segments();
         let method = req.method.as_str();
         Ok(match (method, segments.as_slice()) {
-            ("GET", ["healthz"]) => Response::json(200, &Health { status: "ok" }),
+            ("GET", ["healthz"]) => {
+                supervise::healthz_response(self.worker.health(HEALTH_WAIT), "keel-agentd")
+            }
             ("GET", ["metrics"]) => Response::text(200, self.worker.metrics()?)
                 .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
@@ -349,11 +352,6 @@ impl Handler for AgentApi {
         self.route(&req)
             .unwrap_or_else(|e| Response::error(503, &e.to_string(), None))
     }
-}
-
-#[derive(Serialize)]
-struct Health {
-    status: &'static str,
 }
 
 #[derive(Serialize)]

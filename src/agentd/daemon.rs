@@ -9,6 +9,18 @@
 //! while the control plane is unreachable. Without `agent.controlplane` none
 //! of this exists and the agent is a single node.
 //!
+//! One agent per state directory: the first thing `run` does, before reading
+//! the state, detaching or binding a socket, is lock it
+//! ([`crate::common::lockfile`]); a second agent on the same directory exits
+//! non-zero naming the pid of the first. A clustered agent then waits for the
+//! next whole second of the wall clock before it listens on TCP and refuses
+//! signed requests dated earlier, or dated up to what the previous agent
+//! recorded when a signer's clock ran ahead ([`replay_floor::start`]), so
+//! nothing signed for the previous process can be replayed to this one.
+//!
+//! If the worker thread dies the agent exits non-zero with the panic in the
+//! log ([`crate::common::supervise`]), so rc or `daemon -r` restarts it.
+//!
 //! Stopping the agent is not stopping the workloads: on SIGTERM the agent stops
 //! accepting requests, finishes the command in progress, removes its socket and
 //! exits, and every jail keeps running. The next agent adopts them with a no-op
@@ -43,8 +55,11 @@ use crate::common::faults;
 use crate::common::http::{
     Handler, HttpError, Server, ServerLimits, ShutdownSignal, bind_unix_socket,
 };
+use crate::common::lockfile::{LockError, StateDirLock};
 use crate::common::logging;
+use crate::common::replay_floor::{self, FloorError};
 use crate::common::store::{Store, StoreError};
+use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
 use crate::host::capacity::{Capacity, FreeBsdCapacity};
 use crate::host::jail::FreeBsdJails;
 use crate::host::mount::FreeBsdMounts;
@@ -65,6 +80,12 @@ const DEFAULT_SOCKET_GROUP: &str = "wheel";
 /// Why the agent could not start or stopped with an error.
 #[derive(Debug)]
 pub enum RunError {
+    /// The state directory is in use by another agent, or cannot be locked.
+    Lock(LockError),
+    /// The worker thread panicked; the agent stopped.
+    Worker(WorkerDied),
+    /// The replay floor in the state directory cannot be read.
+    ReplayFloor(FloorError),
     /// The state file could not be opened (corrupt, unknown format, I/O).
     Store(StoreError),
     /// The simulated host could not be set up.
@@ -91,6 +112,9 @@ pub enum RunError {
 impl fmt::Display for RunError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            RunError::Lock(e) => write!(f, "{e}"),
+            RunError::Worker(e) => write!(f, "{e}"),
+            RunError::ReplayFloor(e) => write!(f, "{e}"),
             RunError::Store(e) => write!(f, "{e}"),
             RunError::Sim(e) => write!(f, "{e}"),
             RunError::Faults(e) => write!(f, "{e}"),
@@ -112,6 +136,9 @@ impl std::error::Error for RunError {}
 pub fn run(options: Options) -> Result<(), RunError> {
     let cfg = options.config;
     let level = cfg.log.level;
+    // Before detaching, so that a refusal reaches the admin's terminal; held
+    // until `run` returns, through the fork (module docs of lockfile).
+    let mut lock = StateDirLock::acquire(&cfg.agent.state_dir).map_err(RunError::Lock)?;
     if options.daemon {
         // Detach before any thread exists: fork keeps only the calling thread.
         daemonize::Daemonize::new()
@@ -120,6 +147,9 @@ pub fn run(options: Options) -> Result<(), RunError> {
             .start()
             .map_err(|e| RunError::Daemonize(e.to_string()))?;
         logging::to_syslog("keel-agentd", level);
+        if let Err(e) = lock.record_pid() {
+            log::warn!("{e}; a second agent will name the wrong pid");
+        }
     } else {
         logging::to_stderr("keel-agentd", level);
     }
@@ -161,7 +191,9 @@ pub fn run(options: Options) -> Result<(), RunError> {
         let group = (cfg.agent.socket_group != DEFAULT_SOCKET_GROUP)
             .then_some(cfg.agent.socket_group.as_str());
         let ingress = ingress_controller(&cfg, true, Box::new(FakeFirewall::default()))?;
-        return serve(reconciler, &cfg, &options.source, group, cluster, ingress);
+        let served = serve(reconciler, &cfg, &options.source, group, cluster, ingress);
+        drop(lock);
+        return served;
     }
 
     let runner = Arc::new(SystemRunner);
@@ -189,14 +221,16 @@ pub fn run(options: Options) -> Result<(), RunError> {
         state,
         clock,
     );
-    serve(
+    let served = serve(
         reconciler,
         &cfg,
         &options.source,
         Some(cfg.agent.socket_group.as_str()),
         cluster,
         ingress,
-    )
+    );
+    drop(lock);
+    served
 }
 
 /// The node's ingress controller. Without OVH credentials it still runs:
@@ -323,6 +357,13 @@ fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifi
             .map_err(|e| RunError::Cluster(ClusterError::Keys(e)))?;
     }
     let (signer, verifier) = signed::load_keys(cfg).map_err(RunError::Cluster)?;
+    // The previous agent on this state directory is gone (we hold the lock);
+    // whatever it accepted is dated before this second, or recorded in the
+    // floor.
+    let (floor, not_before) = replay_floor::start(&a.state_dir).map_err(RunError::ReplayFloor)?;
+    let verifier = verifier
+        .with_not_before(not_before)
+        .with_replay_floor(floor);
     let capacity = if simulate {
         identity::detect_capacity(&identity::simulated_capacity())
     } else {
@@ -395,15 +436,11 @@ where
     };
     let listener = bind_unix_socket(socket, SOCKET_MODE, group).map_err(RunError::Socket)?;
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGHUP,
-    ])
-    .map_err(setup)?;
+    let mut signals = SignalLoop::new().map_err(setup)?;
 
     let (worker, worker_thread) =
         worker::spawn_with_ingress(reconciler, Some(ingress)).map_err(setup)?;
+    let watcher = signals.watch(worker_thread).map_err(setup)?;
     let shutdown = ShutdownSignal::new();
     let proxy = membership
         .as_ref()
@@ -451,12 +488,9 @@ where
         cfg.agent.reconcile_interval
     );
 
-    for signal in signals.forever() {
-        if signal != signal_hook::consts::SIGHUP {
-            log::info!("stopping on signal {signal}; jails keep running");
-            break;
-        }
-        reload_keys(source, verifier.as_deref(), signer.as_ref());
+    match signals.run(|| reload_keys(source, verifier.as_deref(), signer.as_ref())) {
+        Stop::Signal(signal) => log::info!("stopping on signal {signal}; jails keep running"),
+        Stop::WorkerEnded => log::error!("stopping: the worker thread ended; jails keep running"),
     }
     shutdown.trigger();
     drop(stop_timer);
@@ -471,9 +505,9 @@ where
     if let Some(t) = cluster_thread {
         let _ = t.join();
     }
-    let _ = worker_thread.join();
+    let worker_end = watcher.join();
     remove_quietly(socket);
-    Ok(())
+    worker_end.map_err(RunError::Worker)
 }
 
 fn remove_quietly(path: &Path) {

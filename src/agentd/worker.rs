@@ -33,6 +33,7 @@ use crate::agentd::snapshot::{self, Publisher, Snapshot};
 use crate::agentd::volumes::{self, VolumeError};
 use crate::common::cidr::Ipv4Net;
 use crate::common::spec::{Ingress, Jail};
+use crate::common::supervise::{self, WorkerHealth};
 use crate::common::wire::{IngressStatus, Peer, PlacedJail, VolumeStatus};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
 
@@ -131,6 +132,8 @@ pub enum Command {
     },
     /// An Ingress request (`/ingresses` routes).
     Ingress(IngressCommand),
+    /// Answer at once (`/healthz`: the worker is alive and not stuck).
+    Health(Sender<()>),
     /// Stop the worker loop.
     Shutdown,
 }
@@ -340,6 +343,15 @@ impl WorkerHandle {
         })
     }
 
+    /// See [`Command::Health`]: whether the worker answers within `wait`.
+    pub fn health(&self, wait: Duration) -> WorkerHealth {
+        let (reply, rx) = mpsc::channel();
+        if self.tx.send(Command::Health(reply)).is_err() {
+            return WorkerHealth::Gone;
+        }
+        supervise::await_answer(&rx, wait)
+    }
+
     /// Queues a pass without waiting (the timer).
     pub fn tick(&self) -> Result<(), WorkerGone> {
         self.tx.send(Command::Reconcile).map_err(|_| WorkerGone)
@@ -513,6 +525,9 @@ fn run<J, Z, N, M>(
                     ingress.set_services(services);
                 }
                 let _ = reply.send(outcome);
+            }
+            Command::Health(reply) => {
+                let _ = reply.send(());
             }
             Command::Shutdown => break,
         }

@@ -49,7 +49,8 @@
 //! ([`AuthError::Malformed`]), the key id is known ([`AuthError::UnknownKey`]),
 //! the signature matches, compared in constant time
 //! ([`AuthError::BadSignature`]), `|now - ts| <= max_skew`
-//! ([`AuthError::Stale`]), the key's role is the one the route requires
+//! ([`AuthError::Stale`]), `ts` is not earlier than the daemon's start
+//! ([`AuthError::SignedBeforeStart`], see below), the key's role is the one the route requires
 //! ([`AuthError::WrongRole`]), and the `(ts, nonce)` pair was not accepted
 //! before ([`AuthError::Replayed`]). The signature comes before every check
 //! that could tell an unauthenticated sender something; the nonce is recorded
@@ -63,6 +64,19 @@
 //! full, new requests are refused ([`AuthError::ReplayCacheFull`], a 503)
 //! instead of evicting live entries (which would reopen replays) or growing
 //! without bound (which lets any key holder exhaust the daemon's memory).
+//!
+//! The cache lives in memory, so a restarted daemon has forgotten it. What
+//! stops a replay across a restart is [`Verifier::with_not_before`]: the
+//! daemon, holding its state-directory lock (so the previous process is
+//! gone), waits for the next whole second before it listens and refuses any
+//! `ts` earlier than that second ([`crate::common::replay_floor::start`]). Every request
+//! the previous process accepted carries a `ts` it could check against its
+//! own clock. A request dated ahead of the clock (its signer's clock runs
+//! fast) could still be dated after the restart, so its `ts` is recorded in
+//! the state directory before it is acted on
+//! ([`Verifier::with_replay_floor`]) and the next daemon's floor starts
+//! above it. docs/security.md (replay) has the
+//! whole argument and what a signer whose clock is behind sees.
 //!
 //! # Keys
 //!
@@ -92,6 +106,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::common::http::{Request, Response};
+use crate::common::replay_floor::{FloorError, ReplayFloor};
 use crate::common::sync::lock;
 
 /// The authorization scheme name.
@@ -178,6 +193,19 @@ pub enum AuthError {
         /// The role the route requires.
         required: Role,
     },
+    /// The request was signed before this daemon started, so an earlier
+    /// process may have accepted it already.
+    SignedBeforeStart {
+        /// The request's timestamp.
+        ts: u64,
+        /// The first timestamp this daemon accepts: its start, or one past
+        /// the highest its predecessor accepted ahead of its clock.
+        started: u64,
+    },
+    /// The request's timestamp, ahead of this host's clock, could not be
+    /// recorded for the next daemon (see [`Verifier::with_replay_floor`]);
+    /// the request was refused.
+    RecordFloor(FloorError),
     /// The same signed request was already accepted.
     Replayed {
         /// The id the request named.
@@ -272,8 +300,9 @@ impl AuthError {
             | AuthError::BadSignature { .. }
             | AuthError::Stale { .. }
             | AuthError::WrongRole { .. }
+            | AuthError::SignedBeforeStart { .. }
             | AuthError::Replayed { .. } => 401,
-            AuthError::ReplayCacheFull { .. } => 503,
+            AuthError::ReplayCacheFull { .. } | AuthError::RecordFloor(_) => 503,
             _ => 500,
         }
     }
@@ -318,6 +347,17 @@ impl fmt::Display for AuthError {
             } => write!(
                 f,
                 "key {key_id:?} is a {role} key and this route requires a {required} key"
+            ),
+            AuthError::SignedBeforeStart { ts, started } => write!(
+                f,
+                "signed before this daemon started (timestamp {ts}; it accepts {started} and \
+                 later); sign a new request (check the clock with NTP if this repeats)"
+            ),
+            AuthError::RecordFloor(e) => write!(
+                f,
+                "the request is dated ahead of this host's clock and its timestamp could not \
+                 be recorded for replay protection across restarts ({e}); it was not acted \
+                 on: retry, check the state directory's disk, and synchronise the clocks (NTP)"
             ),
             AuthError::Replayed { key_id } => write!(
                 f,
@@ -398,6 +438,7 @@ impl std::error::Error for AuthError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             AuthError::KeyFileIo { source, .. } => Some(source),
+            AuthError::RecordFloor(e) => Some(e),
             _ => None,
         }
     }
@@ -978,6 +1019,8 @@ impl NonceCache {
 pub struct Verifier {
     keyring: RwLock<Arc<Keyring>>,
     max_skew_secs: u64,
+    not_before: u64,
+    floor: Option<ReplayFloor>,
     seen: Mutex<NonceCache>,
 }
 
@@ -989,6 +1032,8 @@ impl Verifier {
         Verifier {
             keyring: RwLock::new(Arc::new(keyring)),
             max_skew_secs: max_skew.as_secs(),
+            not_before: 0,
+            floor: None,
             seen: Mutex::new(NonceCache {
                 by_ts: BTreeMap::new(),
                 len: 0,
@@ -1000,6 +1045,21 @@ impl Verifier {
     /// The same verifier with another bound on remembered nonces.
     pub fn with_nonce_capacity(self, capacity: usize) -> Verifier {
         lock(&self.seen).capacity = capacity;
+        self
+    }
+
+    /// The same verifier refusing every `ts` earlier than `first_second`
+    /// (Unix seconds), the daemon's start: see the module docs.
+    pub fn with_not_before(mut self, first_second: u64) -> Verifier {
+        self.not_before = self.not_before.max(first_second);
+        self
+    }
+
+    /// The same verifier recording in `floor` (durably, before accepting)
+    /// every accepted `ts` ahead of this host's clock, for the next daemon
+    /// on this state directory: see the module docs.
+    pub fn with_replay_floor(mut self, floor: ReplayFloor) -> Verifier {
+        self.floor = Some(floor);
         self
     }
 
@@ -1051,6 +1111,12 @@ impl Verifier {
                 max_skew_secs: self.max_skew_secs,
             });
         }
+        if header.ts < self.not_before {
+            return Err(AuthError::SignedBeforeStart {
+                ts: header.ts,
+                started: self.not_before,
+            });
+        }
         if role != required {
             return Err(AuthError::WrongRole {
                 key_id: header.key_id,
@@ -1064,6 +1130,12 @@ impl Verifier {
             return Err(AuthError::Replayed {
                 key_id: header.key_id,
             });
+        }
+        drop(seen);
+        if header.ts > now_unix
+            && let Some(floor) = &self.floor
+        {
+            floor.raise(header.ts).map_err(AuthError::RecordFloor)?;
         }
         Ok(Verified {
             key_id: header.key_id,
@@ -1287,6 +1359,101 @@ mod tests {
         c.evict_before(11);
         assert_eq!(c.len, 2);
         assert!(c.insert(12, [3; 16]).expect("room again"));
+    }
+
+    #[test]
+    fn requests_signed_before_the_start_are_refused() {
+        let operator = key("ops", 1);
+        let keyring = Keyring::new(vec![], vec![operator.clone()]).expect("keyring");
+        let verifier = Verifier::new(keyring, DEFAULT_MAX_SKEW).with_not_before(1_000);
+        let signer = Signer::new(operator);
+        let verify = |ts: u64, nonce: u8| {
+            let auth = signer
+                .authorization_with_nonce("DELETE", "/jails/web", b"", ts, [nonce; NONCE_LEN])
+                .expect("sign");
+            verifier.verify(
+                "DELETE",
+                "/jails/web",
+                Some(&auth),
+                b"",
+                1_005,
+                Role::Operator,
+            )
+        };
+        let err = verify(999, 1).expect_err("signed a second before the start");
+        assert!(
+            matches!(
+                err,
+                AuthError::SignedBeforeStart {
+                    ts: 999,
+                    started: 1_000
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.status(), 401);
+        let message = err.to_string();
+        assert!(
+            message.contains("signed before this daemon started"),
+            "{message}"
+        );
+        assert!(message.contains("check the clock with NTP"), "{message}");
+        assert!(verify(1_000, 2).is_ok(), "signed in the first second");
+        assert!(verify(1_004, 3).is_ok(), "signed after the start");
+        assert_eq!(
+            verifier.remembered_nonces(),
+            2,
+            "refusals are not remembered"
+        );
+    }
+
+    #[test]
+    fn a_request_dated_ahead_is_recorded_and_refused_by_the_next_daemon() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let operator = key("ops", 1);
+        let keyring = || Keyring::new(vec![], vec![operator.clone()]).expect("keyring");
+        let signer = Signer::new(operator.clone());
+        let auth = |ts: u64, nonce: u8| {
+            signer
+                .authorization_with_nonce("DELETE", "/jails/web", b"", ts, [nonce; NONCE_LEN])
+                .expect("sign")
+        };
+        let (floor, recorded) = ReplayFloor::open(dir.path()).expect("floor");
+        assert_eq!(recorded, 0);
+        let first = Verifier::new(keyring(), DEFAULT_MAX_SKEW)
+            .with_not_before(1_000)
+            .with_replay_floor(floor);
+        let verify = |v: &Verifier, auth: &str, now: u64| {
+            v.verify("DELETE", "/jails/web", Some(auth), b"", now, Role::Operator)
+        };
+        // The signer's clock is 60 s ahead; the daemon's is 1_001.
+        let ahead = auth(1_061, 1);
+        verify(&first, &ahead, 1_001).expect("within the skew");
+        verify(&first, &auth(1_001, 2), 1_001).expect("in step");
+        drop(first);
+
+        // The next daemon starts at 1_003: the first request's ts is later.
+        let (floor, recorded) = ReplayFloor::open(dir.path()).expect("floor");
+        assert_eq!(
+            recorded, 1_061,
+            "only the ts ahead of the clock is recorded"
+        );
+        let next = Verifier::new(keyring(), DEFAULT_MAX_SKEW)
+            .with_not_before(1_003)
+            .with_not_before(recorded + 1)
+            .with_replay_floor(floor);
+        let err = verify(&next, &ahead, 1_010).expect_err("replay after the restart");
+        assert!(
+            matches!(
+                err,
+                AuthError::SignedBeforeStart {
+                    ts: 1_061,
+                    started: 1_062
+                }
+            ),
+            "{err:?}"
+        );
+        verify(&next, &auth(1_062, 3), 1_010).expect("signed after the floor");
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs |
 //! | `GET /metrics` | operator | Prometheus text |
-//! | `GET /healthz` | none | liveness of the control plane itself, nothing else |
+//! | `GET /healthz` | none | liveness of the control plane itself: its worker answers within [`HEALTH_WAIT`], else 503 |
 //!
 //! Every route but `/healthz` needs a signed request (`common::auth`): a node
 //! key for membership, an operator key for the rest, so a leaked node key
@@ -55,6 +55,7 @@ use serde::Serialize;
 use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
 use crate::common::http::{Client, Endpoint, Handler, Request, Response};
 use crate::common::names::validate_name;
+use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
     COMMITTED_HEADER, EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest, ServiceApply,
     VolumeStatus, parse_committed, parse_volumes_query, volumes_query,
@@ -109,7 +110,8 @@ impl ControlPlaneApi {
         let segments = req.segments();
         let method = req.method.as_str();
         if let ("GET", ["healthz"]) = (method, segments.as_slice()) {
-            return Ok(Response::json(200, &Health { status: "ok" }));
+            let health = self.worker.health(HEALTH_WAIT);
+            return Ok(supervise::healthz_response(health, "keel-controlplane"));
         }
         let role = match segments.as_slice() {
             ["nodes", "register"] | ["nodes", _, "heartbeat"] => Role::Node,
@@ -687,11 +689,6 @@ fn names_in<'a>(segments: &[&'a str]) -> Vec<&'a str> {
         }
         _ => vec![],
     }
-}
-
-#[derive(Serialize)]
-struct Health {
-    status: &'static str,
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {

@@ -2,6 +2,16 @@
 //! the worker and the TCP API, reload the keys on SIGHUP (rotation), stop
 //! cleanly on SIGTERM or SIGINT.
 //!
+//! One control plane per state directory: before anything else, `run` locks
+//! it ([`crate::common::lockfile`]), and a second control plane on the same
+//! directory exits non-zero naming the pid of the first. It then waits for
+//! the next whole second before it listens and refuses signed requests dated
+//! earlier, or dated up to what the previous process recorded when a signer's
+//! clock ran ahead ([`replay_floor::start`]), so a request captured and sent
+//! to the previous process cannot be replayed to this one. If the worker thread
+//! dies the process exits non-zero with the panic in the log
+//! ([`crate::common::supervise`]).
+//!
 //! Stopping the control plane stops nothing else: agents keep running their
 //! jails and their last peer and service lists until it is back.
 
@@ -13,7 +23,10 @@ use crate::common::auth::{self, AuthError, KeyFilePolicy, Keyring, Signer, Verif
 use crate::common::faults;
 use crate::common::http::{HttpError, Server, ServerLimits, ShutdownSignal};
 use crate::common::journal::JournalError;
+use crate::common::lockfile::{LockError, StateDirLock};
 use crate::common::logging;
+use crate::common::replay_floor::{self, FloorError};
+use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
 use crate::controlplane::api::ControlPlaneApi;
 use crate::controlplane::cli::Options;
 use crate::controlplane::registry::Cluster;
@@ -22,6 +35,13 @@ use crate::controlplane::worker::{Worker, open_state};
 /// Why the control plane could not start or stopped with an error.
 #[derive(Debug)]
 pub enum RunError {
+    /// The state directory is in use by another control plane, or cannot be
+    /// locked.
+    Lock(LockError),
+    /// The worker thread panicked; the control plane stopped.
+    Worker(WorkerDied),
+    /// The replay floor in the state directory cannot be read.
+    ReplayFloor(FloorError),
     /// The persisted state could not be opened.
     State(JournalError),
     /// A key file is missing, unreadable, too permissive or malformed.
@@ -46,6 +66,9 @@ pub enum RunError {
 impl fmt::Display for RunError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            RunError::Lock(e) => write!(f, "{e}"),
+            RunError::Worker(e) => write!(f, "{e}"),
+            RunError::ReplayFloor(e) => write!(f, "{e}"),
             RunError::State(e) => write!(f, "{e}"),
             RunError::Keys(e) => write!(f, "{e}"),
             RunError::Listen { addr, source } => write!(
@@ -73,6 +96,10 @@ fn load_keys(cfg: &crate::common::config::Config) -> Result<(Keyring, Signer), A
 pub fn run(options: Options) -> Result<(), RunError> {
     let cfg = &options.config;
     let c = &cfg.controlplane;
+    // First of all, before detaching so that a refusal reaches the admin's
+    // terminal; held until `run` returns, through the fork (module docs of
+    // lockfile).
+    let mut lock = StateDirLock::acquire(&c.state_dir).map_err(RunError::Lock)?;
     if options.simulate {
         for (path, id) in [
             (&c.key_file, "sim-node"),
@@ -84,6 +111,10 @@ pub fn run(options: Options) -> Result<(), RunError> {
     // Keys and the listener are checked before detaching, so a bad setup is
     // reported on the admin's terminal, not only in syslog.
     let (keyring, signer) = load_keys(cfg).map_err(RunError::Keys)?;
+    // The previous process on this state directory is gone (we hold the
+    // lock); whatever it accepted is dated before this second, or recorded
+    // in the floor.
+    let (floor, not_before) = replay_floor::start(&c.state_dir).map_err(RunError::ReplayFloor)?;
     let listener = TcpListener::bind(c.listen).map_err(|source| RunError::Listen {
         addr: c.listen,
         source,
@@ -96,6 +127,9 @@ pub fn run(options: Options) -> Result<(), RunError> {
             .start()
             .map_err(|e| RunError::Daemonize(e.to_string()))?;
         logging::to_syslog("keel-controlplane", cfg.log.level);
+        if let Err(e) = lock.record_pid() {
+            log::warn!("{e}; a second control plane will name the wrong pid");
+        }
     } else {
         logging::to_stderr("keel-controlplane", cfg.log.level);
     }
@@ -114,16 +148,14 @@ pub fn run(options: Options) -> Result<(), RunError> {
     );
     let cluster = Cluster::new(state, c.cluster_cidr, c.service_cidr, c.dead_after.0);
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGHUP,
-    ])
-    .map_err(setup)?;
+    let mut signals = SignalLoop::new().map_err(setup)?;
     let (worker, worker_thread) = Worker::new(cluster, journal, c.state_dir.clone())
         .spawn()
         .map_err(setup)?;
-    let verifier = Verifier::new(keyring, cfg.auth.max_clock_skew.0);
+    let watcher = signals.watch(worker_thread).map_err(setup)?;
+    let verifier = Verifier::new(keyring, cfg.auth.max_clock_skew.0)
+        .with_not_before(not_before)
+        .with_replay_floor(floor);
     let shutdown = ShutdownSignal::new();
     let api = Arc::new(ControlPlaneApi::new(worker.clone(), verifier, signer));
     let server = Server::new(api.clone(), ServerLimits::default(), shutdown.clone());
@@ -131,11 +163,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
     let http = server.serve_tcp(listener).map_err(RunError::Http)?;
     log::info!("listening on {local}");
 
-    for signal in signals.forever() {
-        if signal != signal_hook::consts::SIGHUP {
-            log::info!("stopping on signal {signal}");
-            break;
-        }
+    let stop = signals.run(|| {
         // Key rotation without downtime: keel.toml and the key files it
         // names are read again; only the keys change on a reload.
         let reloaded = options
@@ -150,10 +178,15 @@ pub fn run(options: Options) -> Result<(), RunError> {
             }
             Err(e) => log::error!("key reload failed, keeping the previous keys: {e}"),
         }
+    });
+    match stop {
+        Stop::Signal(signal) => log::info!("stopping on signal {signal}"),
+        Stop::WorkerEnded => log::error!("stopping: the worker thread ended"),
     }
     shutdown.trigger();
     worker.shutdown();
     let _ = http.join();
-    let _ = worker_thread.join();
-    Ok(())
+    let worker_end = watcher.join();
+    drop(lock);
+    worker_end.map_err(RunError::Worker)
 }

@@ -24,6 +24,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::common::journal::{Journal, JournalError};
+use crate::common::supervise::{self, WorkerHealth};
 use crate::common::wire::NodeRemoval;
 use crate::common::wire::{
     HeartbeatRequest, NodeStatus, RegisterRequest, RegisterResponse, Resources, ServiceApply,
@@ -134,6 +135,8 @@ pub enum Command {
     PlanHeal(Sender<Vec<HealAction>>),
     /// A heal is over.
     HealDone(Vec<String>),
+    /// Answer at once (`/healthz`: the worker is alive and not stuck).
+    Health(Sender<()>),
     /// Stop the loop.
     Shutdown,
 }
@@ -349,6 +352,15 @@ impl WorkerHandle {
     /// See [`Command::HealDone`].
     pub fn heal_done(&self, services: Vec<String>) {
         let _ = self.tx.send(Command::HealDone(services));
+    }
+
+    /// See [`Command::Health`]: whether the worker answers within `wait`.
+    pub fn health(&self, wait: std::time::Duration) -> WorkerHealth {
+        let (reply, rx) = mpsc::channel();
+        if self.tx.send(Command::Health(reply)).is_err() {
+            return WorkerHealth::Gone;
+        }
+        supervise::await_answer(&rx, wait)
     }
 
     /// Asks the loop to stop after what is queued.
@@ -651,6 +663,9 @@ impl Worker {
                     }
                 }
                 let _ = reply.send(homes);
+            }
+            Command::Health(reply) => {
+                let _ = reply.send(());
             }
             Command::Shutdown => {}
         }

@@ -12,7 +12,10 @@
 //! `Cluster::start_agent_in`), e.g. `ip netns exec NS`, which execs the
 //! daemon in network namespace NS (tests/partitions.rs). keelctl runs behind
 //! the control plane's prefix, so it reaches the control plane from where
-//! the control plane runs.
+//! the control plane runs. `Cluster::start_controlplane_with` and
+//! `Cluster::start_agent_with` add environment variables (`KEEL_SIM_FAULTS`),
+//! and `Cluster::run_to_exit` runs a daemon that is expected to stop by
+//! itself (refused at startup), failing the test if it keeps running.
 //!
 //! On drop every daemon still running is stopped (SIGTERM, then SIGKILL), and
 //! only then every agent's simulated jails are removed through the simulated
@@ -25,7 +28,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use keel::common::http::{Client, Endpoint};
@@ -48,6 +51,15 @@ const STARTUP: Duration = Duration::from_secs(20);
 /// machine.
 const CONVERGE: Duration = Duration::from_secs(30);
 const STOP: Duration = Duration::from_secs(10);
+
+/// How a daemon that exited by itself ended.
+#[derive(Debug)]
+pub struct Exited {
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// Everything it wrote on stdout and stderr.
+    pub log: String,
+}
 
 /// What one keelctl run did.
 #[derive(Debug)]
@@ -84,7 +96,7 @@ struct Daemon {
     prefix: Vec<String>,
     program: &'static str,
     args: Vec<String>,
-    /// Added to the daemon's environment, e.g. `KEEL_SIM_FAULTS`.
+    /// Extra environment, e.g. `KEEL_SIM_FAULTS`.
     env: Vec<(String, String)>,
     log: PathBuf,
     child: Option<Child>,
@@ -136,6 +148,24 @@ impl Daemon {
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the daemon to exit on its own; panics with `what` and the
+    /// log (after stopping it) if it still runs after [`STARTUP`].
+    fn wait_exit(&mut self, what: &str) -> ExitStatus {
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let child = self.child.as_mut().expect("a running daemon");
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return status;
+            }
+            if Instant::now() >= deadline {
+                self.stop();
+                panic!("{what} still runs after {STARTUP:?}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn kill9(&mut self) {
@@ -222,7 +252,7 @@ impl Cluster {
         let id = format!("n{n}");
         let args = self.standard_agent_args(&id, SocketAddr::from((ip, free_port(ip))), ip);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.spawn_agent(&id, &[], env, &args);
+        self.start_agent_with(&id, &[], env, &args);
     }
 
     /// The arguments of agent `id` of [`Cluster::standard`]: its own state dir
@@ -272,6 +302,16 @@ impl Cluster {
     /// With a prefix, readiness is `keelctl get nodes` behind the same prefix,
     /// since the test's own namespace may not reach the control plane.
     pub fn start_controlplane_in(&mut self, prefix: &[&str], args: &[&str]) {
+        self.start_controlplane_with(prefix, &[], args);
+    }
+
+    /// [`Cluster::start_controlplane_in`] with extra environment variables.
+    pub fn start_controlplane_with(
+        &mut self,
+        prefix: &[&str],
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) {
         assert!(self.controlplane.is_none(), "one control plane");
         let listen = flag_value(args, "--listen").expect("--listen IP:PORT");
         let addr: SocketAddr = listen.parse().expect("--listen is IP:PORT");
@@ -279,7 +319,7 @@ impl Cluster {
             prefix: prefix.iter().map(|a| a.to_string()).collect(),
             program: CONTROLPLANE,
             args: args.iter().map(|a| a.to_string()).collect(),
-            env: Vec::new(),
+            env: owned_env(env),
             log: self.dir().join("controlplane.log"),
             child: None,
         };
@@ -324,20 +364,24 @@ impl Cluster {
     /// [`Cluster::start_agent`] behind `prefix` (see the module docs); the
     /// agent's socket is a file, so it answers the test from any namespace.
     pub fn start_agent_in(&mut self, id: &str, prefix: &[&str], args: &[&str]) {
-        self.spawn_agent(id, prefix, &[], args);
+        self.start_agent_with(id, prefix, &[], args);
     }
 
-    fn spawn_agent(&mut self, id: &str, prefix: &[&str], env: &[(&str, &str)], args: &[&str]) {
+    /// [`Cluster::start_agent_in`] with extra environment variables.
+    pub fn start_agent_with(
+        &mut self,
+        id: &str,
+        prefix: &[&str],
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) {
         let path = |flag| PathBuf::from(flag_value(args, flag).expect("state dir and socket"));
         let socket = path("--socket");
         let mut daemon = Daemon {
             prefix: prefix.iter().map(|a| a.to_string()).collect(),
             program: AGENTD,
             args: args.iter().map(|a| a.to_string()).collect(),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            env: owned_env(env),
             log: self.dir().join(format!("{id}.log")),
             child: None,
         };
@@ -357,6 +401,48 @@ impl Cluster {
             self.nodes.insert(id.to_string(), node).is_none(),
             "{id} twice"
         );
+    }
+
+    /// Runs a daemon (`program`, [`AGENTD`] or [`CONTROLPLANE`]) with `args`
+    /// in the cluster's directory that is expected to exit by itself, e.g.
+    /// refused at startup; its output goes to `{name}.log`. Panics (after
+    /// stopping it) if it is still running after the startup deadline.
+    pub fn run_to_exit(&self, name: &str, program: &'static str, args: &[&str]) -> Exited {
+        let mut daemon = Daemon {
+            prefix: Vec::new(),
+            program,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: Vec::new(),
+            log: self.dir().join(format!("{name}.log")),
+            child: None,
+        };
+        daemon.spawn(self.dir());
+        let status = daemon.wait_exit(name);
+        Exited {
+            status,
+            log: daemon.log(),
+        }
+    }
+
+    /// Waits until node `id`'s agent exits by itself (a test made it fail);
+    /// its exit status and log.
+    pub fn wait_agent_exit(&mut self, id: &str) -> Exited {
+        let daemon = &mut self.nodes.get_mut(id).expect("a node").daemon;
+        let status = daemon.wait_exit(&format!("keel-agentd {id}"));
+        Exited {
+            status,
+            log: daemon.log(),
+        }
+    }
+
+    /// Waits until the control plane exits by itself; its status and log.
+    pub fn wait_controlplane_exit(&mut self) -> Exited {
+        let (daemon, _) = self.controlplane.as_mut().expect("a control plane");
+        let status = daemon.wait_exit("keel-controlplane");
+        Exited {
+            status,
+            log: daemon.log(),
+        }
     }
 
     /// The control plane's `IP:PORT`.
@@ -575,6 +661,12 @@ fn prefixed(prefix: &[String], program: &str) -> Command {
             cmd
         }
     }
+}
+
+fn owned_env(env: &[(&str, &str)]) -> Vec<(String, String)> {
+    env.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 fn flag_value<'a>(args: &[&'a str], flag: &str) -> Option<&'a str> {
