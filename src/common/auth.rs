@@ -92,6 +92,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::common::http::{Request, Response};
+use crate::common::refusals::{DEFAULT_SUMMARY_INTERVAL, RefusalLog};
 use crate::common::sync::lock;
 
 /// The authorization scheme name.
@@ -979,6 +980,9 @@ pub struct Verifier {
     keyring: RwLock<Arc<Keyring>>,
     max_skew_secs: u64,
     seen: Mutex<NonceCache>,
+    /// Refused requests, logged in summaries: a client sending unsigned
+    /// requests in a loop must not write a line per request.
+    refusals: RefusalLog,
 }
 
 impl Verifier {
@@ -994,6 +998,10 @@ impl Verifier {
                 len: 0,
                 capacity: DEFAULT_NONCE_CAPACITY,
             }),
+            refusals: RefusalLog::new(
+                "requests with a missing or bad signature",
+                DEFAULT_SUMMARY_INTERVAL,
+            ),
         }
     }
 
@@ -1074,7 +1082,9 @@ impl Verifier {
 
 /// Verifies a received request (its target exactly as sent, its single
 /// `Authorization` field, its body). A refusal is logged at warning level
-/// with the peer address and the reason, never a secret.
+/// with the peer address and the reason, never a secret: the first of a
+/// period in full, the others counted in a summary line (see
+/// [`crate::common::refusals`]).
 pub fn verify_request(
     verifier: &Verifier,
     req: &Request,
@@ -1101,7 +1111,9 @@ pub fn verify_request(
         )
     };
     if let Err(e) = &result {
-        log::warn!("refused {} {} from {}: {e}", req.method, req.path, req.peer);
+        verifier.refusals.record(&req.peer, || {
+            format!("refused {} {}: {e}", req.method, req.path)
+        });
     }
     result
 }

@@ -13,6 +13,7 @@ pub mod http;
 pub mod journal;
 pub mod logging;
 pub mod names;
+pub mod refusals;
 pub mod spec;
 pub mod store;
 pub mod sync;
