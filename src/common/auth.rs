@@ -999,7 +999,7 @@ impl Verifier {
                 capacity: DEFAULT_NONCE_CAPACITY,
             }),
             refusals: RefusalLog::new(
-                "requests with a missing or bad signature",
+                "requests refused for a missing or bad signature",
                 DEFAULT_SUMMARY_INTERVAL,
             ),
         }

@@ -31,7 +31,8 @@ const MAX_PEERS_PER_WINDOW: usize = 4096;
 /// Counts refusals of one kind and logs them at warning level in summaries.
 #[derive(Debug)]
 pub struct RefusalLog {
-    /// What is refused, plural, for the summary ("unsigned requests").
+    /// What is counted, a plural noun phrase for the summary ("requests
+    /// refused for a missing or bad signature").
     what: &'static str,
     interval: Duration,
     window: Mutex<Window>,
@@ -47,8 +48,9 @@ struct Window {
 }
 
 impl RefusalLog {
-    /// A log for refusals of `what` (plural: "unsigned requests"), with
-    /// windows of `interval`.
+    /// A log for refusals described by `what` (a plural noun phrase:
+    /// "requests refused for a missing or bad signature"), with windows of
+    /// `interval`.
     pub fn new(what: &'static str, interval: Duration) -> RefusalLog {
         RefusalLog {
             what,
@@ -95,7 +97,7 @@ impl RefusalLog {
                 ""
             };
             lines.push(format!(
-                "refused {} more {} from {at_least}{peers} peer(s) in the last {seconds} s \
+                "{} more {} from {at_least}{peers} peer(s) in the last {seconds} s \
                  (logged in summaries: one in full, then a count per {} s)",
                 window.counted,
                 self.what,
@@ -127,7 +129,7 @@ mod tests {
 
     #[test]
     fn a_flood_is_one_line_then_one_summary_per_interval() {
-        let log = RefusalLog::new("unsigned requests", Duration::from_secs(10));
+        let log = RefusalLog::new("unsigned requests refused", Duration::from_secs(10));
         let t0 = Instant::now();
         let first = log.note(t0, &tcp("192.0.2.1", 1000), || "refused GET /jails".into());
         assert_eq!(first.len(), 1, "{first:?}");
@@ -148,7 +150,7 @@ mod tests {
         assert_eq!(next.len(), 2, "{next:?}");
         assert!(
             next[0]
-                .starts_with("refused 1000 more unsigned requests from 3 peer(s) in the last 11 s"),
+                .starts_with("1000 more unsigned requests refused from 3 peer(s) in the last 11 s"),
             "{}",
             next[0]
         );

@@ -209,7 +209,8 @@ impl Admission {
             budget,
             table: Mutex::new(Table::default()),
             log: RefusalLog::new(
-                "connections (evicted or refused while unauthenticated, or past the head deadline)",
+                "connections turned away (evicted before a signed request, refused over \
+                 the budget, or closed past the head deadline)",
                 DEFAULT_SUMMARY_INTERVAL,
             ),
         })
