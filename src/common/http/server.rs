@@ -830,3 +830,34 @@ fn connection_tokens(headers: &[(String, String)]) -> Vec<String> {
         .map(|t| t.trim().to_ascii_lowercase())
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(value: &str) -> Vec<(String, String)> {
+        vec![("Authorization".to_string(), value.to_string())]
+    }
+
+    #[test]
+    fn the_scheme_looked_for_is_the_one_auth_signs_with() {
+        assert_eq!(SIGNATURE_SCHEME, crate::common::auth::SCHEME);
+    }
+
+    #[test]
+    fn only_the_keel_scheme_claims_a_signature() {
+        assert!(claims_signature(&auth("Keel-HMAC-SHA256 key=a, ts=1")));
+        assert!(claims_signature(&[(
+            "authorization".to_string(),
+            "Keel-HMAC-SHA256\tkey=a".to_string()
+        )]));
+        assert!(!claims_signature(&auth("Basic dXNlcjpwYXNz")));
+        assert!(!claims_signature(&auth("keel-hmac-sha256 key=a")));
+        assert!(!claims_signature(&auth("Keel-HMAC-SHA256x key=a")));
+        assert!(!claims_signature(&auth("")));
+        assert!(!claims_signature(&[(
+            "X-Authorization".to_string(),
+            "Keel-HMAC-SHA256 key=a".to_string()
+        )]));
+    }
+}
