@@ -261,6 +261,7 @@ fn hold_floods(cluster: &Cluster, sources: &[Ipv4Addr]) -> (FloodStats, FloodSta
         );
         checks += 1;
     }
+    eprintln!("{checks} rounds of checks passed under the floods from {sources:?}");
     assert!(
         checks >= 3,
         "only {checks} rounds of checks ran in {HOLD:?}"

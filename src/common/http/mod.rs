@@ -1,11 +1,14 @@
 //! The HTTP/1.1 both daemons speak: a small synchronous server over `httparse`
-//! and a minimal client, with no async runtime (DESIGN.md section 3).
+//! and a minimal client, with no async runtime.
 //!
 //! This module owns framing and hygiene only: reading a request within size and
 //! time limits, keep-alive, refusing what it cannot frame safely, and writing
 //! responses. It must never know a route, a spec or a signing key: handlers get
 //! a complete [`Request`] and return a [`Response`]; routing, authentication and
-//! bodies belong to `agentd`, `controlplane` and `ctl`.
+//! bodies belong to `agentd`, `controlplane` and `ctl`. The server knows the
+//! name of the signature scheme only, to tell a connection whose request claims
+//! a signature from one that does not; a handler says it verified one with
+//! [`Response::authenticated`].
 //!
 //! - [`server`]: [`Server`] serves an already-bound TCP or Unix listener with a
 //!   thread per connection; `admission` gives each listener its own budget
