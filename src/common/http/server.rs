@@ -58,7 +58,7 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time allowed for each write of a response.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default time an idle keep-alive connection is kept open.
+/// Default time an idle trusted keep-alive connection is kept open.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default bound on concurrently open connections per listener.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
@@ -100,7 +100,9 @@ pub struct ServerLimits {
     pub read_timeout: Duration,
     /// Time allowed for each write of the response.
     pub write_timeout: Duration,
-    /// Time an idle keep-alive connection waits for its next request.
+    /// Time an idle keep-alive connection waits for its next request when it
+    /// is trusted (the Unix socket, or its last request was verified); an
+    /// unauthenticated one gets [`ServerLimits::head_timeout`] instead.
     pub idle_timeout: Duration,
     /// Most connections open at once on each listener; a newcomer over it
     /// evicts the oldest unauthenticated connection (TCP), or is answered
@@ -463,7 +465,8 @@ fn serve_connection<S: Conn>(
                 });
                 if partial {
                     let message = format!(
-                        "the request head was not complete within {secs}s of connecting;                              send the request as soon as the connection is open"
+                        "no complete request head within {secs}s; a client must send its request \
+                         as soon as the connection is open"
                     );
                     let resp = Response::error(408, &message, None);
                     let _ = stream.write_all(&resp.to_bytes(true, false, false));
