@@ -9,7 +9,7 @@
 //! concurrent clients, so a bounded thread per connection is simpler to reason
 //! about than readiness polling. Each listener admits connections under its
 //! own budget (so the agent's Unix socket never competes with its TCP
-//! listener); [`super::admission`] says who gets a slot and who loses one:
+//! listener); `super::admission` says who gets a slot and who loses one:
 //! on TCP a connection that has not yet sent a request the handler verified
 //! is *unauthenticated*, has a per-address and a total share, and is evicted
 //! (oldest first) to make room rather than a newcomer being refused; a
