@@ -3,7 +3,7 @@
 //! owner, generation), secrets kept out of Debug and error text, the HTTP glue
 //! over a real server, and a property test of the header parser.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use keel::common::auth::{
     verify_request, write_key_file,
 };
 use keel::common::http::{
-    Client, Endpoint, Request, Response, Server, ServerLimits, ShutdownSignal,
+    Client, Endpoint, Peer, Request, Response, Server, ServerLimits, ShutdownSignal,
 };
 use proptest::prelude::*;
 
@@ -642,7 +642,7 @@ fn request(method: &str, raw_path: &str, headers: Vec<(String, String)>, body: &
         query,
         headers,
         body: body.to_vec(),
-        peer: "192.0.2.7:40000".into(),
+        peer: Peer::Tcp(SocketAddr::from(([192, 0, 2, 7], 40000))),
     }
 }
 

@@ -13,21 +13,23 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use keel::common::http::{
-    Client, ClientResponse, Endpoint, Handler, HttpError, Request, Response, Server, ServerLimits,
-    ShutdownSignal, bind_unix_socket, read_response,
+    Client, ClientResponse, Endpoint, Handler, HttpError, OutgoingRequest, Request, Response,
+    Server, ServerLimits, ShutdownSignal, bind_unix_socket, read_response,
 };
 
 /// Bound on every blocking read in these tests: a deadline, not a timing claim.
 const DEADLINE: Duration = Duration::from_secs(10);
 
-/// Echoes the request as JSON and counts the requests that reached it.
+/// Echoes the request as JSON and counts the requests that reached it. A
+/// request with `X-Verified` is answered as if its signature had been
+/// verified ([`Response::authenticated`]), as the daemons' guards do.
 fn echo(calls: Arc<AtomicUsize>) -> Arc<dyn Handler> {
     Arc::new(move |req: Request| {
         calls.fetch_add(1, Ordering::SeqCst);
         if req.path == "/panic" {
             panic!("handler bug");
         }
-        Response::json(
+        let resp = Response::json(
             200,
             &serde_json::json!({
                 "method": req.method,
@@ -37,10 +39,15 @@ fn echo(calls: Arc<AtomicUsize>) -> Arc<dyn Handler> {
                 "segments": req.segments(),
                 "token": req.header("x-token"),
                 "body": String::from_utf8_lossy(&req.body),
-                "peer": req.peer,
+                "peer": req.peer.to_string(),
             }),
         )
-        .with_header("X-Echo", "yes")
+        .with_header("X-Echo", "yes");
+        if req.header("x-verified").is_some() {
+            resp.authenticated()
+        } else {
+            resp
+        }
     })
 }
 
@@ -415,17 +422,26 @@ fn slow_client_is_cut_off_while_others_are_served() {
     assert_eq!(srv.calls.load(Ordering::SeqCst), 1);
 }
 
+/// A keep-alive connection whose request was answered as verified, with its
+/// reader; it holds a slot no newcomer can evict.
+fn verified_connection(addr: SocketAddr) -> (TcpStream, BufReader<TcpStream>) {
+    let held = connect(addr);
+    let mut w = held.try_clone().expect("clone");
+    let mut r = BufReader::new(held);
+    w.write_all(b"GET /a HTTP/1.1\r\nX-Verified: 1\r\n\r\n")
+        .expect("write");
+    assert_eq!(next_response(&mut r).status, 200);
+    (w, r)
+}
+
 #[test]
 fn connections_over_the_bound_get_503() {
     let srv = start_tcp(ServerLimits {
         max_connections: 1,
         ..ServerLimits::default()
     });
-    let held = connect(srv.addr);
-    let mut w = held.try_clone().expect("clone");
-    let mut r = BufReader::new(held);
-    w.write_all(b"GET /a HTTP/1.1\r\n\r\n").expect("write");
-    assert_eq!(next_response(&mut r).status, 200);
+    // Only a verified connection holds its slot against a newcomer.
+    let (w, r) = verified_connection(srv.addr);
 
     let mut extra = connect(srv.addr);
     let wire = read_until_closed(&mut extra);
@@ -438,6 +454,86 @@ fn connections_over_the_bound_get_503() {
         let wire = exchange(srv.addr, b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n");
         wire.starts_with("HTTP/1.1 200 ").then_some(())
     });
+}
+
+#[test]
+fn unauthenticated_connections_get_only_the_head_deadline() {
+    let srv = start_tcp(ServerLimits {
+        head_timeout: Duration::from_millis(300),
+        ..ServerLimits::default()
+    });
+    let mut idle = connect(srv.addr);
+    let mut slowloris = connect(srv.addr);
+    slowloris
+        .write_all(b"GET /a HTTP/1.1\r\nHost: x")
+        .expect("write");
+    let (mut verified_w, mut verified_r) = verified_connection(srv.addr);
+    // Both are cut long before the 30 s idle and 10 s request timeouts.
+    assert_eq!(
+        read_until_closed(&mut idle),
+        "",
+        "an idle connection is closed quietly"
+    );
+    assert_json_error(&read_until_closed(&mut slowloris), 408);
+    // The verified keep-alive connection outlived them: it keeps the idle timeout.
+    verified_w
+        .write_all(b"GET /b HTTP/1.1\r\n\r\n")
+        .expect("write");
+    let again = next_response(&mut verified_r);
+    assert_eq!(again.status, 200);
+    assert_eq!(json(&again)["path"], "/b");
+}
+
+#[test]
+fn a_flood_of_unauthenticated_connections_cannot_lock_out_a_client() {
+    let srv = start_tcp(ServerLimits {
+        max_connections: 8,
+        max_unauthenticated: 4,
+        ..ServerLimits::default()
+    });
+    // Five times the budget, from this test's one address, all kept open.
+    let mut flood: Vec<TcpStream> = (0..40).map(|_| connect(srv.addr)).collect();
+    let wire = exchange(srv.addr, b"GET /a HTTP/1.1\r\nConnection: close\r\n\r\n");
+    assert!(wire.starts_with("HTTP/1.1 200 "), "{wire:?}");
+    // The server made room by evicting the oldest: they were closed without an answer.
+    let evicted = flood
+        .iter_mut()
+        .take(36)
+        .map(read_until_closed)
+        .filter(String::is_empty)
+        .count();
+    assert_eq!(evicted, 36);
+}
+
+#[test]
+fn the_unix_socket_has_a_budget_of_its_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("agentd.sock");
+    let unix = bind_unix_socket(&path, 0o660, None).expect("bind");
+    let tcp = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = tcp.local_addr().expect("addr");
+    let shutdown = ShutdownSignal::new();
+    let limits = ServerLimits {
+        max_connections: 2,
+        ..ServerLimits::default()
+    };
+    // One server for both listeners, as the agent builds it.
+    let server = Server::new(
+        echo(Arc::new(AtomicUsize::new(0))),
+        limits,
+        shutdown.clone(),
+    );
+    server.serve_tcp(tcp).expect("serve TCP");
+    server.serve_unix(unix).expect("serve Unix");
+    let _held: Vec<_> = (0..2).map(|_| verified_connection(addr)).collect();
+    assert_json_error(&exchange(addr, b"GET /a HTTP/1.1\r\n\r\n"), 503);
+    let resp = Client::new(Endpoint::Unix(path))
+        .with_timeout(DEADLINE)
+        .request("GET", "/jails", &[], b"")
+        .expect("the Unix socket answers");
+    assert_eq!(resp.status, 200);
+    assert_eq!(json(&resp)["peer"], "unix");
+    shutdown.trigger();
 }
 
 #[test]
@@ -549,7 +645,11 @@ fn forward_relays_method_body_and_answer_unchanged() {
     let cp = move |req: Request| {
         let path = format!("/{}", req.segments()[2..].join("/"));
         Client::new(Endpoint::Tcp(node_addr.to_string()))
-            .forward(&req, &path, &[("X-Signature".into(), "node-key".into())])
+            .forward(
+                &OutgoingRequest::from(&req),
+                &path,
+                &[("X-Signature".into(), "node-key".into())],
+            )
             .unwrap_or_else(|e| Response::error(503, &e.to_string(), None))
     };
     Server::new(Arc::new(cp), ServerLimits::default(), shutdown.clone())

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use keel::agentd::proxy::{Proxy, ProxyConfig, ProxyError};
 use keel::common::wire::ServiceEndpoints;
 
+use crate::util::raise_nofile;
+
 /// Guard against a hang: far above anything a passing test waits, far below
 /// the OS connect timeout (about two minutes) a missing bound would fall to.
 const HANG: Duration = Duration::from_secs(30);
@@ -416,41 +418,6 @@ fn a_connect_timeout_moves_on_to_the_next_replica() {
     let (mut s, id) = connect(listen_addr(&proxy, "slow"));
     assert_eq!(id, "good");
     assert_echoes(&mut s, b"after the timeout");
-}
-
-/// Raises this process's file descriptor limit towards `want` (the hard
-/// limit too when allowed) and returns the soft limit now in force.
-#[allow(unsafe_code)]
-fn raise_nofile(want: libc::rlim_t) -> io::Result<libc::rlim_t> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if lim.rlim_cur >= want {
-        return Ok(lim.rlim_cur);
-    }
-    for raised in [
-        libc::rlimit {
-            rlim_cur: want,
-            rlim_max: lim.rlim_max.max(want),
-        },
-        // Raising the hard limit needs privilege; the soft one up to the
-        // hard one does not.
-        libc::rlimit {
-            rlim_cur: want.min(lim.rlim_max),
-            rlim_max: lim.rlim_max,
-        },
-    ] {
-        // SAFETY: as above.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            return Ok(raised.rlim_cur);
-        }
-    }
-    Err(io::Error::last_os_error())
 }
 
 /// The many-connections echo side: an event-driven backend (a thread per

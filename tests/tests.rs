@@ -2,6 +2,7 @@
 //! Each module is one area; `util` holds the shared helpers.
 
 mod acme_e2e;
+mod admission;
 mod auth;
 mod cluster_agent;
 mod cluster_e2e;

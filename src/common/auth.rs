@@ -107,6 +107,7 @@ use sha2::{Digest, Sha256};
 
 use crate::common::http::{Request, Response};
 use crate::common::replay_floor::{FloorError, ReplayFloor};
+use crate::common::refusals::{DEFAULT_SUMMARY_INTERVAL, RefusalLog};
 use crate::common::sync::lock;
 
 /// The authorization scheme name.
@@ -1022,6 +1023,9 @@ pub struct Verifier {
     not_before: u64,
     floor: Option<ReplayFloor>,
     seen: Mutex<NonceCache>,
+    /// Refused requests, logged in summaries: a client sending unsigned
+    /// requests in a loop must not write a line per request.
+    refusals: RefusalLog,
 }
 
 impl Verifier {
@@ -1039,6 +1043,10 @@ impl Verifier {
                 len: 0,
                 capacity: DEFAULT_NONCE_CAPACITY,
             }),
+            refusals: RefusalLog::new(
+                "requests refused for a missing or bad signature",
+                DEFAULT_SUMMARY_INTERVAL,
+            ),
         }
     }
 
@@ -1146,7 +1154,9 @@ impl Verifier {
 
 /// Verifies a received request (its target exactly as sent, its single
 /// `Authorization` field, its body). A refusal is logged at warning level
-/// with the peer address and the reason, never a secret.
+/// with the peer address and the reason, never a secret: the first of a
+/// period in full, the others counted in a summary line (see
+/// [`crate::common::refusals`]).
 pub fn verify_request(
     verifier: &Verifier,
     req: &Request,
@@ -1173,7 +1183,9 @@ pub fn verify_request(
         )
     };
     if let Err(e) = &result {
-        log::warn!("refused {} {} from {}: {e}", req.method, req.path, req.peer);
+        verifier.refusals.record(&req.peer, || {
+            format!("refused {} {}: {e}", req.method, req.path)
+        });
     }
     result
 }

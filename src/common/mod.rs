@@ -15,6 +15,7 @@ pub mod lockfile;
 pub mod logging;
 pub mod names;
 pub mod replay_floor;
+pub mod refusals;
 pub mod spec;
 pub mod store;
 pub mod supervise;

@@ -53,7 +53,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
-use crate::common::http::{Client, Endpoint, Handler, Request, Response};
+use crate::common::http::{Client, Endpoint, Handler, OutgoingRequest, Request, Response};
 use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
@@ -125,7 +125,8 @@ impl ControlPlaneApi {
                 return Ok(Response::error(400, &format!("{name:?}: {why}"), None));
             }
         }
-        Ok(match (method, segments.as_slice()) {
+        // Verified: the server may keep this connection as a signed client's.
+        let response = match (method, segments.as_slice()) {
             ("POST", ["nodes", "register"]) => match parse_json::<RegisterRequest>(req) {
                 Err(r) => r,
                 Ok(body) => reply(self.worker.register(body)?),
@@ -285,7 +286,8 @@ impl ControlPlaneApi {
             | (_, ["services", _]) => method_not_allowed("GET, PUT, DELETE"),
             (_, ["services"]) => method_not_allowed("GET"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
-        })
+        };
+        Ok(response.authenticated())
     }
 
     /// A scheduled (`node` = None) or named apply; see the module docs.
@@ -586,29 +588,31 @@ impl Forwarder {
         body: &[u8],
         epoch: Option<u64>,
     ) -> Response {
-        let raw_path = match &query {
-            Some(q) => format!("{path}?{q}"),
-            None => path.to_string(),
-        };
-        let req = Request {
-            method: method.to_string(),
-            path: path.to_string(),
-            raw_path,
-            query,
-            headers: Vec::new(),
-            body: body.to_vec(),
-            peer: "keel-controlplane".into(),
-        };
-        self.forward(node, addr, &req, path, epoch)
+        let req = OutgoingRequest::new(method, query, body);
+        self.send_outgoing(node, addr, &req, path, epoch)
     }
 
-    /// Relays `req` to the agent at `addr` as `node_path`, signed with the
-    /// control plane's node key; the answer comes back untouched.
+    /// Relays the received `req` to the agent at `addr` as `node_path`,
+    /// signed with the control plane's node key; the answer comes back
+    /// untouched.
     fn forward(
         &self,
         node: &str,
         addr: SocketAddr,
         req: &Request,
+        node_path: &str,
+        epoch: Option<u64>,
+    ) -> Response {
+        self.send_outgoing(node, addr, &OutgoingRequest::from(req), node_path, epoch)
+    }
+
+    /// Sends `req` to the agent at `addr` as `node_path`, signed with the
+    /// control plane's node key; the answer comes back untouched.
+    fn send_outgoing(
+        &self,
+        node: &str,
+        addr: SocketAddr,
+        req: &OutgoingRequest,
         node_path: &str,
         epoch: Option<u64>,
     ) -> Response {

@@ -119,8 +119,12 @@ impl Agents {
             }
         };
         let shutdown = ShutdownSignal::new();
+        // Stand-ins for agents under load: every connection may be
+        // unauthenticated (no signature is checked) and from one address.
         let limits = ServerLimits {
             max_connections: 4096,
+            max_unauthenticated: 4096,
+            max_unauthenticated_per_address: 4096,
             ..ServerLimits::default()
         };
         let server = Server::new(Arc::new(handler), limits, shutdown.clone());

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+use std::io;
 use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -71,4 +72,39 @@ pub fn fixture_service(
         .join(fixture);
     let start = format!("{}, {}, '{port}'", python.display(), script.display());
     service_doc(name, replicas, port, &start)
+}
+
+/// Raises this process's file descriptor limit towards `want` (the hard
+/// limit too when allowed) and returns the soft limit now in force.
+#[allow(unsafe_code)]
+pub fn raise_nofile(want: libc::rlim_t) -> io::Result<libc::rlim_t> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur >= want {
+        return Ok(lim.rlim_cur);
+    }
+    for raised in [
+        libc::rlimit {
+            rlim_cur: want,
+            rlim_max: lim.rlim_max.max(want),
+        },
+        // Raising the hard limit needs privilege; the soft one up to the
+        // hard one does not.
+        libc::rlimit {
+            rlim_cur: want.min(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        },
+    ] {
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Ok(raised.rlim_cur);
+        }
+    }
+    Err(io::Error::last_os_error())
 }

@@ -10,7 +10,7 @@ use crate::agentd::api::AgentApi;
 use crate::agentd::cluster::error::ClusterError;
 use crate::common::auth::{self, KeyFilePolicy, Keyring, Role, Signer, Verifier, unix_now};
 use crate::common::config::Config;
-use crate::common::http::{Handler, Request, Response};
+use crate::common::http::{Handler, Peer, Request, Response};
 
 /// Reads the node's signing key (`agent.key_file`) and the node keys its TCP
 /// listener accepts (`auth.node_keys`), refusing files that are not mode
@@ -32,9 +32,9 @@ pub fn load_key_material(cfg: &Config) -> Result<(Signer, Keyring), ClusterError
 /// The agent API behind the TCP listener's guard: a request that did not
 /// arrive on the Unix socket must be signed with a node key, else it is
 /// answered 401 (logged with the peer and the reason) and never reaches a
-/// route. The Unix socket and the TCP listener share one server (one
-/// connection bound), so the guard goes by [`Request::peer`], which the
-/// server sets to `"unix"` only for the Unix socket.
+/// route. The Unix socket and the TCP listener share one handler, so the
+/// guard goes by [`Request::peer`], which the server sets to
+/// [`Peer::Unix`] only for the Unix socket.
 pub struct SignedApi {
     api: AgentApi,
     verifier: Arc<Verifier>,
@@ -50,11 +50,20 @@ impl SignedApi {
 
 impl Handler for SignedApi {
     fn handle(&self, req: Request) -> Response {
-        if req.peer != "unix"
+        let must_be_signed = match req.peer {
+            Peer::Unix => false,
+            Peer::Tcp(_) | Peer::Buffer => true,
+        };
+        if must_be_signed
             && let Err(e) = auth::verify_request(&self.verifier, &req, Role::Node, unix_now())
         {
             return auth::refusal(&e);
         }
-        self.api.handle(req)
+        let response = self.api.handle(req);
+        if must_be_signed {
+            response.authenticated()
+        } else {
+            response
+        }
     }
 }

@@ -79,6 +79,49 @@ impl From<ClientResponse> for Response {
     }
 }
 
+/// A request this process sends, as [`Client::forward`] relays it: method,
+/// query, end-to-end headers and body. A different type from a received
+/// [`Request`] on purpose: it has no peer, so nothing the daemon builds for
+/// itself can pose as something a client sent, and relaying a received
+/// request is an explicit conversion ([`OutgoingRequest::from`]) that keeps
+/// what goes on the wire and drops who sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutgoingRequest {
+    /// The method (`GET`, `PUT`, ...).
+    pub method: String,
+    /// The query, without `?`, appended to the path it is sent to.
+    pub query: Option<String>,
+    /// End-to-end header fields; framing headers are written by the client.
+    pub headers: Vec<(String, String)>,
+    /// The body, sent byte for byte.
+    pub body: Vec<u8>,
+}
+
+impl OutgoingRequest {
+    /// A request of this process's own: no header fields yet.
+    pub fn new(method: &str, query: Option<String>, body: &[u8]) -> OutgoingRequest {
+        OutgoingRequest {
+            method: method.to_string(),
+            query,
+            headers: Vec::new(),
+            body: body.to_vec(),
+        }
+    }
+}
+
+impl From<&Request> for OutgoingRequest {
+    /// A received request, to relay: method, query, headers and body as they
+    /// arrived; the peer stays behind.
+    fn from(req: &Request) -> OutgoingRequest {
+        OutgoingRequest {
+            method: req.method.clone(),
+            query: req.query.clone(),
+            headers: req.headers.clone(),
+            body: req.body.clone(),
+        }
+    }
+}
+
 /// A client for one endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Client {
@@ -141,7 +184,7 @@ impl Client {
     /// request signature).
     pub fn forward(
         &self,
-        req: &Request,
+        req: &OutgoingRequest,
         path: &str,
         replace: &[(String, String)],
     ) -> Result<Response, HttpError> {

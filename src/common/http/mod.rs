@@ -1,16 +1,22 @@
 //! The HTTP/1.1 both daemons speak: a small synchronous server over `httparse`
-//! and a minimal client, with no async runtime (DESIGN.md section 3).
+//! and a minimal client, with no async runtime.
 //!
 //! This module owns framing and hygiene only: reading a request within size and
 //! time limits, keep-alive, refusing what it cannot frame safely, and writing
 //! responses. It must never know a route, a spec or a signing key: handlers get
 //! a complete [`Request`] and return a [`Response`]; routing, authentication and
-//! bodies belong to `agentd`, `controlplane` and `ctl`.
+//! bodies belong to `agentd`, `controlplane` and `ctl`. The server knows the
+//! name of the signature scheme only, to tell a connection whose request claims
+//! a signature from one that does not; a handler says it verified one with
+//! [`Response::authenticated`].
 //!
 //! - [`server`]: [`Server`] serves an already-bound TCP or Unix listener with a
-//!   thread per connection, bounded by [`ServerLimits::max_connections`].
+//!   thread per connection; `admission` gives each listener its own budget
+//!   of connections ([`ServerLimits::max_connections`]) with a share
+//!   reserved for signed requests.
 //! - [`client`]: [`Client`] sends one request per connection to an
-//!   [`Endpoint`]; [`Client::forward`] relays a received request to another
+//!   [`Endpoint`]; [`Client::forward`] relays an [`OutgoingRequest`] (a
+//!   received [`Request`] converted, or one of the daemon's own) to another
 //!   daemon with its body untouched (the control plane's byte-for-byte forwarding).
 //! - [`socket`]: [`bind_unix_socket`] creates the agent's socket with its mode and
 //!   group, replacing a stale socket and refusing to steal a live one.
@@ -26,14 +32,15 @@
 //!   [`Request::path`] is therefore the raw path, already safe to split.
 //! - every error the server itself produces has a JSON body `{"error": "..."}`.
 
+mod admission;
 pub mod client;
 pub mod request;
 pub mod response;
 pub mod server;
 pub mod socket;
 
-pub use client::{Client, ClientResponse, Endpoint, read_response};
-pub use request::Request;
+pub use client::{Client, ClientResponse, Endpoint, OutgoingRequest, read_response};
+pub use request::{Peer, Request};
 pub use response::Response;
 pub use server::{Handler, Server, ServerLimits, ShutdownSignal, parse_request_head};
 pub use socket::bind_unix_socket;
@@ -231,6 +238,9 @@ pub(crate) trait Conn: Read + Write + Send + 'static {
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
     fn shutdown_write(&self);
+    /// A handle that shuts both directions of this connection down from
+    /// another thread (a clone of the socket), which unblocks a read.
+    fn evictor(&self) -> io::Result<admission::Evictor>;
 }
 
 impl Conn for TcpStream {
@@ -247,6 +257,12 @@ impl Conn for TcpStream {
         // The peer may already be gone; there is nothing left to do then.
         let _ = self.shutdown(Shutdown::Write);
     }
+    fn evictor(&self) -> io::Result<admission::Evictor> {
+        let clone = self.try_clone()?;
+        Ok(Box::new(move || {
+            let _ = clone.shutdown(Shutdown::Both);
+        }))
+    }
 }
 
 impl Conn for UnixStream {
@@ -261,5 +277,11 @@ impl Conn for UnixStream {
     }
     fn shutdown_write(&self) {
         let _ = self.shutdown(Shutdown::Write);
+    }
+    fn evictor(&self) -> io::Result<admission::Evictor> {
+        let clone = self.try_clone()?;
+        Ok(Box::new(move || {
+            let _ = clone.shutdown(Shutdown::Both);
+        }))
     }
 }

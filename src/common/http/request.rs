@@ -3,6 +3,41 @@
 //! Owns the request-target rules (see the module docs of [`super`]): what reaches
 //! a handler has a path that is safe to split on `/` and compare with route
 //! names. It must never decode percent-escapes: refusing them is the rule.
+//!
+//! Who sent a request is a [`Peer`], set by the server from the listener the
+//! connection came in on and never from anything the client wrote: the agent
+//! trusts the Unix socket (its file permissions are the guard) and wants a
+//! signature from everything else, and that decision is a `match` on the
+//! variant, so a new kind of peer cannot be trusted by accident. A request
+//! this process *sends* is a different type, [`super::OutgoingRequest`]: it
+//! has no peer, and a received request cannot be passed where one is expected.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+/// Where a received request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Peer {
+    /// The daemon's Unix socket: a local user its file mode and group let in.
+    Unix,
+    /// A TCP connection from this address.
+    Tcp(SocketAddr),
+    /// No connection at all: a request framed from a byte buffer by
+    /// [`super::parse_request_head`] (the fuzzing entry point). Its own
+    /// variant rather than `Unix`, so it can never be mistaken for a trusted
+    /// local peer; treat it like TCP.
+    Buffer,
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Peer::Unix => write!(f, "unix"),
+            Peer::Tcp(addr) => write!(f, "{addr}"),
+            Peer::Buffer => write!(f, "buffer"),
+        }
+    }
+}
 
 /// One complete request: head and body, as handed to a [`super::Handler`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,8 +56,8 @@ pub struct Request {
     pub headers: Vec<(String, String)>,
     /// The body (`Content-Length` bytes; empty when there was none).
     pub body: Vec<u8>,
-    /// `"unix"` for the Unix socket, else the peer's `ip:port`.
-    pub peer: String,
+    /// Who sent it, from the listener it arrived on.
+    pub peer: Peer,
 }
 
 impl Request {
@@ -127,7 +162,7 @@ mod tests {
             query: None,
             headers: vec![("Content-Type".into(), "a".into())],
             body: vec![],
-            peer: "unix".into(),
+            peer: Peer::Unix,
         };
         assert_eq!(req.segments(), ["jails", "web"]);
         assert_eq!(req.header("content-type"), Some("a"));

@@ -19,6 +19,9 @@ pub struct Response {
     pub headers: Vec<(String, String)>,
     /// The body; `Content-Length` is its length.
     pub body: Vec<u8>,
+    /// The handler verified the request's signature ([`Response::authenticated`]);
+    /// never written on the wire.
+    authenticated: bool,
 }
 
 /// The JSON body of every error response.
@@ -75,7 +78,22 @@ impl Response {
             status,
             headers,
             body,
+            authenticated: false,
         }
+    }
+
+    /// The same response, marked as the answer to a request whose signature
+    /// the handler verified. The server then treats the connection as a
+    /// signed client's: it keeps the long idle timeout and cannot be evicted
+    /// by unauthenticated newcomers. Nothing of it goes on the wire.
+    pub fn authenticated(mut self) -> Response {
+        self.authenticated = true;
+        self
+    }
+
+    /// True when [`Response::authenticated`] marked this response.
+    pub fn is_authenticated(&self) -> bool {
+        self.authenticated
     }
 
     /// Adds one header field (e.g. a Prometheus `Content-Type`).

@@ -7,29 +7,46 @@
 //!
 //! Threads, not an event loop: these are control APIs with a handful of
 //! concurrent clients, so a bounded thread per connection is simpler to reason
-//! about than readiness polling. The bound is [`ServerLimits::max_connections`];
-//! a connection over it is answered 503 by the accept loop itself and closed.
+//! about than readiness polling. Each listener admits connections under its
+//! own budget (so the agent's Unix socket never competes with its TCP
+//! listener); `super::admission` says who gets a slot and who loses one:
+//! on TCP a connection that has not yet sent a request the handler verified
+//! is *unauthenticated*, has a per-address and a total share, and is evicted
+//! (oldest first) to make room rather than a newcomer being refused; a
+//! connection over the budget is answered 503 by the accept loop itself.
 //!
-//! Time limits, and why there are three:
-//! - `idle_timeout` bounds the wait for the first byte of a request, so an idle
-//!   keep-alive connection gives its slot back;
+//! Time limits, and why there are four:
+//! - `head_timeout` (TCP, unauthenticated connections) bounds the time from
+//!   connecting, or from the last answer, to a complete request head, so idle
+//!   and slowloris connections give their slot back within seconds (408 when
+//!   a partial head was sent, a quiet close otherwise);
+//! - `idle_timeout` bounds the wait for the first byte of a request on a
+//!   trusted connection (the Unix socket, or a keep-alive TCP connection whose
+//!   last request was verified), so an idle keep-alive connection gives its
+//!   slot back too;
 //! - `read_timeout` bounds the *whole* request from its first byte, not each
 //!   read, so a client dribbling one byte at a time (slowloris) is cut off too:
 //!   it gets a 408 and the connection is closed;
 //! - `write_timeout` bounds each write of the response to a client that stopped
 //!   reading.
+//!
+//! A handler tells the server a request was verified by returning
+//! [`Response::authenticated`]; the server itself only looks at whether a
+//! head *claims* the `Keel-HMAC-SHA256` scheme, to keep the connection from
+//! being evicted while its request is handled.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use super::request::split_target;
+use super::admission::{Admission, Budget, Refused, Stage, Ticket};
+use super::request::{Peer, split_target};
 use super::{Conn, HttpError, Request, Response};
 use crate::common::sync::lock;
 
@@ -41,10 +58,18 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time allowed for each write of a response.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default time an idle keep-alive connection is kept open.
+/// Default time an idle trusted keep-alive connection is kept open.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Default bound on concurrently open connections per [`Server`].
+/// Default bound on concurrently open connections per listener.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default bound on unauthenticated connections per TCP listener: three
+/// quarters of [`DEFAULT_MAX_CONNECTIONS`], so a quarter stays for signed ones.
+pub const DEFAULT_MAX_UNAUTHENTICATED: usize = 192;
+/// Default bound on unauthenticated connections from one IP address.
+pub const DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS: usize = 32;
+/// Default time an unauthenticated TCP connection has to deliver a request
+/// head; a real client sends it the moment it is connected.
+pub const DEFAULT_HEAD_TIMEOUT: Duration = Duration::from_secs(3);
 /// Most header fields in one request; more is answered 431.
 pub const MAX_HEADER_FIELDS: usize = 64;
 
@@ -56,6 +81,10 @@ const READ_CHUNK: usize = 8 * 1024;
 /// the error response before the client has read it.
 const LINGER_TIME: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 64 * 1024;
+/// The authorization scheme of signed requests (`common::auth`); the server
+/// only looks for it, so a connection whose request claims it is not evicted
+/// while the handler checks it.
+pub(crate) const SIGNATURE_SCHEME: &str = "Keel-HMAC-SHA256";
 /// Bound on connecting to our own listener to wake its accept loop.
 const WAKE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -71,10 +100,23 @@ pub struct ServerLimits {
     pub read_timeout: Duration,
     /// Time allowed for each write of the response.
     pub write_timeout: Duration,
-    /// Time an idle keep-alive connection waits for its next request.
+    /// Time an idle keep-alive connection waits for its next request when it
+    /// is trusted (the Unix socket, or its last request was verified); an
+    /// unauthenticated one gets [`ServerLimits::head_timeout`] instead.
     pub idle_timeout: Duration,
-    /// Most connections open at once; more are answered 503.
+    /// Most connections open at once on each listener; a newcomer over it
+    /// evicts the oldest unauthenticated connection (TCP), or is answered
+    /// 503 when there is none.
     pub max_connections: usize,
+    /// Most unauthenticated connections open at once on a TCP listener; a
+    /// newcomer over it evicts the oldest one.
+    pub max_unauthenticated: usize,
+    /// Most unauthenticated connections from one IP address on a TCP
+    /// listener; a newcomer over it evicts that address's oldest one.
+    pub max_unauthenticated_per_address: usize,
+    /// Time an unauthenticated TCP connection has, from connecting or from
+    /// its last answer, to deliver a complete request head.
+    pub head_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -86,6 +128,9 @@ impl Default for ServerLimits {
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_unauthenticated: DEFAULT_MAX_UNAUTHENTICATED,
+            max_unauthenticated_per_address: DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS,
+            head_timeout: DEFAULT_HEAD_TIMEOUT,
         }
     }
 }
@@ -166,8 +211,8 @@ impl ShutdownSignal {
     }
 }
 
-/// A server: one handler, one set of limits, one connection bound, shared by
-/// every listener it serves.
+/// A server: one handler and one set of limits for every listener it serves;
+/// each listener admits connections under its own budget.
 #[derive(Clone)]
 pub struct Server {
     shared: Arc<Shared>,
@@ -177,7 +222,6 @@ struct Shared {
     handler: Arc<dyn Handler>,
     limits: ServerLimits,
     shutdown: ShutdownSignal,
-    open: AtomicUsize,
 }
 
 impl Server {
@@ -192,7 +236,6 @@ impl Server {
                 handler,
                 limits,
                 shutdown,
-                open: AtomicUsize::new(0),
             }),
         }
     }
@@ -215,16 +258,25 @@ impl Server {
             _ => addr,
         };
         self.shared.shutdown.register(WakeTarget::Tcp(wake));
-        self.spawn_accept_loop(format!("TCP {addr}"), move || {
+        let limits = &self.shared.limits;
+        let budget = Budget {
+            max_connections: limits.max_connections,
+            max_unauthenticated: limits.max_unauthenticated,
+            max_unauthenticated_per_address: limits.max_unauthenticated_per_address,
+            trusts_every_peer: false,
+        };
+        self.spawn_accept_loop(format!("TCP {addr}"), budget, move || {
             listener
                 .accept()
-                .map(|(stream, peer)| (stream, peer.to_string()))
+                .map(|(stream, peer)| (stream, Peer::Tcp(peer)))
         })
     }
 
     /// Serves an already-bound Unix listener (see [`super::bind_unix_socket`])
     /// on a new thread; the handle finishes once the shutdown signal stops the
-    /// accept loop. Peers are reported as `"unix"`.
+    /// accept loop. Peers are [`Peer::Unix`], trusted on arrival (the socket's
+    /// mode and group guard it): only [`ServerLimits::max_connections`]
+    /// applies, on a budget of the socket's own.
     pub fn serve_unix(&self, listener: UnixListener) -> Result<JoinHandle<()>, HttpError> {
         let path = listener
             .local_addr()
@@ -238,22 +290,32 @@ impl Server {
         if let Some(p) = path {
             self.shared.shutdown.register(WakeTarget::Unix(p));
         }
-        self.spawn_accept_loop(name, move || {
-            listener
-                .accept()
-                .map(|(stream, _)| (stream, "unix".to_string()))
+        let budget = Budget {
+            max_connections: self.shared.limits.max_connections,
+            max_unauthenticated: self.shared.limits.max_connections,
+            max_unauthenticated_per_address: self.shared.limits.max_connections,
+            trusts_every_peer: true,
+        };
+        self.spawn_accept_loop(name, budget, move || {
+            listener.accept().map(|(stream, _)| (stream, Peer::Unix))
         })
     }
 
-    fn spawn_accept_loop<S, A>(&self, name: String, accept: A) -> Result<JoinHandle<()>, HttpError>
+    fn spawn_accept_loop<S, A>(
+        &self,
+        name: String,
+        budget: Budget,
+        accept: A,
+    ) -> Result<JoinHandle<()>, HttpError>
     where
         S: Conn,
-        A: Fn() -> io::Result<(S, String)> + Send + 'static,
+        A: Fn() -> io::Result<(S, Peer)> + Send + 'static,
     {
         let shared = Arc::clone(&self.shared);
+        let admission = Admission::new(budget);
         thread::Builder::new()
             .name("keel-http-accept".into())
-            .spawn(move || accept_loop(&shared, accept))
+            .spawn(move || accept_loop(&shared, &admission, accept))
             .map_err(|source| HttpError::Listen {
                 listener: name,
                 source,
@@ -261,19 +323,10 @@ impl Server {
     }
 }
 
-/// Decrements the open-connection count however the connection thread ends.
-struct OpenSlot(Arc<Shared>);
-
-impl Drop for OpenSlot {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-fn accept_loop<S, A>(shared: &Arc<Shared>, accept: A)
+fn accept_loop<S, A>(shared: &Arc<Shared>, admission: &Arc<Admission>, accept: A)
 where
     S: Conn,
-    A: Fn() -> io::Result<(S, String)>,
+    A: Fn() -> io::Result<(S, Peer)>,
 {
     while !shared.shutdown.is_triggered() {
         let (stream, peer) = match accept() {
@@ -290,20 +343,24 @@ where
         if shared.shutdown.is_triggered() {
             break;
         }
-        if shared.open.fetch_add(1, Ordering::SeqCst) >= shared.limits.max_connections {
-            shared.open.fetch_sub(1, Ordering::SeqCst);
-            refuse_busy(stream);
+        let accepted = Instant::now();
+        // Without a handle to unblock it, a connection could not be evicted;
+        // the descriptor table is full then, and the client may retry.
+        let Ok(evictor) = stream.evictor() else {
             continue;
-        }
-        let slot = OpenSlot(Arc::clone(shared));
+        };
+        let ticket = match admission.admit(peer, evictor) {
+            Ok(ticket) => ticket,
+            Err(Refused::Full) => {
+                refuse_busy(stream);
+                continue;
+            }
+        };
+        let shared = Arc::clone(shared);
         let spawned = thread::Builder::new()
             .name("keel-http-conn".into())
-            .spawn(move || {
-                let shared = Arc::clone(&slot.0);
-                serve_connection(stream, peer, &shared);
-                drop(slot);
-            });
-        // A failed spawn drops the closure, its stream and its slot: the
+            .spawn(move || serve_connection(stream, peer, &ticket, accepted, &shared));
+        // A failed spawn drops the closure, its stream and its ticket: the
         // client sees the connection closed and may retry.
         drop(spawned);
     }
@@ -331,6 +388,9 @@ fn refuse_busy<S: Conn>(mut stream: S) {
 enum ReadFailure {
     /// The client closed or went idle between requests: close quietly.
     Gone,
+    /// An unauthenticated connection did not deliver a head in time
+    /// (`partial`: it had sent some of one): close, answering 408 if partial.
+    HeadTimeout { partial: bool },
     /// Answer this and close.
     Refuse(u16, String),
 }
@@ -348,7 +408,13 @@ struct Head {
     len: usize,
 }
 
-fn serve_connection<S: Conn>(mut stream: S, peer: String, shared: &Shared) {
+fn serve_connection<S: Conn>(
+    mut stream: S,
+    peer: Peer,
+    ticket: &Ticket,
+    accepted: Instant,
+    shared: &Shared,
+) {
     let limits = &shared.limits;
     // Accepted sockets may inherit non-blocking mode from the listener (FreeBSD).
     if stream.set_nonblocking(false).is_err()
@@ -359,28 +425,78 @@ fn serve_connection<S: Conn>(mut stream: S, peer: String, shared: &Shared) {
         return;
     }
     let mut buf: Vec<u8> = Vec::new();
+    // When the wait for the next request began: connecting, then each answer.
+    let mut turn_started = accepted;
     loop {
-        let (req, close, keep_alive_header) =
-            match read_request(&mut stream, &mut buf, &peer, shared) {
-                Ok(r) => r,
-                Err(ReadFailure::Gone) => return,
-                Err(ReadFailure::Refuse(status, message)) => {
-                    let resp = Response::error(status, &message, None);
-                    let _ = stream.write_all(&resp.to_bytes(true, false, false));
-                    stream.shutdown_write();
-                    // A timed-out client is not sending; anything else may be
-                    // mid-upload of what we refused.
-                    if status != 408 {
-                        linger(&mut stream);
-                    }
-                    return;
+        let waits = match ticket.stage() {
+            Stage::Evicted => return,
+            Stage::Trusted | Stage::Claimed => Waits {
+                first_byte: Instant::now() + limits.idle_timeout,
+                head: None,
+            },
+            Stage::Unauthenticated => {
+                let head = turn_started + limits.head_timeout;
+                Waits {
+                    first_byte: head,
+                    head: Some(head),
                 }
-            };
+            }
+        };
+        let (req, close, keep_alive_header) = match read_request(
+            &mut stream,
+            &mut buf,
+            peer,
+            waits,
+            shared,
+        ) {
+            Ok(r) => r,
+            Err(ReadFailure::Gone) => return,
+            Err(ReadFailure::HeadTimeout { partial }) => {
+                let secs = limits.head_timeout.as_secs_f64();
+                ticket.note(&peer, || {
+                    format!(
+                        "closed a connection that sent {} within {secs} s",
+                        if partial {
+                            "only part of a request head"
+                        } else {
+                            "no request"
+                        }
+                    )
+                });
+                if partial {
+                    let message = format!(
+                        "no complete request head within {secs}s; a client must send its request \
+                         as soon as the connection is open"
+                    );
+                    let resp = Response::error(408, &message, None);
+                    let _ = stream.write_all(&resp.to_bytes(true, false, false));
+                }
+                stream.shutdown_write();
+                return;
+            }
+            Err(ReadFailure::Refuse(status, message)) => {
+                let resp = Response::error(status, &message, None);
+                let _ = stream.write_all(&resp.to_bytes(true, false, false));
+                stream.shutdown_write();
+                // A timed-out client is not sending; anything else may be
+                // mid-upload of what we refused.
+                if status != 408 {
+                    linger(&mut stream);
+                }
+                return;
+            }
+        };
+        // An evicted connection's request is dropped unanswered: its slot
+        // already went to another connection.
+        if claims_signature(&req.headers) && !ticket.claim() {
+            return;
+        }
         let head_only = req.method == "HEAD";
         let handler = Arc::clone(&shared.handler);
         let resp = catch_unwind(AssertUnwindSafe(|| handler.handle(req))).unwrap_or_else(|_| {
             Response::error(500, "internal error: the request handler panicked", None)
         });
+        ticket.answered(resp.is_authenticated());
         let close = close || shared.shutdown.is_triggered();
         if stream
             .write_all(&resp.to_bytes(close, keep_alive_header, head_only))
@@ -390,7 +506,20 @@ fn serve_connection<S: Conn>(mut stream: S, peer: String, shared: &Shared) {
             stream.shutdown_write();
             return;
         }
+        turn_started = Instant::now();
     }
+}
+
+/// True when a head carries an `Authorization` field of the Keel scheme; the
+/// handler decides whether it is valid.
+fn claims_signature(headers: &[(String, String)]) -> bool {
+    headers.iter().any(|(name, value)| {
+        name.eq_ignore_ascii_case("authorization")
+            && value
+                .split_ascii_whitespace()
+                .next()
+                .is_some_and(|scheme| scheme == SIGNATURE_SCHEME)
+    })
 }
 
 /// Reads and discards input for a bounded time and size; see [`LINGER_TIME`].
@@ -439,20 +568,32 @@ fn timed_out(e: &io::Error) -> bool {
     )
 }
 
+/// How long [`read_request`] waits.
+#[derive(Debug, Clone, Copy)]
+struct Waits {
+    /// For the first byte of the request; a quiet close after it.
+    first_byte: Instant,
+    /// For the complete head, when the connection is unauthenticated.
+    head: Option<Instant>,
+}
+
 /// Reads one request. Returns it with whether to close after answering and
 /// whether the answer must say `Connection: keep-alive` (HTTP/1.0).
 /// Bytes after the request (a pipelined next one) stay in `buf`.
 fn read_request<S: Conn>(
     stream: &mut S,
     buf: &mut Vec<u8>,
-    peer: &str,
+    peer: Peer,
+    waits: Waits,
     shared: &Shared,
 ) -> Result<(Request, bool, bool), ReadFailure> {
     let limits = &shared.limits;
     if buf.is_empty() {
-        let idle_deadline = Instant::now() + limits.idle_timeout;
-        match fill(stream, buf, idle_deadline) {
+        match fill(stream, buf, waits.first_byte) {
             Ok(true) => {}
+            Err(e) if timed_out(&e) && waits.head.is_some() => {
+                return Err(ReadFailure::HeadTimeout { partial: false });
+            }
             Ok(false) | Err(_) => return Err(ReadFailure::Gone),
         }
     }
@@ -466,13 +607,17 @@ fn read_request<S: Conn>(
             ),
         )
     };
+    let head_deadline = waits.head.map_or(deadline, |h| h.min(deadline));
     let head = loop {
         if let Some(head) = parse_head(buf, limits.max_header_bytes)? {
             break head;
         }
-        match fill(stream, buf, deadline) {
+        match fill(stream, buf, head_deadline) {
             Ok(true) => {}
             Ok(false) => return Err(ReadFailure::Gone),
+            Err(e) if timed_out(&e) && head_deadline < deadline => {
+                return Err(ReadFailure::HeadTimeout { partial: true });
+            }
             Err(e) if timed_out(&e) => return Err(timeout_msg()),
             Err(_) => return Err(ReadFailure::Gone),
         }
@@ -516,7 +661,7 @@ fn read_request<S: Conn>(
         query,
         headers: head.headers,
         body,
-        peer: peer.to_string(),
+        peer,
     };
     Ok((req, close, keep_alive_header))
 }
@@ -614,7 +759,7 @@ fn check_head(head: &Head, max_body: impl Fn(&str, &str) -> usize) -> Result<Che
 /// `Ok(None)` means `buf` does not yet hold a whole request (a connection
 /// would read more); `Err((status, message))` is the 4xx the server would
 /// answer before closing; `Ok(Some(request))` is what a handler would get,
-/// with `peer` set to `"buffer"`. The body limit is
+/// with `peer` set to [`Peer::Buffer`]. The body limit is
 /// `limits.max_body_bytes` for every route.
 pub fn parse_request_head(
     buf: &[u8],
@@ -622,7 +767,9 @@ pub fn parse_request_head(
 ) -> Result<Option<Request>, (u16, String)> {
     let as_pair = |f: ReadFailure| match f {
         ReadFailure::Refuse(status, message) => (status, message),
-        ReadFailure::Gone => (400, "the request was abandoned".to_string()),
+        ReadFailure::Gone | ReadFailure::HeadTimeout { .. } => {
+            (400, "the request was abandoned".to_string())
+        }
     };
     let Some(head) = parse_head(buf, limits.max_header_bytes).map_err(as_pair)? else {
         return Ok(None);
@@ -641,7 +788,7 @@ pub fn parse_request_head(
         query: checked.query,
         headers: head.headers,
         body: body.to_vec(),
-        peer: "buffer".to_string(),
+        peer: Peer::Buffer,
     }))
 }
 
@@ -685,4 +832,35 @@ fn connection_tokens(headers: &[(String, String)]) -> Vec<String> {
         .flat_map(|(_, v)| v.split(','))
         .map(|t| t.trim().to_ascii_lowercase())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(value: &str) -> Vec<(String, String)> {
+        vec![("Authorization".to_string(), value.to_string())]
+    }
+
+    #[test]
+    fn the_scheme_looked_for_is_the_one_auth_signs_with() {
+        assert_eq!(SIGNATURE_SCHEME, crate::common::auth::SCHEME);
+    }
+
+    #[test]
+    fn only_the_keel_scheme_claims_a_signature() {
+        assert!(claims_signature(&auth("Keel-HMAC-SHA256 key=a, ts=1")));
+        assert!(claims_signature(&[(
+            "authorization".to_string(),
+            "Keel-HMAC-SHA256\tkey=a".to_string()
+        )]));
+        assert!(!claims_signature(&auth("Basic dXNlcjpwYXNz")));
+        assert!(!claims_signature(&auth("keel-hmac-sha256 key=a")));
+        assert!(!claims_signature(&auth("Keel-HMAC-SHA256x key=a")));
+        assert!(!claims_signature(&auth("")));
+        assert!(!claims_signature(&[(
+            "X-Authorization".to_string(),
+            "Keel-HMAC-SHA256 key=a".to_string()
+        )]));
+    }
 }
