@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-use keel::agentd::cluster::routes;
+use keel::agentd::routes;
 use keel::common::cidr::Ipv4Net;
 use keel::common::cmd::RecordingRunner;
 use keel::common::config::CommandPaths;

@@ -6,7 +6,8 @@
 //! | [`worker`] | the one thread that owns the reconciler, and the channel to it |
 //! | [`snapshot`] | what the worker publishes for readers that must not wait for it (the heartbeat) |
 //! | [`api`] | the route table served on the Unix socket (and TCP when clustered) |
-//! | [`cluster`] | registration, heartbeats, peer routes and fencing when clustered |
+//! | [`cluster`] | registration and heartbeats when clustered, off the worker |
+//! | [`routes`] | what the worker does with a heartbeat answer: subnet, peer routes, VIP aliases, fencing |
 //! | [`volumes`] | `GET/DELETE /volumes`: volume datasets keyed by dataset path, never by jail records |
 //! | [`metrics`] | Prometheus text for `GET /metrics` |
 //! | [`proxy`] | the per-node L4 proxy: service VIP listeners relaying to replicas |
@@ -27,6 +28,7 @@ pub mod ingress;
 pub mod metrics;
 pub mod proxy;
 pub mod reconciler;
+pub mod routes;
 pub mod snapshot;
 pub mod volumes;
 pub mod worker;

@@ -25,7 +25,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::agentd::cluster::routes::{self, HeartbeatOutcome};
+use crate::agentd::routes::{self, HeartbeatOutcome};
 use crate::agentd::ingress::controller::{IngressApiError, IngressController};
 use crate::agentd::metrics::Metrics;
 use crate::agentd::reconciler::{JailStatus, Phase, ReconcileError, Reconciler};

@@ -18,7 +18,7 @@
 //! names jails with the epoch the heartbeat reported
 //! ([`crate::agentd::cluster::heartbeat::stale_placed`]), and the worker
 //! deletes a jail only while it still carries that epoch
-//! ([`crate::agentd::cluster::routes::apply_heartbeat`]). The control plane
+//! ([`crate::agentd::routes::apply_heartbeat`]). The control plane
 //! gives every placement a new epoch and never reuses one, so "placement
 //! (name, epoch) has moved off this node" stays true once it was: if the
 //! jail was placed here again meanwhile it has a newer epoch and is kept;

@@ -1,4 +1,4 @@
-//! The agent's side of cluster membership (DESIGN.md section 6): registering
+//! The agent's side of cluster membership: registering
 //! with the control plane, heartbeating, routing peers' subnets and fencing
 //! jails whose placement moved away.
 //!
@@ -17,7 +17,7 @@
 //! thread sends it to the worker (adopting the node subnet,
 //! [`crate::agentd::worker::Command::AdoptSubnet`], or applying the answer,
 //! [`crate::agentd::worker::Command::ClusterUpdate`], which runs
-//! [`routes::apply_heartbeat`] on the worker thread) and then, once the
+//! [`crate::agentd::routes::apply_heartbeat`] on the worker thread) and then, once the
 //! worker has aliased the answer's VIPs on the bridge, gives the answer's
 //! service table to the node's service proxy
 //! ([`Proxy::update`](crate::agentd::proxy::Proxy::update)). While the
@@ -30,7 +30,7 @@
 //!   subnet and its routes until the control plane answers again. A 404 (the
 //!   control plane forgot the node) re-registers.
 //! - Only routes to peers' subnets are touched, and only VIP aliases Keel
-//!   added are removed ([`routes`]). When the control plane is unreachable the
+//!   added are removed ([`crate::agentd::routes`]). When the control plane is unreachable the
 //!   proxy keeps its last table.
 //! - Fencing deletes only jails the control plane placed: a stale name is
 //!   deleted when the jail still carries the epoch the agent reported in that
@@ -50,20 +50,20 @@
 //! | [`membership`] | the cluster thread and its control-plane client |
 //! | [`applier`] | handing answers to the worker and the proxy, newest first, never waiting |
 //! | [`heartbeat`] | the heartbeat body, the held peer list, the fence list (pure) |
-//! | [`routes`] | applying an answer on the worker: subnet, peer routes, VIP aliases, fencing |
 //! | [`identity`] | the node id and the host's capacity, decided at startup |
 //! | [`signed`] | the signing keys and the guard on the agent's TCP listener |
 //! | [`error`] | [`error::ClusterError`] |
 //!
-//! Imports run one way: [`heartbeat`] and [`routes`] know nothing of the
-//! worker or the API (the worker and the API use them), [`membership`] and
-//! [`applier`] use the worker, and [`signed`] wraps the API. It never imports `controlplane`:
-//! the bodies are `common::wire`.
+//! What the worker does with an answer (subnet, peer routes, VIP aliases,
+//! fencing) is [`crate::agentd::routes`], outside this folder, so imports run
+//! one way: the worker never imports this module; [`membership`] and
+//! [`applier`] use the worker, [`heartbeat`] knows nothing of either, and
+//! [`signed`] wraps the API. It never imports `controlplane`: the bodies are
+//! `common::wire`.
 
 pub mod applier;
 pub mod error;
 pub mod heartbeat;
 pub mod identity;
 pub mod membership;
-pub mod routes;
 pub mod signed;

@@ -5,17 +5,18 @@
 //! for the worker to journal before answering. One [`Cluster`] type, its
 //! methods grouped by what they own, one file each:
 //!
-//! - [`liveness`]: Alive or Dead, computed on read; the scheduler's order.
+//! - [`liveness`]: Alive, Unknown or Dead, computed on read from the leases
+//!   this process observed; the scheduler's order.
 //! - [`nodes`]: registration, heartbeats, cordon, removal.
 //! - [`peers`]: the versioned peer list a heartbeat answer carries.
 //! - [`placements`]: where jails live, applies in flight, the volume registry.
 //! - [`services`]: replica sets, endpoints and healing.
 
-mod liveness;
-mod nodes;
-mod peers;
-mod placements;
-mod services;
+pub mod liveness;
+pub mod nodes;
+pub mod peers;
+pub mod placements;
+pub mod services;
 #[cfg(test)]
 mod tests;
 
