@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use keel::common::http::{Client, Endpoint};
 
-/// Jails applied (issue 3: 1,000).
+/// Jails applied (the target is stated for 1,000).
 const DEFAULT_JAILS: usize = 1000;
 /// Target for the agent's resident memory with all jails applied.
 const RSS_TARGET_KIB: u64 = 48 * 1024;

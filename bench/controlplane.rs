@@ -60,9 +60,9 @@ use load::{
     Running, Sample, cpu_seconds, encode, mib, node_id, proc_status, signed,
 };
 
-/// Nodes in the simulated cluster (issue 4: 5,000).
+/// Nodes in the simulated cluster (the targets are stated for 5,000).
 const DEFAULT_NODES: usize = 5000;
-/// Scheduled applies (issue 4: 50,000).
+/// Scheduled applies (the targets are stated for 50,000).
 const DEFAULT_APPLIES: usize = 50_000;
 /// Measured heartbeat window, seconds.
 const DEFAULT_WINDOW_SECS: u64 = 30;
@@ -80,7 +80,7 @@ const AGENTS: usize = 8;
 const HEALTHZ_WINDOW: Duration = Duration::from_secs(10);
 /// How long the control plane gets to answer `/healthz` after starting.
 const START_DEADLINE: Duration = Duration::from_secs(20);
-/// Targets from issue 4.
+/// The targets (bench/README.md).
 const CPU_TARGET_PERCENT: f64 = 25.0;
 const APPLY_TARGET_PER_SEC: f64 = 2000.0;
 const RSS_TARGET_KIB: u64 = 128 * 1024;

@@ -1,5 +1,5 @@
 //! Benchmark: how long a service takes to get its full replica count back
-//! after a node is lost, with the default timings (issue 5, "failover").
+//! after a node is lost, with the default timings.
 //!
 //! Starts the release `keel-controlplane --simulate` and three
 //! `keel-agentd --simulate` in a temporary directory with the default

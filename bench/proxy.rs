@@ -1,4 +1,4 @@
-//! Proxy benchmark (issue 5): Keel's per-node L4 proxy side by side with
+//! Proxy benchmark: Keel's per-node L4 proxy side by side with
 //! HAProxy (`mode tcp`, `balance roundrobin`), same backends, same clients,
 //! same machine, one run. `cargo bench --bench proxy`; needs
 //! `/usr/sbin/haproxy` and `wrk` (Debian: `apt-get install -y haproxy wrk`)
@@ -571,7 +571,7 @@ fn orchestrate() -> io::Result<()> {
     for (i, target) in TARGETS.iter().enumerate().skip(2) {
         let ratio = |row: &Row| row.median(i) / row.median(1);
         println!(
-            "{} (issue 5 targets): bulk >= 0.9x {}; conn/s >= 1.0x {}; added p99 <= 1.2x {}; memory <= 1.0x {}",
+            "{} (targets): bulk >= 0.9x {}; conn/s >= 1.0x {}; added p99 <= 1.2x {}; memory <= 1.0x {}",
             target.name,
             verdict(ratio(&rows[0]) >= 0.9),
             verdict(ratio(&rows[1]) >= 1.0),

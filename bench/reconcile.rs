@@ -55,7 +55,7 @@ use keel::host::zfs::{FreeBsdZfs, ZfsLayout};
 const SIZES: [usize; 4] = [100, 500, 1000, 5000];
 /// Jails applied through `Reconciler::apply` to check the synthetic host.
 const APPLY_CHECK: usize = 100;
-/// Most processes a steady pass may spawn (issue 3).
+/// Most processes a steady pass may spawn.
 const MAX_PROCESSES_PER_PASS: u64 = 6;
 /// Processes per running jail in `ps` (a jail running /etc/rc has several).
 const PROCS_PER_JAIL: usize = 3;

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Crash-safety campaign (issue 9, docs/reliability.md): kill -9 of
+# Crash-safety campaign (docs/reliability.md): kill -9 of
 # keel-agentd --simulate and of keel-controlplane --simulate at seeded random
 # points in a stream of changes, KILLS times each (default 200), checking
 # after every restart what tests/crash_campaign.rs lists.

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Fuzz smoke run (issue 9, docs/reliability.md): every cargo-fuzz target in
+# Fuzz smoke run (docs/reliability.md): every cargo-fuzz target in
 # fuzz/ for SECONDS each (default 60), then one line per target with its
 # executions, executions per second and findings.
 #

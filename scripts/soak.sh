@@ -1,5 +1,5 @@
 #!/bin/sh
-# Load soak (issue 9, docs/reliability.md): keel-controlplane --simulate with
+# Load soak (docs/reliability.md): keel-controlplane --simulate with
 # three keel-agentd --simulate and 1,000 simulated nodes heartbeating, under
 # continuous applies and deletes, for SECONDS (default 600). Checks that no
 # request fails and that the daemons' VmRSS and open file descriptors stay

@@ -125,7 +125,7 @@ fn wait_routes(cluster: &Cluster, nodes: &BTreeMap<String, NodeStatus>) {
     }
 }
 
-/// Scenarios 1-6 of issue 4 as one story on one cluster: registration and
+/// Six cluster scenarios as one story on one cluster: registration and
 /// subnets, spreading by headroom, sticky re-apply, routes, a node's death,
 /// and a control plane restart.
 #[test]

@@ -439,7 +439,7 @@ fn every_route_refuses_bad_signatures_and_wrong_roles() {
     assert_eq!(cp.call(None, "GET", "/healthz", b"").status, 200);
 }
 
-/// Issue 4's rotation procedure with continuous traffic: add the new key to
+/// The key rotation procedure of docs/security.md with continuous traffic: add the new key to
 /// the accepted set, reload, switch signers, remove the old key, reload; not
 /// one request fails.
 #[test]

@@ -1,4 +1,4 @@
-//! Crash safety (issue 9): a seeded random stream of changes against
+//! Crash safety: a seeded random stream of changes against
 //! `keel-agentd --simulate` and `keel-controlplane --simulate`, with `kill -9`
 //! at random points, and after every restart a check that
 //! - every acknowledged change (a 2xx answer) is there;

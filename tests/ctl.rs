@@ -1,4 +1,4 @@
-//! The real `keelctl` driving the real `keel-agentd --simulate` (issue 3):
+//! The real `keelctl` driving the real `keel-agentd --simulate`:
 //! apply, get, delete, validation that sends nothing, multi-document order, a
 //! crash loop with backoff, `kill -9` of the agent and its restart, and the
 //! README quick start word for word. Workloads are ordinary commands

@@ -84,8 +84,8 @@ fn web() -> Jail {
     .expect("valid spec")
 }
 
-/// The most processes a steady-state pass may spawn (DESIGN.md section 2 and
-/// the benchmark target), whatever the number of jails.
+/// The most processes a steady-state pass may spawn (observation is batched:
+/// docs/architecture.md, "Seams to the host"), whatever the number of jails.
 const STEADY_PASS_PROCESSES: usize = 6;
 
 #[test]

@@ -1,4 +1,4 @@
-//! Hostile input and access (issue 9): a table of bad requests against every
+//! Hostile input and access: a table of bad requests against every
 //! route of both daemons, each answered with the right 4xx while nothing
 //! changes on the host and the daemon keeps serving other clients; the
 //! agent's socket mode and group; key files with loose modes.

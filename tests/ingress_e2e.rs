@@ -1,4 +1,4 @@
-//! An Ingress through the whole agent (issue 7, end to end): Pebble,
+//! An Ingress through the whole agent: Pebble,
 //! pebble-challtestsrv and the fake OVH API of `util::acme`, a real
 //! keel-controlplane and one simulated keel-agentd whose keel.toml
 //! `[ingress]` section points at them, a Service whose replicas run

@@ -1,4 +1,4 @@
-//! Network partitions (issue 9, "Partitions"): keel-controlplane and three
+//! Network partitions: keel-controlplane and three
 //! keel-agentd, all `--simulate`, each in a network namespace of its own,
 //! joined by veth pairs to a bridge in a fifth namespace. Links are cut and
 //! healed with iproute2 by setting the bridge's end of a veth down and up:

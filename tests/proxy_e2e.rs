@@ -1,4 +1,4 @@
-//! The service proxy on a real simulated cluster (issue 5, "Process tests"):
+//! The service proxy on a real simulated cluster:
 //! one keel-controlplane and three keel-agentd, each agent's proxy on its own
 //! loopback address (`--proxy-listen`), a service whose replicas run
 //! `tests/fixtures/echo_name.py` (every connection is answered with the

@@ -1,4 +1,4 @@
-//! The reconciler over the in-memory Fakes (DESIGN.md section 8, layer 2):
+//! The reconciler over the in-memory Fakes:
 //! provision and delete orders, busy unmounts, one broken jail among healthy
 //! ones, crash-loop backoff on a manual clock, an agent restarted over running
 //! jails, auto-addressing, persistence before acknowledgement, spec changes

@@ -1,4 +1,4 @@
-//! The load soak (issue 9, "Load"): for a set duration, a real
+//! The load soak: for a set duration, a real
 //! `keel-controlplane --simulate` with three real `keel-agentd --simulate`
 //! (the [`Cluster`] of the process tests) and 1,000 simulated nodes besides,
 //! under continuous applies and deletes. The daemons' resident memory and

@@ -1,4 +1,4 @@
-//! Persistent volumes end to end (issue 6), with the real binaries on
+//! Persistent volumes end to end, with the real binaries on
 //! loopback in simulate mode (`util::cluster`), where a volume is a
 //! directory under the node's state dir and its mount a symlink in the
 //! jail's root. Workloads append a line to a file in their volume every time

@@ -1,4 +1,4 @@
-//! The agent's route table (DESIGN.md section 5), the same for the Unix socket
+//! The agent's route table (keel-agentd(8), API), the same for the Unix socket
 //! and the optional TCP listener: jails and their workload's output
 //! (`/jails/{name}/log`), volumes (`agentd::volumes`), ingresses, the proxy's
 //! table, health and metrics.
@@ -396,7 +396,8 @@ fn method_not_allowed(allow: &str) -> Response {
         .with_header("Allow", allow)
 }
 
-/// Maps a reconciler error to its status code (DESIGN.md section 5).
+/// Maps a reconciler error to its status code (400 invalid, 404 unknown, 409
+/// conflict, 500 host command failed).
 pub fn error_response(e: &ReconcileError) -> Response {
     let message = e.to_string();
     match e {

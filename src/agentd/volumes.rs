@@ -45,7 +45,7 @@ pub enum VolumeError {
 }
 
 impl VolumeError {
-    /// The HTTP status of this error (DESIGN.md section 5).
+    /// The HTTP status of this error (keel-agentd(8), API, lists the codes).
     pub fn status(&self) -> u16 {
         match self {
             VolumeError::NotFound { .. } => 404,

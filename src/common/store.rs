@@ -627,7 +627,7 @@ mod tests {
         assert_eq!(reopen(tmp.path()), Some(state(&[("a", 2)])));
     }
 
-    /// Acceptance (issue 2): a store write interrupted at each step leaves
+    /// The store's promise: a store write interrupted at each step leaves
     /// either the old or the new state readable, never neither.
     #[test]
     fn interrupted_write_leaves_old_or_new_state_at_every_step() {

@@ -1,10 +1,10 @@
 //! The control plane's persisted state and the ops that change it.
 //!
 //! Everything here survives `kill -9`: node records (advertise address,
-//! capacity, pod_cidr), placements with their epochs, and (with the services
-//! and volumes issues) services, VIPs and volume locations. Liveness does not:
-//! after a restart every node is Dead until it heartbeats again, which is the
-//! safe reading of silence.
+//! capacity, pod_cidr), placements with their epochs, services, VIPs and
+//! volume locations. Liveness does not: after a restart every node is
+//! Unknown, with a fresh lease, until it heartbeats again; silence is no
+//! evidence of death (see `registry::liveness`).
 //!
 //! State changes only through [`Op`]s, appended to the
 //! [`Journal`](crate::common::journal::Journal) before any caller hears

@@ -1,5 +1,5 @@
-//! The jail API as keelctl calls it, on one agent's Unix socket (DESIGN.md
-//! section 5) or through keel-controlplane: one method per route, JSON answers
+//! The jail API as keelctl calls it, on one agent's Unix socket or through
+//! keel-controlplane: one method per route, JSON answers
 //! decoded into [`crate::common::wire`] types, error bodies into [`ErrorBody`].
 //!
 //! Through the control plane every request is signed with the operator key

@@ -1,5 +1,5 @@
 //! The ingress controller: from the Ingresses applied on this node to a
-//! running nginx jail, its configuration and the pf anchor (issue 7).
+//! running nginx jail, its configuration and the pf anchor.
 //!
 //! It owns the applied Ingresses (persisted in `{state_dir}/ingresses.json`),
 //! what nginx was last loaded with, and whether the `keel/ingress` anchor is

@@ -1,4 +1,4 @@
-//! Ingress (issue 7, the seed's "Ingress: automatic HTTPS"): the node-wide
+//! Ingress (automatic HTTPS): the node-wide
 //! nginx jail that publishes Services over HTTPS, and its certificates: every
 //! Ingress host gets one from the ACME CA by DNS-01 and keeps it renewed.
 //!
@@ -12,7 +12,7 @@
 //! | [`propagation`] | asking public resolvers until the challenge record is visible |
 //! | [`acme`] | one order with instant-acme, the renewal decision, installing key and chain |
 //!
-//! Threads (DESIGN.md section 3): [`CertManager::ensure`] never blocks on the
+//! Threads (docs/architecture.md): [`CertManager::ensure`] never blocks on the
 //! network. It looks at the files already installed, decides, and hands the
 //! slow part (the whole order: minutes of DNS propagation) to the manager's
 //! own `keel-acme` thread, which works one job at a time and posts the outcome

@@ -1,5 +1,5 @@
 //! The ingress jail's nginx configuration, as a pure function of every
-//! applied Ingress together (issue 7).
+//! applied Ingress together.
 //!
 //! [`render`] owns the text of `nginx.conf` and nothing else: it never reads
 //! a file, never runs nginx and never decides which Ingress is servable (the

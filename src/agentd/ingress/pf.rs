@@ -1,5 +1,5 @@
 //! The `keel/ingress` pf anchor: the node's public address, ports 80 and 443,
-//! redirected to the ingress jail (issue 7).
+//! redirected to the ingress jail.
 //!
 //! [`ingress_rules`] is the anchor's text, a pure function of where the
 //! public traffic arrives and where the ingress jail listens. Loading it is

@@ -1,10 +1,10 @@
-//! The per-node L4 proxy (issue 5, "Per-node proxy"): for every service the
+//! The per-node L4 proxy: for every service the
 //! control plane lists, a listener on `<vip>:<port>` that relays each
 //! accepted connection to one of the service's replicas, round-robin.
 //!
 //! It owns the listeners, the relayed connections and the threads their
-//! event loops run on (DESIGN.md section 3: "the L4 proxy runs on its own
-//! event loop"; here one per CPU, see below). It never touches the host's
+//! event loops run on (off the worker, as docs/architecture.md tells; one
+//! per CPU, see below). It never touches the host's
 //! configuration: on FreeBSD the agent worker aliases each VIP as a /32 on
 //! `keel0` through
 //! [`NetManager::add_alias`](crate::host::NetManager::add_alias) *before*

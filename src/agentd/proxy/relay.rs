@@ -82,7 +82,7 @@ pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: 
     }
 }
 
-/// Connects to `addr` within `timeout`, the bound the issue asks for instead
+/// Connects to `addr` within `timeout` (`agent.proxy_connect_timeout`) instead
 /// of the OS default (about two minutes against a silent address).
 async fn connect(addr: SocketAddrV4, timeout: Duration) -> io::Result<TcpStream> {
     let sock = TcpSocket::new_v4()?;

@@ -1,5 +1,5 @@
 //! The simulated host of `keel-agentd --simulate`: the jail runtime, ZFS and
-//! mounts of DESIGN.md section 2 done with ordinary processes, directories and
+//! mounts of the host seams done with ordinary processes, directories and
 //! symlinks, so the whole agent runs unprivileged on any Unix.
 //!
 //! - [`SimJails`]: a jail is a child process running `exec.start` in its own
