@@ -29,10 +29,20 @@
 //! ([`Reconciler::seed_root`]: files a system jail's workload needs before it
 //! starts), jail creation (jail.conf sets the address
 //! and default route, then runs exec.start), rctl limits. Delete order is the
-//! reverse: remove the jail (runs exec.stop), clear limits, destroy the epair,
-//! unmount everything under the jail root deepest first, destroy the rootfs.
-//! If an unmount fails the delete stops before the rootfs is touched and stays
+//! reverse: remove the jail, clear limits, destroy the epair, unmount
+//! everything under the jail root deepest first, destroy the rootfs. If an
+//! unmount fails the delete stops before the rootfs is touched and stays
 //! pending. Volume datasets are never destroyed here.
+//!
+//! Removing a jail (delete, replacement, restart) cannot get stuck: a
+//! workload that may still run gets its exec.stop ([`Removal::Stop`]); one
+//! the pass saw gone (a crash) gets none, and one whose exec.stop failed
+//! (jail(8) then keeps the jail) is forced out after all ([`Removal::Force`],
+//! `jail -R`), the failure kept as the jail's last error. Before a forced
+//! removal the epair's jail side is reclaimed from the jail's vnet
+//! ([`NetManager::reclaim`]), and after a removal on the restart path the
+//! epair is made anew when its jail side is not back on the host (a dying
+//! jail's vnet can hold it for as long as the jail lingers).
 //!
 //! Spec changes are driven by [`Deployed`], the persisted record of what the
 //! jail on the host was built from, not by the apply that made them: a pass
