@@ -458,8 +458,8 @@ fn parse_ps_jids(stdout: &str) -> Result<BTreeMap<u32, usize>, String> {
     Ok(counts)
 }
 
-/// jail(8)'s answer for a jail that does not exist (state.c `start_state`:
-/// `"NAME" not found`). The quoted name is matched: a failing exec.stop can
+/// jail(8)'s answer for a jail that does not exist (`jail: "NAME" not
+/// found`, with or without `-f`, and for `-R`). The quoted name is matched: a failing exec.stop can
 /// print sh's own "not found", and then the jail is still there.
 fn jail_not_found(out: &CmdOutput, name: &str) -> bool {
     !out.success() && out.stderr.contains(&format!("\"{name}\" not found"))
@@ -524,8 +524,8 @@ impl<R: CommandRunner> FreeBsdJails<R> {
 
     /// Unmounts the devfs `mount.devfs` put on `{root}/dev`, as jail(8) does
     /// on removal, when the mount table lists a devfs there; anything else
-    /// at that path is left alone. The check is jail(8)'s own (command.c
-    /// `check_path`: a devfs mount point, not merely a path), because the
+    /// at that path is left alone. jail(8) checks the same before its own
+    /// umount (a devfs mount point, not merely a path), because the
     /// jail's root user controls `{root}/dev` once nothing is mounted on it.
     /// umount(8) looks a listed path up in the mount table before anything
     /// else, so it unmounts that entry rather than following the path.

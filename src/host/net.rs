@@ -249,10 +249,10 @@ impl<R: CommandRunner> NetManager for FreeBsdNet<R> {
 
     /// ifconfig handles `IF -vnet JAIL` without looking IF up on the host
     /// (it lives in the jail's vnet). Nothing to move reads as ENXIO from
-    /// the kernel (`if_vmove_reclaim`: no such jail, or no such interface in
-    /// its vnet), which ifconfig prints as `SIOCSIFRVNET(JID, IF): Device not
-    /// configured`; a jail name libjail cannot resolve is `jail "NAME" not
-    /// found`.
+    /// the kernel (no such jail, or no such interface in its vnet), which
+    /// ifconfig prints as `SIOCSIFRVNET(JID, IF): Device not configured`; a
+    /// jail name that cannot be resolved is `jail "NAME" not found`. A vnet
+    /// being torn down answers EBUSY, an error: the interface is not back.
     fn reclaim(&self, jail: &str) -> Result<(), NetError> {
         let (_, jail_end) = iface_names(jail);
         let (argv, out) = self.ifconfig(&[&jail_end, "-vnet", jail])?;
