@@ -1213,6 +1213,13 @@ fn a_failing_exec_stop_is_forced_through_and_reported() {
     let error = status.last_error.expect("the stop failure is reported");
     assert!(error.contains("jail -R web"), "{error}");
     assert!(error.contains("failed"), "{error}");
+    let report = agent.reconcile();
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_eq!(
+        agent.get("web").and_then(|s| s.last_error),
+        Some(error),
+        "still shown while the jail runs"
+    );
 
     // A delete gets through the same way and leaves nothing behind.
     agent.delete("web").expect("deleted despite exec.stop");

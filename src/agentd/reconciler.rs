@@ -359,6 +359,10 @@ struct Runtime {
     last_error: Option<String>,
     /// A crash already counted against the backoff (so one crash is counted once).
     crash_counted: bool,
+    /// Why the jail's last removal had to be forced (its exec.stop failed);
+    /// shown as the last error while nothing newer failed, until a removal
+    /// goes through cleanly.
+    forced_removal: Option<String>,
 }
 
 /// The reconciler; see the module docs.
@@ -873,6 +877,7 @@ where
         // usable epair are on the host, or it is made again.
         let mut epair_ready = host_side && obs.interfaces.contains(&jail_if);
         let mut stop_failure = None;
+        let removes = obs.jails.contains_key(name);
         if let Some(j) = obs.jails.get(name) {
             let current = rec.deployed.as_ref().is_none_or(|d| {
                 identity(name, &d.spec, d.address) == identity(name, &rec.spec.spec, rec.address)
@@ -906,13 +911,16 @@ where
                 epair_ready = self.epair_on_host(name)?;
             }
         }
-        self.provision(name, &rec, obs, epair_ready)?;
-        if let Some(stop) = stop_failure {
-            // The jail runs again, but the operator should hear that its last
-            // removal skipped exec.stop.
-            self.runtime.entry(key).or_default().last_error = Some(stop.to_string());
+        if removes {
+            // The jail will run again, but the operator should hear that its
+            // last removal skipped exec.stop (and that the next one did not).
+            if let Some(stop) = &stop_failure {
+                log::warn!("jail {name}: {stop}");
+            }
+            self.runtime.entry(key).or_default().forced_removal =
+                stop_failure.map(|e| e.to_string());
         }
-        Ok(())
+        self.provision(name, &rec, obs, epair_ready)
     }
 
     /// Removes jail `name` so nothing can keep it: a workload that may still
@@ -1253,7 +1261,7 @@ where
             address: rec.address,
             restarts: rec.restarts,
             created_unix: rec.created_unix,
-            last_error: rt.last_error,
+            last_error: rt.last_error.or(rt.forced_removal),
             retry_in_secs,
             epoch: rec.epoch,
             cpu: rec.spec.spec.resources.cpu,
