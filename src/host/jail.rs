@@ -530,19 +530,27 @@ impl<R: CommandRunner> FreeBsdJails<R> {
     /// umount(8) looks a listed path up in the mount table before anything
     /// else, so it unmounts that entry rather than following the path.
     fn unmount_devfs(&self, root: &Path) -> Result<(), JailError> {
-        let dev = root.join("dev");
+        // mount(8) records the real path of a mount point: a link in the
+        // jails directory (Keel's, not the jail's) resolves there. Only the
+        // root is resolved; `dev` below it is the jail's and never followed.
+        let real_root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
         let list = program(&self.paths.mount, &["-p", "-t", "devfs"]);
         let out = self.run(&list, OBSERVE_TIMEOUT)?.check(&list)?;
         let mounts = parse_mount_p(&out.stdout).map_err(|e| JailError::Parse {
             command: render_argv(&list),
             reason: e.to_string(),
         })?;
-        if !mounts
-            .iter()
-            .any(|m| m.fstype == "devfs" && m.target == dev)
-        {
+        let listed = |dev: &PathBuf| {
+            mounts
+                .iter()
+                .any(|m| m.fstype == "devfs" && m.target == *dev)
+        };
+        let Some(dev) = [root.join("dev"), real_root.join("dev")]
+            .into_iter()
+            .find(listed)
+        else {
             return Ok(());
-        }
+        };
         let umount = program(&self.paths.umount, &[&dev.to_string_lossy()]);
         self.run(&umount, CHANGE_TIMEOUT)?.check(&umount)?;
         Ok(())
@@ -1171,6 +1179,54 @@ mod tests {
         faults.fail("exec", Some("web-1"));
         let out = jails.exec("web-1", &words(&["/bin/true"])).expect("runs");
         assert_eq!(out.status, 1);
+    }
+
+    /// With a link in the jails directory, mount(8) lists the devfs under
+    /// the resolved path: that is the entry unmounted.
+    #[test]
+    fn the_devfs_is_found_under_the_real_path_of_the_jails_directory() {
+        use crate::common::cmd::{Exchange, RecordingRunner};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().join("real");
+        std::fs::create_dir_all(real.join("web-1/dev")).expect("dirs");
+        std::os::unix::fs::symlink(&real, dir.path().join("jails")).expect("link");
+        let real_dev = std::fs::canonicalize(&real)
+            .expect("real")
+            .join("web-1/dev");
+        let answer = |stdout: String| CmdOutput {
+            status: 0,
+            stdout,
+            stderr: String::new(),
+        };
+        let runner = Arc::new(RecordingRunner::new(vec![
+            Exchange {
+                argv: words(&["/usr/sbin/jail", "-R", "web-1"]),
+                stdin: None,
+                output: answer(String::new()),
+            },
+            Exchange {
+                argv: words(&["/sbin/mount", "-p", "-t", "devfs"]),
+                stdin: None,
+                output: answer(format!(
+                    "devfs\t\t\t{} devfs\trw,multilabel \t0 0\n",
+                    real_dev.display()
+                )),
+            },
+            Exchange {
+                argv: words(&["/sbin/umount", &real_dev.to_string_lossy()]),
+                stdin: None,
+                output: answer(String::new()),
+            },
+        ]));
+        let jails = FreeBsdJails::new(
+            Arc::clone(&runner),
+            CommandPaths::default(),
+            dir.path().join("conf"),
+        );
+        jails
+            .remove("web-1", &dir.path().join("jails/web-1"), Removal::Force)
+            .expect("removed");
+        runner.verify().expect("the real path was unmounted");
     }
 
     #[test]
