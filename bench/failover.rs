@@ -39,6 +39,7 @@ use keel::common::config::Config;
 use keel::common::http::{Client, Endpoint};
 use keel::common::wire::{JailStatus, Liveness, NodeStatus, ServiceStatus};
 use keel::host::JailRuntime;
+use keel::host::jail::Removal;
 use keel::host::sim::SimJails;
 
 const CONTROLPLANE: &str = env!("CARGO_BIN_EXE_keel-controlplane");
@@ -133,7 +134,7 @@ impl Node {
             return;
         };
         for jail in jails.list().unwrap_or_default() {
-            if let Err(e) = jails.remove(&jail.name) {
+            if let Err(e) = jails.remove(&jail.name, &jail.path, Removal::Force) {
                 eprintln!("killing {}'s jail {}: {e}", self.id, jail.name);
             }
         }

@@ -44,10 +44,16 @@ fn conf_dir() -> PathBuf {
 /// An agent on the FreeBSD implementations, all four over `runner`, starting
 /// from what `state_dir` holds.
 fn agent(runner: Runner, state_dir: &Path) -> FreeBsdAgent {
+    agent_with_confs(runner, state_dir, &conf_dir())
+}
+
+/// [`agent`] keeping its jail.conf files in `confs`: each test that reads or
+/// writes them has its own directory, as tests run in parallel.
+fn agent_with_confs(runner: Runner, state_dir: &Path, confs: &Path) -> FreeBsdAgent {
     let paths = CommandPaths::default();
     let (store, state) = Store::open(state_dir, STATE_FILE).expect("store opens");
     Reconciler::new(
-        FreeBsdJails::new(runner.clone(), paths.clone(), conf_dir()),
+        FreeBsdJails::new(runner.clone(), paths.clone(), confs),
         FreeBsdZfs::new(
             runner.clone(),
             paths.clone(),
@@ -213,5 +219,68 @@ fn agent_delete_volume_refuses_a_mounted_one_and_gives_up_on_a_busy_one() {
             "{err:?}"
         );
         assert_eq!(err.status(), 409);
+    });
+}
+
+/// A conf directory holding the web-1.conf an earlier create left (the
+/// runner is scripted, so only its existence matters).
+fn confs_with_web_1(name: &str) -> PathBuf {
+    let dir = PathBuf::from("/tmp/keel-golden").join(name);
+    std::fs::create_dir_all(&dir).expect("conf dir");
+    std::fs::write(dir.join("web-1.conf"), "# left by an earlier create\n").expect("conf");
+    dir
+}
+
+/// web-1's workload crashed (jls lists the jail, ps no process in it): an
+/// apply restarts it at once. Nothing runs inside the jail: the epair's jail
+/// side is reclaimed from its vnet, `jail -R` removes it, and its devfs is
+/// unmounted by Keel; both epair ends are back on the host, so the same
+/// epair serves the new jail.
+#[test]
+fn agent_restarts_a_crashed_jail_without_exec_stop() {
+    let state = provisioned_state();
+    let confs = confs_with_web_1("agent-crashed");
+    golden::check("agent_restart_crashed", |runner| {
+        let mut agent = agent_with_confs(runner, state.path(), &confs);
+        let status = agent.apply(web(), None).expect("restarted");
+        assert_eq!((status.state, status.restarts), (Phase::Running, 1));
+        assert_eq!(status.last_error, None);
+    });
+}
+
+/// A changed spec replaces the running web-1, but its exec.stop fails and
+/// jail(8) keeps the jail: the jail side is reclaimed, `jail -R` forces the
+/// jail out and its devfs is unmounted. The jail side is not back on the
+/// host (a vnet of an earlier, still dying incarnation holds it), so the
+/// epair is made anew. web-1 runs the new spec, with the stop failure as
+/// its last error.
+#[test]
+fn agent_forces_out_a_jail_whose_exec_stop_fails_and_remakes_its_epair() {
+    let state = provisioned_state();
+    let confs = confs_with_web_1("agent-stop-failed");
+    golden::check("agent_replace_stop_failed", |runner| {
+        let mut agent = agent_with_confs(runner, state.path(), &confs);
+        let mut changed = web();
+        changed.spec.env.insert("LEVEL".into(), "debug".into());
+        let status = agent.apply(changed, None).expect("replaced");
+        assert_eq!(status.state, Phase::Running);
+        let error = status.last_error.expect("the stop failure is reported");
+        assert!(error.contains("jail -R web-1"), "{error}");
+        assert!(error.contains("nginx -s quit: failed"), "{error}");
+    });
+}
+
+/// The agent's conf directory lost web-1.conf: the delete never falls
+/// through to /etc/jail.conf (`jail -R`), unmounts the devfs itself and
+/// then the volumes, so `zfs destroy` of the root does not fail busy.
+#[test]
+fn agent_deletes_a_jail_whose_conf_is_gone() {
+    let state = provisioned_state();
+    let confs = PathBuf::from("/tmp/keel-golden/agent-without-conf");
+    let _ = std::fs::remove_dir_all(&confs);
+    golden::check("agent_delete_without_conf", |runner| {
+        let mut agent = agent_with_confs(runner, state.path(), &confs);
+        agent.delete("web-1").expect("deleted");
+        assert!(agent.get("web-1").is_none());
     });
 }

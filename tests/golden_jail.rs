@@ -11,7 +11,7 @@ use std::sync::Arc;
 use keel::common::cmd::{CommandRunner, RecordingRunner, SystemRunner, argv};
 use keel::common::config::CommandPaths;
 use keel::host::jail::{
-    FreeBsdJails, JailError, JailNetwork, JailParams, JailRuntime, Limits, ObservedJail,
+    FreeBsdJails, JailError, JailNetwork, JailParams, JailRuntime, Limits, ObservedJail, Removal,
     render_jail_conf,
 };
 
@@ -90,49 +90,98 @@ fn create_failing_in_exec_start_reports_jails_message() {
     });
 }
 
+fn root() -> PathBuf {
+    web().path
+}
+
 #[test]
 fn remove_uses_the_conf_then_deletes_it() {
     let conf = leave_conf("jail_remove");
     golden::check("jail_remove", |runner| {
         jails(runner, "jail_remove")
-            .remove("web-1")
+            .remove("web-1", &root(), Removal::Stop)
             .expect("removed");
     });
     assert!(!conf.exists(), "conf of a removed jail is deleted");
 }
 
 #[test]
-fn remove_of_a_missing_jail_is_success() {
+fn remove_of_a_missing_jail_still_unmounts_its_devfs() {
     let conf = leave_conf("jail_remove_missing");
     golden::check("jail_remove_missing", |runner| {
         jails(runner, "jail_remove_missing")
-            .remove("web-1")
+            .remove("web-1", &root(), Removal::Stop)
             .expect("absent is fine");
     });
     assert!(!conf.exists());
 }
 
+/// Without the conf jail(8) knows nothing of mount.devfs: `jail -R` (never
+/// plain `jail -r`, which would read /etc/jail.conf), then Keel unmounts the
+/// devfs itself, or `zfs destroy` of the root would fail busy.
 #[test]
-fn remove_without_a_conf_falls_back_to_the_name() {
+fn remove_without_a_conf_forces_and_unmounts_devfs_itself() {
     let conf = conf_dir("jail_remove_without_conf").join("web-1.conf");
     let _ = std::fs::remove_file(&conf);
     golden::check("jail_remove_without_conf", |runner| {
         jails(runner, "jail_remove_without_conf")
-            .remove("web-1")
+            .remove("web-1", &root(), Removal::Stop)
             .expect("removed");
     });
 }
 
 #[test]
-fn remove_failing_in_exec_stop_keeps_the_conf() {
+fn remove_failing_in_exec_stop_keeps_the_jail_and_its_conf() {
     let conf = leave_conf("jail_remove_stop_failed");
     golden::check("jail_remove_stop_failed", |runner| {
         let err = jails(runner, "jail_remove_stop_failed")
-            .remove("web-1")
+            .remove("web-1", &root(), Removal::Stop)
             .expect_err("exec.stop failed, so the jail is still there");
-        assert!(matches!(err, JailError::Command(_)), "{err}");
+        assert!(matches!(err, JailError::StopFailed { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("pid file /var/run/app.pid not found"), "{msg}");
     });
-    assert!(conf.exists(), "the conf is kept for the next attempt");
+    assert!(conf.exists(), "the conf is kept: the jail is still there");
+}
+
+/// A crashed workload, or one whose exec.stop failed: `jail -R` runs
+/// nothing inside the jail, then the devfs goes and so does the conf.
+#[test]
+fn forced_remove_runs_no_exec_stop_and_unmounts_devfs() {
+    let conf = leave_conf("jail_remove_forced");
+    golden::check("jail_remove_forced", |runner| {
+        jails(runner, "jail_remove_forced")
+            .remove("web-1", &root(), Removal::Force)
+            .expect("removed");
+    });
+    assert!(!conf.exists(), "the conf of a removed jail is deleted");
+}
+
+/// Whatever sits at `{root}/dev` when the mount table lists no devfs there
+/// (a link the jail's root planted, say) is not unmounted.
+#[test]
+fn forced_remove_leaves_a_dev_that_is_not_a_listed_devfs_alone() {
+    let conf = leave_conf("jail_remove_forced_no_devfs");
+    golden::check("jail_remove_forced_no_devfs", |runner| {
+        jails(runner, "jail_remove_forced_no_devfs")
+            .remove("web-1", &root(), Removal::Force)
+            .expect("removed");
+    });
+    assert!(!conf.exists());
+}
+
+/// A busy devfs fails the removal with umount's message (the jail itself is
+/// gone: the next attempt finds it missing and tries the unmount again).
+#[test]
+fn forced_remove_with_a_busy_devfs_fails_with_umounts_message() {
+    let conf = leave_conf("jail_remove_devfs_busy");
+    golden::check("jail_remove_devfs_busy", |runner| {
+        let err = jails(runner, "jail_remove_devfs_busy")
+            .remove("web-1", &root(), Removal::Force)
+            .expect_err("devfs busy");
+        assert!(err.to_string().contains("Device busy"), "{err}");
+    });
+    assert!(conf.exists(), "kept until the removal finished");
 }
 
 #[test]

@@ -131,6 +131,35 @@ fn detach_of_a_missing_epair_succeeds() {
 }
 
 #[test]
+fn reclaim_moves_the_jail_side_back_to_the_host() {
+    golden::check("net_reclaim", |r| {
+        net(r).reclaim("web-1").expect("reclaimed");
+    });
+}
+
+#[test]
+fn reclaim_with_nothing_in_the_jail_s_vnet_succeeds() {
+    golden::check("net_reclaim_nothing_to_move", |r| {
+        net(r).reclaim("web-1").expect("nothing to move");
+    });
+}
+
+#[test]
+fn reclaim_from_a_jail_that_is_gone_succeeds() {
+    golden::check("net_reclaim_no_jail", |r| {
+        net(r).reclaim("web-1").expect("no jail to move from");
+    });
+}
+
+#[test]
+fn reclaim_from_a_vnet_shutting_down_is_an_error() {
+    golden::check("net_reclaim_vnet_shutting_down", |r| {
+        let err = net(r).reclaim("web-1").expect_err("EBUSY");
+        assert!(failure(err).contains("Device busy"));
+    });
+}
+
+#[test]
 fn list_routes_reads_the_whole_table_once() {
     golden::check("net_list_routes", |r| {
         let routes = net(r).list_routes().expect("listed");

@@ -440,9 +440,16 @@ fn crash_and_expect_restart_after(host: &Host, agent: &mut Agent, delay: Duratio
     host.clock.advance(Duration::from_millis(1));
     let report = agent.reconcile();
     assert_eq!(report.restarted, ["web"]);
+    // The workload is gone: nothing runs exec.stop, and the jail side of the
+    // epair comes home before the jail goes.
     assert_eq!(
         host.take(),
-        ["jail.remove web", "jail.create web", "jail.set_limits web"]
+        [
+            "net.reclaim web",
+            "jail.force_remove web",
+            "jail.create web",
+            "jail.set_limits web"
+        ]
     );
     assert!(host.jails.is_running("web"));
     let status = agent.get("web").expect("desired");
@@ -1095,4 +1102,156 @@ fn volume_routes_refuse_a_mounted_or_missing_volume_and_delete_an_unmounted_one(
     let missing = volumes::delete(&host.zfs, &host.mounts, "db-data").expect_err("gone");
     assert_eq!(missing.status(), 404);
     assert!(host.take().is_empty(), "a missing volume runs no destroy");
+}
+
+/// Runs passes a second apart until `name` restarted, and returns what they
+/// did to the host.
+fn restart_after_crash(host: &Host, agent: &mut Agent, name: &str) -> Vec<String> {
+    host.jails.crash(name);
+    host.take();
+    for _ in 0..10 {
+        if agent.reconcile().restarted.iter().any(|r| r == name) {
+            return host.take();
+        }
+        host.clock.advance(Duration::from_secs(1));
+    }
+    panic!("{name} was not restarted: {:?}", host.take());
+}
+
+/// A crash while the jail holds its epair's jail side (jail(8) moved it into
+/// the jail's vnet): it is reclaimed before `jail -R`, so the restart reuses
+/// the epair.
+#[test]
+fn a_crashed_jail_gives_its_interface_back_before_it_is_forced_out() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    agent.apply(jail("web"), None).expect("applied");
+    host.net.enter_vnet("web");
+    let done = restart_after_crash(&host, &mut agent, "web");
+    assert_eq!(
+        done,
+        [
+            "net.reclaim web",
+            "jail.force_remove web",
+            "jail.create web",
+            "jail.set_limits web"
+        ]
+    );
+    assert!(host.jails.is_running("web"));
+}
+
+/// The jail side stays in the vnet of a jail that lingers as dying, where
+/// nothing can reach it: the host side alone is no epair, so a new one is
+/// made (attach destroys the old one) before the jail is created again.
+#[test]
+fn a_jail_side_stranded_in_a_dying_vnet_gets_a_new_epair() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    agent.apply(jail("web"), None).expect("applied");
+    host.net.strand("web");
+    let done = restart_after_crash(&host, &mut agent, "web");
+    assert_eq!(
+        done,
+        [
+            "net.reclaim web",
+            "jail.force_remove web",
+            "net.attach web",
+            "jail.create web",
+            "jail.set_limits web"
+        ]
+    );
+    let (host_if, jail_if) = iface_names("web");
+    assert!(host.net.interfaces().contains(&host_if));
+    assert!(host.net.interfaces().contains(&jail_if));
+
+    // The same on a replacement, whose removal (with exec.stop) reclaims
+    // nothing first: the check after it finds the jail side missing.
+    host.net.strand("web");
+    host.take();
+    let mut changed = jail("web");
+    changed.spec.exec.start = vec!["/usr/local/bin/v2".into()];
+    agent.apply(changed, None).expect("replaced");
+    assert_eq!(
+        host.take(),
+        [
+            "jail.remove web",
+            "net.attach web",
+            "jail.create web",
+            "jail.set_limits web"
+        ]
+    );
+}
+
+/// exec.stop fails, so jail(8) keeps the jail: the removal is forced (no
+/// command runs in the jail), the replacement goes on, and the stop failure
+/// stays as the jail's last error while it runs again.
+#[test]
+fn a_failing_exec_stop_is_forced_through_and_reported() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    let mut stopping = jail("web");
+    stopping.spec.exec.stop = vec!["/usr/local/bin/app".into(), "stop".into()];
+    agent.apply(stopping.clone(), None).expect("applied");
+    host.take();
+    host.faults.fail("stop", Some("web"));
+    let mut changed = stopping;
+    changed.spec.exec.start = vec!["/usr/local/bin/v2".into()];
+    let status = agent
+        .apply(changed, None)
+        .expect("replaced despite exec.stop");
+    assert_eq!(
+        host.take(),
+        [
+            "jail.remove web",
+            "net.reclaim web",
+            "jail.force_remove web",
+            "jail.create web",
+            "jail.set_limits web"
+        ]
+    );
+    assert_eq!(status.state, Phase::Running);
+    let error = status.last_error.expect("the stop failure is reported");
+    assert!(error.contains("jail -R web"), "{error}");
+    assert!(error.contains("failed"), "{error}");
+    let report = agent.reconcile();
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_eq!(
+        agent.get("web").and_then(|s| s.last_error),
+        Some(error),
+        "still shown while the jail runs"
+    );
+
+    // A delete gets through the same way and leaves nothing behind.
+    agent.delete("web").expect("deleted despite exec.stop");
+    let done = host.take();
+    assert_eq!(
+        done[..3],
+        [
+            "jail.remove web",
+            "net.reclaim web",
+            "jail.force_remove web"
+        ]
+    );
+    assert!(host.jails.params("web").is_none());
+    assert!(
+        done.contains(&"zfs.destroy_rootfs web".to_string()),
+        "{done:?}"
+    );
+    assert!(agent.get("web").is_none());
+}
+
+/// Deleting a jail whose workload crashed runs no exec.stop either.
+#[test]
+fn deleting_a_crashed_jail_runs_no_exec_stop() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    agent.apply(jail("web"), None).expect("applied");
+    host.jails.crash("web");
+    agent.reconcile();
+    assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::CrashLoop));
+    host.take();
+    agent.delete("web").expect("deleted");
+    let done = host.take();
+    assert_eq!(done[..2], ["net.reclaim web", "jail.force_remove web"]);
+    assert!(!done.contains(&"jail.remove web".to_string()), "{done:?}");
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use keel::common::cmd::argv;
-use keel::host::jail::{JailError, JailNetwork, JailParams, Limits};
+use keel::host::jail::{JailError, JailNetwork, JailParams, Limits, Removal};
 use keel::host::mount::MountError;
 use keel::host::sim::{SimHost, SimJails};
 use keel::host::zfs::{Dataset, ZfsError, ZfsLayout};
@@ -67,7 +67,7 @@ impl Drop for Reaper {
     fn drop(&mut self) {
         for jails in &self.0 {
             for jail in jails.list().unwrap_or_default() {
-                let _ = jails.remove(&jail.name);
+                let _ = jails.remove(&jail.name, &jail.path, Removal::Force);
             }
         }
     }
@@ -199,7 +199,10 @@ fn an_exited_workload_is_a_jail_that_is_not_running() {
         "{log}"
     );
 
-    s.host.jails.remove("crashy").expect("removes");
+    s.host
+        .jails
+        .remove("crashy", &p.path, Removal::Force)
+        .expect("removes");
     assert!(s.host.jails.list().expect("lists").is_empty());
     s.host.jails.create(&p).expect("can be created again");
 }
@@ -207,7 +210,9 @@ fn an_exited_workload_is_a_jail_that_is_not_running() {
 #[test]
 fn removing_an_unknown_jail_succeeds() {
     let s = Sim::new();
-    assert_eq!(s.host.jails.remove("ghost"), Ok(()));
+    let root = Path::new("/nonexistent/ghost");
+    assert_eq!(s.host.jails.remove("ghost", root, Removal::Stop), Ok(()));
+    assert_eq!(s.host.jails.remove("ghost", root, Removal::Force), Ok(()));
 }
 
 #[test]
@@ -248,13 +253,36 @@ fn remove_runs_exec_stop_then_stops_the_whole_process_group() {
     let leader = s.host.jails.list().expect("lists")[0].jid;
     assert!(alive(leader) && alive(child));
 
-    s.host.jails.remove("db").expect("removes");
+    s.host
+        .jails
+        .remove("db", &p.path, Removal::Stop)
+        .expect("removes");
     assert_eq!(
         std::fs::read_to_string(p.path.join("stopped")).expect("exec.stop ran"),
         "stopped db\n"
     );
     assert!(!alive(leader), "the workload was stopped");
     assert!(!alive(child), "its background child was stopped too");
+    assert!(s.host.jails.list().expect("lists").is_empty());
+}
+
+/// A forced removal (the reconciler's for a crashed workload, or after a
+/// failed exec.stop) runs no exec.stop, and still stops what is left.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_forced_remove_runs_no_exec_stop() {
+    let s = Sim::new();
+    let _reaper = s.reaper();
+    let mut p = s.params("db", &["/bin/sh", "-c", SLEEPER]);
+    p.exec_stop = argv(&["/bin/sh", "-c", "echo stopped > stopped"]);
+    s.host.jails.create(&p).expect("creates");
+    let leader = s.host.jails.list().expect("lists")[0].jid;
+    s.host
+        .jails
+        .remove("db", &p.path, Removal::Force)
+        .expect("removes");
+    assert!(!p.path.join("stopped").exists(), "exec.stop did not run");
+    assert!(!alive(leader), "the workload was stopped");
     assert!(s.host.jails.list().expect("lists").is_empty());
 }
 
@@ -275,7 +303,10 @@ fn a_workload_ignoring_sigterm_is_killed() {
     s.host.jails.create(&p).expect("creates");
     wait_for("ready", || p.path.join("ready").exists().then_some(()));
     let pid = s.host.jails.list().expect("lists")[0].jid;
-    s.host.jails.remove("stubborn").expect("removes");
+    s.host
+        .jails
+        .remove("stubborn", &p.path, Removal::Stop)
+        .expect("removes");
     assert!(!alive(pid));
     let log = std::fs::read_to_string(s.host.jails.log_path("stubborn")).expect("log");
     assert!(log.contains("sending SIGKILL"), "{log}");
@@ -328,7 +359,7 @@ fn a_restarted_agent_finds_running_jails_and_does_not_start_them_again() {
 
     restarted
         .jails
-        .remove("web")
+        .remove("web", &web.path, Removal::Stop)
         .expect("removes a jail it did not spawn");
     #[cfg(target_os = "linux")]
     assert!(!alive(web.jid));
@@ -356,7 +387,9 @@ fn a_reused_pid_is_neither_running_nor_signalled() {
     let restarted = SimJails::new(&s.state()).expect("opens");
     let listed = restarted.list().expect("lists");
     assert_eq!((listed[0].name.as_str(), listed[0].running), ("web", false));
-    restarted.remove("web").expect("forgets the jail");
+    restarted
+        .remove("web", &p.path, Removal::Stop)
+        .expect("forgets the jail");
     assert!(
         alive(pid),
         "a process that is not provably ours is never signalled"
@@ -365,7 +398,7 @@ fn a_reused_pid_is_neither_running_nor_signalled() {
 
     s.host
         .jails
-        .remove("web")
+        .remove("web", &p.path, Removal::Stop)
         .expect("the spawning agent still knows it");
     assert!(!alive(pid));
 }

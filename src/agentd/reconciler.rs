@@ -29,10 +29,20 @@
 //! ([`Reconciler::seed_root`]: files a system jail's workload needs before it
 //! starts), jail creation (jail.conf sets the address
 //! and default route, then runs exec.start), rctl limits. Delete order is the
-//! reverse: remove the jail (runs exec.stop), clear limits, destroy the epair,
-//! unmount everything under the jail root deepest first, destroy the rootfs.
-//! If an unmount fails the delete stops before the rootfs is touched and stays
+//! reverse: remove the jail, clear limits, destroy the epair, unmount
+//! everything under the jail root deepest first, destroy the rootfs. If an
+//! unmount fails the delete stops before the rootfs is touched and stays
 //! pending. Volume datasets are never destroyed here.
+//!
+//! Removing a jail (delete, replacement, restart) cannot get stuck: a
+//! workload that may still run gets its exec.stop ([`Removal::Stop`]); one
+//! the pass saw gone (a crash) gets none, and one whose exec.stop failed
+//! (jail(8) then keeps the jail) is forced out after all ([`Removal::Force`],
+//! `jail -R`), the failure kept as the jail's last error. Before a forced
+//! removal the epair's jail side is reclaimed from the jail's vnet
+//! ([`NetManager::reclaim`]), and after a removal on the restart path the
+//! epair is made anew when its jail side is not back on the host (a dying
+//! jail's vnet can hold it for as long as the jail lingers).
 //!
 //! Spec changes are driven by [`Deployed`], the persisted record of what the
 //! jail on the host was built from, not by the apply that made them: a pass
@@ -62,7 +72,7 @@ use crate::common::cmd::CmdOutput;
 use crate::common::spec::{Jail, JailSpec, Resources};
 use crate::common::store::{Store, StoreError};
 pub use crate::common::wire::{JailStatus, Phase};
-use crate::host::jail::{JailError, JailNetwork, JailParams, Limits, ObservedJail};
+use crate::host::jail::{JailError, JailNetwork, JailParams, Limits, ObservedJail, Removal};
 use crate::host::mount::MountError;
 use crate::host::net::NetError;
 use crate::host::zfs::{Dataset, ZfsError};
@@ -349,6 +359,10 @@ struct Runtime {
     last_error: Option<String>,
     /// A crash already counted against the backoff (so one crash is counted once).
     crash_counted: bool,
+    /// Why the jail's last removal had to be forced (its exec.stop failed);
+    /// shown as the last error while nothing newer failed, until a removal
+    /// goes through cleanly.
+    forced_removal: Option<String>,
 }
 
 /// The reconciler; see the module docs.
@@ -568,7 +582,8 @@ where
         next.jails.remove(name);
         next.deleting.insert(name.to_string(), spec);
         self.commit(next)?;
-        self.finish_delete(name).map_err(|error| {
+        let crashed = self.runtime.get(name).and_then(|r| r.phase) == Some(Phase::CrashLoop);
+        self.finish_delete(name, crashed).map_err(|error| {
             self.note_failure(name, &error);
             ReconcileError::Host {
                 jail: name.to_string(),
@@ -599,7 +614,8 @@ where
 
         let pending: Vec<String> = self.state.deleting.keys().cloned().collect();
         for name in pending {
-            if let Err(e) = self.finish_delete(&name) {
+            let gone = obs.jails.get(&name).is_some_and(|j| !j.running);
+            if let Err(e) = self.finish_delete(&name, gone) {
                 self.note_failure(&name, &e);
                 report.failures.push(JailFailure {
                     jail: name,
@@ -626,7 +642,7 @@ where
         // Jails under Keel's root that nobody wants (their record was lost, or
         // a delete was acknowledged before a crash without being recorded) go
         // through the normal delete order.
-        let orphans: Vec<String> = obs
+        let orphans: Vec<(String, bool)> = obs
             .jails
             .values()
             .filter(|j| self.is_keel_jail(j))
@@ -634,10 +650,10 @@ where
                 !self.state.jails.contains_key(&j.name)
                     && !self.state.deleting.contains_key(&j.name)
             })
-            .map(|j| j.name.clone())
+            .map(|j| (j.name.clone(), !j.running))
             .collect();
-        for name in orphans {
-            if let Err(e) = self.teardown(&name, &[]) {
+        for (name, gone) in orphans {
+            if let Err(e) = self.teardown(&name, &[], gone) {
                 report.failures.push(JailFailure {
                     jail: name,
                     error: e.to_string(),
@@ -855,8 +871,13 @@ where
             return Ok(());
         }
 
-        let (host_if, _) = iface_names(name);
-        let epair_present = obs.interfaces.contains(&host_if);
+        let (host_if, jail_if) = iface_names(name);
+        let host_side = obs.interfaces.contains(&host_if);
+        // A jail that does not exist holds no interface: both ends of a
+        // usable epair are on the host, or it is made again.
+        let mut epair_ready = host_side && obs.interfaces.contains(&jail_if);
+        let mut stop_failure = None;
+        let removes = obs.jails.contains_key(name);
         if let Some(j) = obs.jails.get(name) {
             let current = rec.deployed.as_ref().is_none_or(|d| {
                 identity(name, &d.spec, d.address) == identity(name, &rec.spec.spec, rec.address)
@@ -865,8 +886,9 @@ where
                 // Built from an older spec (exec, env, hostname, address,
                 // volumes or base changed): replace it. Its rootfs and volume
                 // datasets stay; provision decides what else must change.
-                self.jails.remove(name)?;
-            } else if j.running && epair_present {
+                stop_failure = self.remove_jail(name, !j.running)?;
+                epair_ready = self.epair_on_host(name)?;
+            } else if j.running && host_side {
                 return self.keep_running(name, &rec, obs, now);
             } else {
                 // The jail exists but its workload is gone (or its epair
@@ -881,14 +903,63 @@ where
                 if !force && !self.backoff.ready(&key, now) {
                     return Ok(());
                 }
-                self.jails.remove(name)?;
+                stop_failure = self.remove_jail(name, !j.running)?;
                 if let Some(r) = self.state.jails.get_mut(name) {
                     r.restarts += 1;
                     self.dirty = true;
                 }
+                epair_ready = self.epair_on_host(name)?;
             }
         }
-        self.provision(name, &rec, obs, epair_present)
+        if removes {
+            // The jail will run again, but the operator should hear that its
+            // last removal skipped exec.stop (and that the next one did not).
+            if let Some(stop) = &stop_failure {
+                log::warn!("jail {name}: {stop}");
+            }
+            self.runtime.entry(key).or_default().forced_removal =
+                stop_failure.map(|e| e.to_string());
+        }
+        self.provision(name, &rec, obs, epair_ready)
+    }
+
+    /// Removes jail `name` so nothing can keep it: a workload that may still
+    /// run gets its exec.stop (`jail -f CONF -r`); one that is gone, or whose
+    /// exec.stop failed (jail(8) then keeps the jail), is forced out without
+    /// running anything in it. Returns that exec.stop failure, for the
+    /// jail's last error.
+    fn remove_jail(&self, name: &str, workload_gone: bool) -> Result<Option<JailError>, HostError> {
+        let root = self.zfs.layout().rootfs_path(name);
+        if !workload_gone {
+            match self.jails.remove(name, &root, Removal::Stop) {
+                Ok(()) => return Ok(None),
+                Err(stop @ JailError::StopFailed { .. }) => {
+                    self.force_remove(name, &root)?;
+                    return Ok(Some(stop));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.force_remove(name, &root)?;
+        Ok(None)
+    }
+
+    /// `jail -R` after taking the epair's jail side back: once removed, a
+    /// jail can linger as dying, unnamed, with its vnet and the interface in
+    /// it; the next start of the jail could not have it.
+    fn force_remove(&self, name: &str, root: &Path) -> Result<(), HostError> {
+        self.net.reclaim(name)?;
+        self.jails.remove(name, root, Removal::Force)?;
+        Ok(())
+    }
+
+    /// True when both ends of `name`'s epair are on the host after its jail
+    /// was removed (one `ifconfig -l`, only on the restart path). A jail side
+    /// still held by a dying jail's vnet is not, and the epair is made anew.
+    fn epair_on_host(&self, name: &str) -> Result<bool, HostError> {
+        let (host_if, jail_if) = iface_names(name);
+        let interfaces = self.net.list_interfaces()?;
+        Ok(interfaces.contains(&host_if) && interfaces.contains(&jail_if))
     }
 
     /// A jail that runs its current spec: apply limits that changed (or were
@@ -935,7 +1006,7 @@ where
         name: &str,
         rec: &JailRecord,
         obs: &Observation,
-        epair_present: bool,
+        epair_ready: bool,
     ) -> Result<(), HostError> {
         let layout = self.zfs.layout().clone();
         let root = layout.rootfs_path(name);
@@ -1013,7 +1084,8 @@ where
             }
         }
 
-        if !epair_present {
+        if !epair_ready {
+            // Replaces whatever is left of an old one (attach destroys it).
             self.net.attach(&self.node.bridge, name)?;
         }
         if let Some(seed) = self.seeds.get(name) {
@@ -1080,7 +1152,9 @@ where
         }
     }
 
-    fn finish_delete(&mut self, name: &str) -> Result<(), HostError> {
+    /// `workload_gone`: the reconciler knows the jail's workload exited, so
+    /// no exec.stop runs.
+    fn finish_delete(&mut self, name: &str, workload_gone: bool) -> Result<(), HostError> {
         let volumes: Vec<PathBuf> = self
             .state
             .deleting
@@ -1093,7 +1167,7 @@ where
                     .collect()
             })
             .unwrap_or_default();
-        self.teardown(name, &volumes)?;
+        self.teardown(name, &volumes, workload_gone)?;
         let mut next = self.state.clone();
         next.deleting.remove(name);
         self.backoff.forget(&name.to_string());
@@ -1105,9 +1179,17 @@ where
 
     /// The delete order. `volumes` are the declared mount paths (they set the
     /// order); every nullfs mount found under the jail root is unmounted.
-    fn teardown(&mut self, name: &str, volumes: &[PathBuf]) -> Result<(), HostError> {
+    fn teardown(
+        &mut self,
+        name: &str,
+        volumes: &[PathBuf],
+        workload_gone: bool,
+    ) -> Result<(), HostError> {
         let root = self.zfs.layout().rootfs_path(name);
-        self.jails.remove(name)?;
+        if let Some(stop) = self.remove_jail(name, workload_gone)? {
+            // The jail's record goes with the delete: the log keeps the word.
+            log::warn!("deleting jail {name}: {stop}");
+        }
         self.jails.clear_limits(name)?;
         self.net.detach(name)?;
         let mounted: Vec<PathBuf> = self
@@ -1179,7 +1261,7 @@ where
             address: rec.address,
             restarts: rec.restarts,
             created_unix: rec.created_unix,
-            last_error: rt.last_error,
+            last_error: rt.last_error.or(rt.forced_removal),
             retry_in_secs,
             epoch: rec.epoch,
             cpu: rec.spec.spec.resources.cpu,

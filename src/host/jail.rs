@@ -3,7 +3,9 @@
 //!
 //! Keel writes `{conf_dir}/{name}.conf` and uses `jail -f FILE -c NAME` /
 //! `jail -f FILE -r NAME`, never bare `jail -r NAME`: on a jail created from the
-//! command line `jail -r` runs no exec.stop and leaves devfs mounted. Jails are
+//! command line `jail -r` runs no exec.stop and leaves devfs mounted, and
+//! without `-f` jail(8) reads /etc/jail.conf, whose block of the same name (an
+//! admin's, not Keel's) would then run. Jails are
 //! created with `persist`, so a jail whose processes all exit stays a jail; a
 //! jail with no processes left is a *crashed workload* ([`ObservedJail::running`]
 //! is false) and the reconciler restarts it through its backoff.
@@ -15,7 +17,18 @@
 //! workload exits, daemon(8) exits with it and the jail has no processes left,
 //! which is exactly how a crash is detected.
 //!
-//! This module never touches ZFS, mounts or host-side networking: the jail
+//! Removal that cannot get stuck ([`Removal`]): jail(8) keeps a jail when
+//! any removal command fails, exec.stop included, so a jail whose exec.stop
+//! always fails could never be removed through its conf. A jail whose
+//! workload is gone, or whose exec.stop failed, or whose conf is lost, is
+//! removed with `jail -R NAME`, which reads no configuration and runs no
+//! command; the devfs that `mount.devfs` put on `{root}/dev` is then
+//! unmounted here, as jail(8) would have, but only when the mount table lists
+//! a devfs on exactly that path (the jail's root user controls `{root}/dev`
+//! once nothing is mounted there, so the path alone proves nothing).
+//!
+//! This module never touches ZFS, nullfs mounts or host-side networking (the
+//! one mount it handles is the jail's own devfs, above): the jail
 //! side of the network (address and default route inside the jail) is part of
 //! the jail.conf it writes, because jail(8) runs it at every start. It never
 //! hands anything to a shell on the host; the only shell is the one jail(8)
@@ -33,6 +46,7 @@ use crate::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
 use crate::common::config::CommandPaths;
 use crate::host::beneath;
 use crate::host::fake::{CallLog, Faults, lock};
+use crate::host::mount::parse_mount_p;
 
 /// Everything jail(8) needs to create one jail.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,11 +102,34 @@ pub struct ObservedJail {
     pub running: bool,
 }
 
+/// How [`JailRuntime::remove`] takes a jail down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// The workload may still run: exec.stop runs first, through the jail's
+    /// conf (`jail -f CONF -r NAME`). When a removal command fails the jail
+    /// is kept and [`JailError::StopFailed`] says why; the caller then
+    /// decides whether to [`Removal::Force`] it.
+    Stop,
+    /// Nothing in the jail is worth stopping (its workload is gone, or
+    /// exec.stop already failed): `jail -R NAME`, which runs no command and
+    /// reads no conf, then the jail's devfs is unmounted.
+    Force,
+}
+
 /// A jail operation that failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JailError {
     /// A command failed or could not run (argv, status and stderr inside).
     Command(CmdError),
+    /// `jail -f CONF -r NAME` failed (exec.stop, or another removal step of
+    /// the conf) and jail(8) kept the jail; [`Removal::Force`] removes it
+    /// without running anything.
+    StopFailed {
+        /// The jail.
+        name: String,
+        /// jail(8)'s failure, with exec.stop's own message in its stderr.
+        error: CmdError,
+    },
     /// `jail -c` refused because a jail with that name already exists.
     AlreadyExists(String),
     /// The per-jail jail.conf could not be written.
@@ -124,6 +161,12 @@ impl fmt::Display for JailError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             JailError::Command(e) => write!(f, "{e}"),
+            JailError::StopFailed { name, error } => write!(
+                f,
+                "jail {name} could not be stopped through its conf, so jail(8) kept it ({error}); \
+                 it is removed with `jail -R {name}` instead, without its exec.stop: check what \
+                 exec.stop needs"
+            ),
             JailError::AlreadyExists(n) => write!(
                 f,
                 "a jail named {n} already exists on this host and was not created by Keel's conf; remove it with `jail -r {n}` or pick another name"
@@ -162,9 +205,11 @@ pub trait JailRuntime: Send {
     fn list(&self) -> Result<Vec<ObservedJail>, JailError>;
     /// Writes the jail's jail.conf and creates it (which runs exec.start).
     fn create(&self, params: &JailParams) -> Result<(), JailError>;
-    /// Removes the jail (exec.stop runs, devfs is unmounted). A jail that does
-    /// not exist is success.
-    fn remove(&self, name: &str) -> Result<(), JailError>;
+    /// Removes jail `name`, whose root filesystem is `root`, as `how` says,
+    /// and unmounts its devfs. A jail that does not exist is success (its
+    /// devfs is still unmounted), and so is a jail with no conf left, which
+    /// is removed as with [`Removal::Force`]: never through /etc/jail.conf.
+    fn remove(&self, name: &str, root: &Path, how: Removal) -> Result<(), JailError>;
     /// Replaces the jail's rctl rules with `limits`.
     fn set_limits(&self, name: &str, limits: &Limits) -> Result<(), JailError>;
     /// Removes every rctl rule of the jail; none present is success.
@@ -413,6 +458,13 @@ fn parse_ps_jids(stdout: &str) -> Result<BTreeMap<u32, usize>, String> {
     Ok(counts)
 }
 
+/// jail(8)'s answer for a jail that does not exist (`jail: "NAME" not
+/// found`, with or without `-f`, and for `-R`). The quoted name is matched: a failing exec.stop can
+/// print sh's own "not found", and then the jail is still there.
+fn jail_not_found(out: &CmdOutput, name: &str) -> bool {
+    !out.success() && out.stderr.contains(&format!("\"{name}\" not found"))
+}
+
 fn racct_message(out: &CmdOutput) -> Option<String> {
     let text = out.stderr.trim();
     (text.contains("RACCT/RCTL present, but disabled")
@@ -468,6 +520,51 @@ impl<R: CommandRunner> FreeBsdJails<R> {
             let _ = std::fs::remove_file(&tmp);
             fail(e)
         })
+    }
+
+    /// Unmounts the devfs `mount.devfs` put on `{root}/dev`, as jail(8) does
+    /// on removal, when the mount table lists a devfs there; anything else
+    /// at that path is left alone. jail(8) checks the same before its own
+    /// umount (a devfs mount point, not merely a path), because the
+    /// jail's root user controls `{root}/dev` once nothing is mounted on it.
+    /// umount(8) looks a listed path up in the mount table before anything
+    /// else, so it unmounts that entry rather than following the path.
+    fn unmount_devfs(&self, root: &Path) -> Result<(), JailError> {
+        // mount(8) records the real path of a mount point: a link in the
+        // jails directory (Keel's, not the jail's) resolves there. Only the
+        // root is resolved; `dev` below it is the jail's and never followed.
+        let real_root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+        let list = program(&self.paths.mount, &["-p", "-t", "devfs"]);
+        let out = self.run(&list, OBSERVE_TIMEOUT)?.check(&list)?;
+        let mounts = parse_mount_p(&out.stdout).map_err(|e| JailError::Parse {
+            command: render_argv(&list),
+            reason: e.to_string(),
+        })?;
+        let listed = |dev: &PathBuf| {
+            mounts
+                .iter()
+                .any(|m| m.fstype == "devfs" && m.target == *dev)
+        };
+        let Some(dev) = [root.join("dev"), real_root.join("dev")]
+            .into_iter()
+            .find(listed)
+        else {
+            return Ok(());
+        };
+        let umount = program(&self.paths.umount, &[&dev.to_string_lossy()]);
+        self.run(&umount, CHANGE_TIMEOUT)?.check(&umount)?;
+        Ok(())
+    }
+
+    /// Deletes the conf of a jail that is gone; never there is fine.
+    fn forget_conf(&self, conf: &Path) -> Result<(), JailError> {
+        match std::fs::remove_file(conf) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(JailError::WriteConf {
+                path: conf.to_path_buf(),
+                reason: format!("the jail is gone but its conf could not be removed: {e}"),
+            }),
+            _ => Ok(()),
+        }
     }
 
     fn rctl_remove(&self, name: &str) -> Result<(), JailError> {
@@ -534,31 +631,38 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
         Ok(())
     }
 
-    fn remove(&self, name: &str) -> Result<(), JailError> {
+    fn remove(&self, name: &str, root: &Path, how: Removal) -> Result<(), JailError> {
         let conf = self.conf_path(name);
         // Without our conf (lost state directory, jail made by hand) exec.stop
-        // cannot run; removing the jail is still better than leaving it.
-        let argv = if conf.is_file() {
-            program(
+        // cannot run; plain `jail -r NAME` would read /etc/jail.conf instead.
+        if how == Removal::Stop && conf.is_file() {
+            let argv = program(
                 &self.paths.jail,
                 &["-f", &conf.to_string_lossy(), "-r", name],
-            )
+            );
+            let out = self.run(&argv, CHANGE_TIMEOUT)?;
+            let gone = jail_not_found(&out, name);
+            match out.check(&argv) {
+                // jail(8) unmounted the devfs itself (mount.devfs is in the conf).
+                Ok(_) => return self.forget_conf(&conf),
+                // Gone already, perhaps without jail(8) ever unmounting its devfs.
+                Err(_) if gone => {}
+                Err(error) => {
+                    return Err(JailError::StopFailed {
+                        name: name.to_string(),
+                        error,
+                    });
+                }
+            }
         } else {
-            program(&self.paths.jail, &["-r", name])
-        };
-        let out = self.run(&argv, CHANGE_TIMEOUT)?;
-        // Match the quoted name: a failing exec.stop can print sh's own
-        // "not found", and then the jail is still there.
-        if !(out.success() || out.stderr.contains(&format!("\"{name}\" not found"))) {
-            out.check(&argv)?;
+            let argv = program(&self.paths.jail, &["-R", name]);
+            let out = self.run(&argv, CHANGE_TIMEOUT)?;
+            if !(out.success() || jail_not_found(&out, name)) {
+                out.check(&argv)?;
+            }
         }
-        match std::fs::remove_file(&conf) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(JailError::WriteConf {
-                path: conf,
-                reason: format!("the jail is gone but its conf could not be removed: {e}"),
-            }),
-            _ => Ok(()),
-        }
+        self.unmount_devfs(root)?;
+        self.forget_conf(&conf)
     }
 
     fn set_limits(&self, name: &str, limits: &Limits) -> Result<(), JailError> {
@@ -610,13 +714,17 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
 /// In-memory [`JailRuntime`] for tests and `--simulate`'s bookkeeping.
 ///
 /// Every call that changes something is logged to the shared [`CallLog`]
-/// (`"jail.create web-1"`, `"jail.remove web-1"`, `"jail.set_limits web-1"`,
+/// (`"jail.create web-1"`, `"jail.remove web-1"` for [`Removal::Stop`],
+/// which runs exec.stop, `"jail.force_remove web-1"` for [`Removal::Force`],
+/// which runs nothing in the jail, `"jail.set_limits web-1"`,
 /// `"jail.clear_limits web-1"`, `"jail.exec web-1 /usr/local/sbin/nginx -t"`),
 /// failing calls included, so tests can assert on attempts and ordering.
 /// [`Faults`] use the method names as operations (`"create"`, `"remove"`,
 /// `"set_limits"`, `"clear_limits"`, `"exec"`, with the jail name as target;
 /// `"list"` with target `"jails"`) and make the call fail the way the host
-/// would. rctl rules outlive their jail, as they do in the kernel.
+/// would; `"stop"` makes the exec.stop of a [`Removal::Stop`] fail, which
+/// keeps the jail and answers [`JailError::StopFailed`], as jail(8) does.
+/// rctl rules outlive their jail, as they do in the kernel.
 #[derive(Debug, Clone, Default)]
 pub struct FakeJails {
     state: Arc<Mutex<JailTable>>,
@@ -745,15 +853,35 @@ impl JailRuntime for FakeJails {
         Ok(())
     }
 
-    fn remove(&self, name: &str) -> Result<(), JailError> {
-        self.log.push(format!("jail.remove {name}"));
+    fn remove(&self, name: &str, _root: &Path, how: Removal) -> Result<(), JailError> {
+        let (entry, command) = match how {
+            Removal::Stop => ("jail.remove", format!("jail -f {name}.conf -r {name}")),
+            Removal::Force => ("jail.force_remove", format!("jail -R {name}")),
+        };
+        self.log.push(format!("{entry} {name}"));
         if self.faults.should_fail("remove", name) {
             return Err(FakeJails::failed(
-                format!("jail -f {name}.conf -r {name}"),
-                &format!("jail: {name}: exec.stop failed"),
+                command,
+                &format!("jail: {name}: jail_remove: Operation not permitted"),
             ));
         }
-        lock(&self.state).jails.remove(name);
+        let mut st = lock(&self.state);
+        let has_stop = st
+            .jails
+            .get(name)
+            .is_some_and(|j| !j.params.exec_stop.is_empty());
+        if how == Removal::Stop && has_stop && self.faults.should_fail("stop", name) {
+            let stop = render_argv(&st.jails[name].params.exec_stop);
+            return Err(JailError::StopFailed {
+                name: name.to_string(),
+                error: CmdError::Failed {
+                    command,
+                    status: 1,
+                    stderr: format!("jail: {name}: {stop}: failed"),
+                },
+            });
+        }
+        st.jails.remove(name);
         Ok(())
     }
 
@@ -1022,9 +1150,10 @@ mod tests {
         let listed = jails.list().expect("lists");
         assert_eq!(listed.len(), 1);
         assert!(!listed[0].running);
-        jails.remove("web-1").expect("removed");
+        let root = Path::new("/usr/local/keel/jails/web-1");
+        jails.remove("web-1", root, Removal::Stop).expect("removed");
         jails
-            .remove("web-1")
+            .remove("web-1", root, Removal::Force)
             .expect("removing a missing jail is fine");
         assert!(jails.params("web-1").is_none());
         assert_eq!(
@@ -1033,7 +1162,7 @@ mod tests {
                 "jail.create web-1",
                 "jail.create web-1",
                 "jail.remove web-1",
-                "jail.remove web-1"
+                "jail.force_remove web-1"
             ]
         );
     }
@@ -1052,6 +1181,73 @@ mod tests {
         assert_eq!(out.status, 1);
     }
 
+    /// With a link in the jails directory, mount(8) lists the devfs under
+    /// the resolved path: that is the entry unmounted.
+    #[test]
+    fn the_devfs_is_found_under_the_real_path_of_the_jails_directory() {
+        use crate::common::cmd::{Exchange, RecordingRunner};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().join("real");
+        std::fs::create_dir_all(real.join("web-1/dev")).expect("dirs");
+        std::os::unix::fs::symlink(&real, dir.path().join("jails")).expect("link");
+        let real_dev = std::fs::canonicalize(&real)
+            .expect("real")
+            .join("web-1/dev");
+        let answer = |stdout: String| CmdOutput {
+            status: 0,
+            stdout,
+            stderr: String::new(),
+        };
+        let runner = Arc::new(RecordingRunner::new(vec![
+            Exchange {
+                argv: words(&["/usr/sbin/jail", "-R", "web-1"]),
+                stdin: None,
+                output: answer(String::new()),
+            },
+            Exchange {
+                argv: words(&["/sbin/mount", "-p", "-t", "devfs"]),
+                stdin: None,
+                output: answer(format!(
+                    "devfs\t\t\t{} devfs\trw,multilabel \t0 0\n",
+                    real_dev.display()
+                )),
+            },
+            Exchange {
+                argv: words(&["/sbin/umount", &real_dev.to_string_lossy()]),
+                stdin: None,
+                output: answer(String::new()),
+            },
+        ]));
+        let jails = FreeBsdJails::new(
+            Arc::clone(&runner),
+            CommandPaths::default(),
+            dir.path().join("conf"),
+        );
+        jails
+            .remove("web-1", &dir.path().join("jails/web-1"), Removal::Force)
+            .expect("removed");
+        runner.verify().expect("the real path was unmounted");
+    }
+
+    #[test]
+    fn fake_stop_fault_keeps_the_jail_until_it_is_forced() {
+        let faults = Faults::default();
+        let jails = FakeJails::new(CallLog::new(), faults.clone());
+        jails.create(&web()).expect("created");
+        faults.fail("stop", Some("web-1"));
+        let root = Path::new("/usr/local/keel/jails/web-1");
+        let err = jails
+            .remove("web-1", root, Removal::Stop)
+            .expect_err("exec.stop fails");
+        assert!(matches!(err, JailError::StopFailed { .. }), "{err:?}");
+        assert!(err.to_string().contains("jail -R web-1"), "{err}");
+        assert!(jails.params("web-1").is_some(), "jail(8) keeps the jail");
+        jails
+            .remove("web-1", root, Removal::Force)
+            .expect("forced: no exec.stop runs");
+        assert!(jails.params("web-1").is_none());
+    }
+
     #[test]
     fn fake_limits_outlive_the_jail_until_cleared() {
         let jails = FakeJails::default();
@@ -1060,7 +1256,9 @@ mod tests {
             memory: None,
         };
         jails.set_limits("web-1", &limits).expect("set");
-        jails.remove("web-1").expect("removed");
+        jails
+            .remove("web-1", Path::new("/j/web-1"), Removal::Force)
+            .expect("removed");
         assert_eq!(jails.limits("web-1"), Some(limits));
         jails.clear_limits("web-1").expect("cleared");
         assert_eq!(jails.limits("web-1"), None);

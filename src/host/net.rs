@@ -4,7 +4,11 @@
 //!
 //! Interface names come from [`crate::host::iface_names`]. The jail side of an
 //! epair is configured by jail(8) from the jail's jail.conf (see
-//! [`crate::host::jail`]); this module only handles the host side. It never
+//! [`crate::host::jail`]); this module handles the host side, and brings the
+//! jail side home before a jail is removed ([`NetManager::reclaim`]): jail(8)
+//! gives `vnet.interface` back only when the jail's vnet is destroyed, and a
+//! jail that lingers as dying keeps its vnet, and the interface in it, for as
+//! long as it lingers. It never
 //! touches an interface, route or address Keel did not name: the admin's own
 //! network configuration is out of bounds.
 //!
@@ -90,6 +94,11 @@ pub trait NetManager: Send {
     fn attach(&self, bridge: &str, jail: &str) -> Result<Epair, NetError>;
     /// Destroys the jail's epair (both ends); absent is success.
     fn detach(&self, jail: &str) -> Result<(), NetError>;
+    /// Moves the jail side of `jail`'s epair out of the jail's vnet back to
+    /// the host (`ifconfig kj_X -vnet JAIL`), so that a jail lingering as
+    /// dying after its removal cannot keep it. Nothing to move (the
+    /// interface is not in that vnet, or there is no such jail) is success.
+    fn reclaim(&self, jail: &str) -> Result<(), NetError>;
     /// The IPv4 routing table, in one call.
     fn list_routes(&self) -> Result<Vec<Route>, NetError>;
     /// Adds a route; already present is success.
@@ -141,7 +150,7 @@ impl<R: CommandRunner> FreeBsdNet<R> {
     /// Destroys an interface (for an epair, both ends); already gone is success.
     fn destroy(&self, iface: &str) -> Result<(), NetError> {
         let (argv, out) = self.ifconfig(&[iface, "destroy"])?;
-        Ok(tolerate(out, &argv, "does not exist")?)
+        Ok(tolerate(out, &argv, &["does not exist"])?)
     }
 
     /// Best-effort removal of what a failed step left behind. Its own failure is
@@ -173,7 +182,7 @@ impl<R: CommandRunner> FreeBsdNet<R> {
     fn route(&self, args: &[&str], tolerated: &str) -> Result<(), NetError> {
         let argv = command(&self.paths.route, args);
         let out = self.runner.run(&argv, None, ROUTE_TIMEOUT)?;
-        Ok(tolerate(out, &argv, tolerated)?)
+        Ok(tolerate(out, &argv, &[tolerated])?)
     }
 }
 
@@ -238,6 +247,23 @@ impl<R: CommandRunner> NetManager for FreeBsdNet<R> {
         self.destroy(&host)
     }
 
+    /// ifconfig handles `IF -vnet JAIL` without looking IF up on the host
+    /// (it lives in the jail's vnet). Nothing to move reads as ENXIO from
+    /// the kernel (no such jail, or no such interface in its vnet), which
+    /// ifconfig prints as `SIOCSIFRVNET(JID, IF): Device not configured`; a
+    /// jail name that cannot be resolved is `jail "NAME" not found`. A vnet
+    /// being torn down answers EBUSY, an error: the interface is not back.
+    fn reclaim(&self, jail: &str) -> Result<(), NetError> {
+        let (_, jail_end) = iface_names(jail);
+        let (argv, out) = self.ifconfig(&[&jail_end, "-vnet", jail])?;
+        let gone = format!("jail \"{jail}\" not found");
+        Ok(tolerate(
+            out,
+            &argv,
+            &["Device not configured", gone.as_str()],
+        )?)
+    }
+
     fn list_routes(&self) -> Result<Vec<Route>, NetError> {
         let argv = command(&self.paths.netstat, &["-rn", "-4", "--libxo", "json"]);
         let out = self
@@ -279,12 +305,12 @@ impl<R: CommandRunner> NetManager for FreeBsdNet<R> {
             return Ok(());
         }
         let (argv, out) = self.ifconfig(&[bridge, "inet", &format!("{vip}/32"), "alias"])?;
-        Ok(tolerate(out, &argv, "File exists")?)
+        Ok(tolerate(out, &argv, &["File exists"])?)
     }
 
     fn remove_alias(&self, bridge: &str, vip: Ipv4Addr) -> Result<(), NetError> {
         let (argv, out) = self.ifconfig(&[bridge, "inet", &vip.to_string(), "-alias"])?;
-        Ok(tolerate(out, &argv, "Can't assign requested address")?)
+        Ok(tolerate(out, &argv, &["Can't assign requested address"])?)
     }
 }
 
@@ -295,10 +321,12 @@ fn command(program: &std::path::Path, args: &[&str]) -> Vec<String> {
     argv(&[&[program.as_ref()], args].concat())
 }
 
-/// Success, or a failure whose stdout or stderr contains `phrase` (an outcome
-/// that already matches what was asked); anything else is the command's error.
-fn tolerate(out: CmdOutput, argv: &[String], phrase: &str) -> Result<(), CmdError> {
-    if !out.success() && (out.stdout.contains(phrase) || out.stderr.contains(phrase)) {
+/// Success, or a failure whose stdout or stderr contains one of `phrases` (an
+/// outcome that already matches what was asked); anything else is the
+/// command's error.
+fn tolerate(out: CmdOutput, argv: &[String], phrases: &[&str]) -> Result<(), CmdError> {
+    let said = |p: &&str| out.stdout.contains(*p) || out.stderr.contains(*p);
+    if !out.success() && phrases.iter().any(said) {
         return Ok(());
     }
     out.check(argv).map(|_| ())
@@ -428,6 +456,13 @@ fn injected(op: &str, target: &str) -> NetError {
 /// for routes, the VIP for aliases, `""` for `list_interfaces`/`list_routes`.
 /// Like the kernel, it refuses to attach to or alias on a bridge that does
 /// not exist.
+///
+/// It also knows where a jail side is: on the host, in a live jail's vnet
+/// ([`FakeNet::enter_vnet`], what jail(8) does for `vnet.interface`), or
+/// stranded in the vnet of a jail that lingers as dying
+/// ([`FakeNet::strand`]), where `reclaim` cannot reach it. Only interfaces
+/// on the host are listed. `reclaim` is logged at every call
+/// (`net.reclaim web-1`), whether or not it had something to move.
 #[derive(Debug, Clone, Default)]
 pub struct FakeNet {
     state: Arc<Mutex<FakeNetState>>,
@@ -442,6 +477,16 @@ struct FakeNetState {
     aliases: BTreeMap<String, BTreeSet<Ipv4Addr>>,
     members: BTreeMap<String, BTreeSet<String>>,
     routes: Vec<Route>,
+    /// Interfaces that exist but are not on the host, and where they are.
+    away: BTreeMap<String, Away>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Away {
+    /// In the vnet of this live jail.
+    InJail(String),
+    /// In the vnet of a jail that was removed but still lingers as dying.
+    Dying,
 }
 
 impl FakeNet {
@@ -454,9 +499,31 @@ impl FakeNet {
         }
     }
 
-    /// Every interface name, sorted.
+    /// Every interface name on the host, sorted.
     pub fn interfaces(&self) -> Vec<String> {
-        lock(&self.state).interfaces.iter().cloned().collect()
+        let st = lock(&self.state);
+        st.interfaces
+            .iter()
+            .filter(|i| !st.away.contains_key(*i))
+            .cloned()
+            .collect()
+    }
+
+    /// What jail(8) does for `vnet.interface` at creation: the jail side of
+    /// `jail`'s epair moves into the jail's vnet and off the host's list.
+    pub fn enter_vnet(&self, jail: &str) {
+        let (_, jail_end) = iface_names(jail);
+        lock(&self.state)
+            .away
+            .insert(jail_end, Away::InJail(jail.to_string()));
+    }
+
+    /// The jail side of `jail`'s epair stays in the vnet of a jail that was
+    /// removed but lingers as dying: it is not on the host, and `reclaim`
+    /// cannot bring it back (the jail can no longer be named).
+    pub fn strand(&self, jail: &str) {
+        let (_, jail_end) = iface_names(jail);
+        lock(&self.state).away.insert(jail_end, Away::Dying);
     }
 
     /// Adds an interface as if something outside Keel (or a crash) left it.
@@ -533,6 +600,9 @@ impl NetManager for FakeNet {
         if !st.interfaces.contains(bridge) {
             return Err(no_such_interface(bridge, &format!("addm {host}")));
         }
+        // Leftovers of the same names are destroyed first, wherever they are.
+        st.away.remove(&host);
+        st.away.remove(&jail_end);
         st.interfaces.insert(host.clone());
         st.interfaces.insert(jail_end.clone());
         st.members
@@ -553,11 +623,24 @@ impl NetManager for FakeNet {
         let mut st = lock(&self.state);
         st.interfaces.remove(&host);
         st.interfaces.remove(&jail_end);
+        st.away.remove(&host);
+        st.away.remove(&jail_end);
         for members in st.members.values_mut() {
             members.remove(&host);
         }
         drop(st);
         self.log.push(format!("net.detach {jail}"));
+        Ok(())
+    }
+
+    fn reclaim(&self, jail: &str) -> Result<(), NetError> {
+        self.log.push(format!("net.reclaim {jail}"));
+        self.fault("reclaim", jail)?;
+        let (_, jail_end) = iface_names(jail);
+        let mut st = lock(&self.state);
+        if st.away.get(&jail_end) == Some(&Away::InJail(jail.to_string())) {
+            st.away.remove(&jail_end);
+        }
         Ok(())
     }
 
@@ -710,6 +793,27 @@ mod tests {
                 "net.detach web-1"
             ]
         );
+    }
+
+    #[test]
+    fn fake_reclaim_brings_back_a_jail_side_only_from_a_live_jail() {
+        let log = CallLog::new();
+        let fake = FakeNet::new(log.clone(), Faults::default());
+        fake.ensure_bridge("keel0", net("10.20.3.1/24"))
+            .expect("bridge");
+        fake.attach("keel0", "web-1").expect("attach");
+        fake.enter_vnet("web-1");
+        assert_eq!(fake.interfaces(), ["keel0", "kh_web-1"]);
+        fake.reclaim("web-1").expect("reclaim");
+        assert_eq!(fake.interfaces(), ["keel0", "kh_web-1", "kj_web-1"]);
+        fake.reclaim("web-1").expect("nothing to move is success");
+
+        fake.strand("web-1");
+        fake.reclaim("web-1").expect("a dying jail cannot be named");
+        assert_eq!(fake.interfaces(), ["keel0", "kh_web-1"], "still stranded");
+        fake.attach("keel0", "web-1").expect("a fresh epair");
+        assert_eq!(fake.interfaces(), ["keel0", "kh_web-1", "kj_web-1"]);
+        assert_eq!(log.matching("net.reclaim").len(), 3);
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use keel::common::http::{Client, ClientResponse, Endpoint};
 use keel::host::JailRuntime;
+use keel::host::jail::Removal;
 use keel::host::sim::SimJails;
 
 /// The agent binary under test.
@@ -198,7 +199,7 @@ impl Drop for Agent {
             return;
         };
         for jail in jails.list().unwrap_or_default() {
-            if let Err(e) = jails.remove(&jail.name) {
+            if let Err(e) = jails.remove(&jail.name, &jail.path, Removal::Force) {
                 eprintln!("cleaning up simulated jail {}: {e}", jail.name);
             }
         }

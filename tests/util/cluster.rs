@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use keel::common::http::{Client, Endpoint};
 use keel::host::JailRuntime;
+use keel::host::jail::Removal;
 use keel::host::sim::SimJails;
 
 use super::agent::terminate;
@@ -478,7 +479,9 @@ impl Cluster {
         self.kill9_agent(id);
         let jails = SimJails::new(&self.nodes[id].state_dir.join("sim")).expect("jail table");
         for jail in jails.list().expect("list jails") {
-            jails.remove(&jail.name).expect("kill the jail's workload");
+            jails
+                .remove(&jail.name, &jail.path, Removal::Force)
+                .expect("kill the jail's workload");
         }
     }
 
@@ -690,7 +693,7 @@ impl Drop for Cluster {
                 continue;
             };
             for jail in jails.list().unwrap_or_default() {
-                if let Err(e) = jails.remove(&jail.name) {
+                if let Err(e) = jails.remove(&jail.name, &jail.path, Removal::Force) {
                     eprintln!("cleaning up {id}'s simulated jail {}: {e}", jail.name);
                 }
             }

@@ -45,7 +45,7 @@ use super::process::{
 use super::{SimError, create_dir, is_plain_name, read_state, write_state};
 use crate::common::cmd::{CmdError, CmdOutput, render_argv};
 use crate::host::fake::lock;
-use crate::host::jail::{JailError, JailParams, JailRuntime, Limits, ObservedJail};
+use crate::host::jail::{JailError, JailParams, JailRuntime, Limits, ObservedJail, Removal};
 
 const STATE_FILE: &str = "sim-jails.json";
 /// jail(8)'s default `stop.timeout`.
@@ -475,15 +475,18 @@ impl JailRuntime for SimJails {
         Ok(())
     }
 
-    /// Runs exec.stop (if any), then stops every process of the jail's group
-    /// (SIGTERM, then SIGKILL) unless its pid now belongs to someone else,
-    /// and forgets the jail. Limits stay recorded, as rctl rules do.
-    fn remove(&self, name: &str) -> Result<(), JailError> {
+    /// Runs exec.stop (if any, and only for [`Removal::Stop`]), then stops
+    /// every process of the jail's group (SIGTERM, then SIGKILL) unless its
+    /// pid now belongs to someone else, and forgets the jail. A failing
+    /// exec.stop is noted in the jail's log and the removal goes on, which
+    /// is what the FreeBSD host reaches through `jail -R`. Limits stay
+    /// recorded, as rctl rules do.
+    fn remove(&self, name: &str, _root: &Path, how: Removal) -> Result<(), JailError> {
         let mut table = lock(&self.table);
         let Some(jail) = table.jails.get_mut(name) else {
             return Ok(());
         };
-        if !jail.record.exec_stop.is_empty() {
+        if how == Removal::Stop && !jail.record.exec_stop.is_empty() {
             self.run_exec_stop(name, jail);
         }
         if self.leader(name, jail) != Leader::Reused {

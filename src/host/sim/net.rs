@@ -75,10 +75,13 @@ impl NetManager for SimNet {
         })
     }
 
+    /// Records both ends: a simulated jail has no vnet, so its side stays
+    /// on the host, where the reconciler looks for it before a start.
     fn attach(&self, _bridge: &str, jail: &str) -> Result<Epair, NetError> {
         let (host, jail_side) = iface_names(jail);
         self.change(|st| {
             st.interfaces.insert(host.clone());
+            st.interfaces.insert(jail_side.clone());
         })?;
         Ok(Epair {
             host,
@@ -87,10 +90,16 @@ impl NetManager for SimNet {
     }
 
     fn detach(&self, jail: &str) -> Result<(), NetError> {
-        let (host, _) = iface_names(jail);
+        let (host, jail_side) = iface_names(jail);
         self.change(|st| {
             st.interfaces.remove(&host);
+            st.interfaces.remove(&jail_side);
         })
+    }
+
+    /// Nothing to move: a simulated jail side never leaves the host.
+    fn reclaim(&self, _jail: &str) -> Result<(), NetError> {
+        Ok(())
     }
 
     fn list_routes(&self) -> Result<Vec<Route>, NetError> {
