@@ -200,6 +200,33 @@ fn set_limits_with_racct_disabled_says_how_to_enable_it() {
 }
 
 #[test]
+fn set_limits_refused_to_a_jailed_agent_says_what_to_do() {
+    golden::check("jail_set_limits_not_permitted", |runner| {
+        let err = jails(runner, "jail_set_limits_not_permitted")
+            .set_limits("web-1", &limits())
+            .expect_err("jailed root may not use rctl");
+        assert!(matches!(err, JailError::RctlNotPermitted { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("rctl -r jail:web-1"), "{msg}");
+        assert!(msg.contains("inside a jail"), "{msg}");
+        assert!(
+            msg.contains("leave resources.cpu and resources.memory out"),
+            "{msg}"
+        );
+    });
+}
+
+#[test]
+fn clear_limits_refused_to_a_jailed_agent_is_an_error() {
+    golden::check("jail_clear_limits_not_permitted", |runner| {
+        let err = jails(runner, "jail_clear_limits_not_permitted")
+            .clear_limits("web-1")
+            .expect_err("jailed root may not use rctl");
+        assert!(matches!(err, JailError::RctlNotPermitted { .. }), "{err:?}");
+    });
+}
+
+#[test]
 fn clear_limits_removes_every_rule() {
     golden::check("jail_clear_limits", |runner| {
         jails(runner, "jail_clear_limits")

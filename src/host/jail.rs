@@ -111,6 +111,15 @@ pub enum JailError {
     },
     /// rctl refused because RACCT is disabled or absent in the kernel.
     RacctDisabled(String),
+    /// rctl(8) was refused the privilege to change rules (EPERM): the agent
+    /// runs inside a jail, where root may not manage rctl rules, or not as
+    /// root. Carries the command and its stderr.
+    RctlNotPermitted {
+        /// The rctl command line.
+        command: String,
+        /// What rctl printed.
+        stderr: String,
+    },
     /// The workload's log could not be read.
     Log {
         /// The file.
@@ -143,6 +152,10 @@ impl fmt::Display for JailError {
                 "cannot read the workload's output in {}: {reason}",
                 path.display()
             ),
+            JailError::RctlNotPermitted { command, stderr } => write!(
+                f,
+                "`{command}` was not permitted ({stderr}): rctl(8) needs root on the host, and root inside a jail (a nested, single-VM setup) never has it; run keel-agentd as root outside any jail, or leave resources.cpu and resources.memory out of the spec, which skips rctl(8) entirely"
+            ),
         }
     }
 }
@@ -165,7 +178,12 @@ pub trait JailRuntime: Send {
     /// Removes the jail (exec.stop runs, devfs is unmounted). A jail that does
     /// not exist is success.
     fn remove(&self, name: &str) -> Result<(), JailError>;
-    /// Replaces the jail's rctl rules with `limits`.
+    /// Replaces the jail's rctl rules with `limits`. The jail need not exist
+    /// yet, and the reconciler calls this *before* `create`: rctl(8) names a
+    /// jail subject by its name, the kernel keeps rules for a name no jail
+    /// has (`prison_racct_find` in kern_jail.c creates the entry), and a jail
+    /// created later under that name is attached to the same entry, so its
+    /// first process (exec.start) already runs limited.
     fn set_limits(&self, name: &str, limits: &Limits) -> Result<(), JailError>;
     /// Removes every rctl rule of the jail; none present is success.
     fn clear_limits(&self, name: &str) -> Result<(), JailError>;
@@ -420,6 +438,18 @@ fn racct_message(out: &CmdOutput) -> Option<String> {
     .then(|| text.to_string())
 }
 
+/// rctl(8) warns with strerror(EPERM) when the kernel's priv_check refuses
+/// the rule change: jailed root lacks PRIV_RCTL_* (kern_jail.c
+/// `prison_priv_check` denies every privilege it does not list).
+fn rctl_not_permitted(argv: &[String], out: &CmdOutput) -> Option<JailError> {
+    out.stderr
+        .contains("Operation not permitted")
+        .then(|| JailError::RctlNotPermitted {
+            command: render_argv(argv),
+            stderr: out.stderr.trim().to_string(),
+        })
+}
+
 fn program(path: &Path, args: &[&str]) -> Vec<String> {
     let mut argv = vec![path.to_string_lossy().into_owned()];
     argv.extend(args.iter().map(|a| a.to_string()));
@@ -478,6 +508,9 @@ impl<R: CommandRunner> FreeBsdJails<R> {
         if out.success() || out.stderr.contains("No such process") || racct_message(&out).is_some()
         {
             return Ok(());
+        }
+        if let Some(e) = rctl_not_permitted(&argv, &out) {
+            return Err(e);
         }
         out.check(&argv)?;
         Ok(())
@@ -572,6 +605,9 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
         let out = self.run(&argv, RCTL_TIMEOUT)?;
         if let Some(msg) = racct_message(&out) {
             return Err(JailError::RacctDisabled(msg));
+        }
+        if let Some(e) = rctl_not_permitted(&argv, &out) {
+            return Err(e);
         }
         out.check(&argv)?;
         Ok(())
