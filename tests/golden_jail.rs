@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use keel::common::cmd::{CommandRunner, RecordingRunner, SystemRunner, argv};
-use keel::common::config::CommandPaths;
+use keel::common::config::{CommandPaths, DevfsRuleset};
 use keel::host::jail::{
     FreeBsdJails, JailError, JailNetwork, JailParams, JailRuntime, Limits, ObservedJail,
     render_jail_conf,
@@ -49,7 +49,7 @@ fn leave_conf(transcript: &str) -> PathBuf {
     let dir = conf_dir(transcript);
     std::fs::create_dir_all(&dir).expect("conf dir");
     let path = dir.join("web-1.conf");
-    std::fs::write(&path, render_jail_conf(&web())).expect("conf written");
+    std::fs::write(&path, render_jail_conf(&web(), DevfsRuleset::default())).expect("conf written");
     path
 }
 
@@ -61,7 +61,7 @@ fn create_writes_the_conf_and_creates_from_it() {
             .expect("created");
         let conf = conf_dir("jail_create").join("web-1.conf");
         let text = std::fs::read_to_string(&conf).expect("conf exists");
-        assert_eq!(text, render_jail_conf(&web()));
+        assert_eq!(text, render_jail_conf(&web(), DevfsRuleset::default()));
     });
 }
 
@@ -315,7 +315,7 @@ fn hostile_values_reach_the_workload_unchanged() {
         .chain(hostile.iter().map(|s| s.to_string()))
         .collect();
     params.env = BTreeMap::from([("V".to_string(), "$HOME 'x' \"y\" \\z".to_string())]);
-    let conf = render_jail_conf(&params);
+    let conf = render_jail_conf(&params, DevfsRuleset::default());
     // The value spans lines (one argument holds a newline): parse from the
     // last `exec.start +=`, the workload, rather than line by line.
     let marker = "exec.start += ";

@@ -46,6 +46,8 @@ pub struct Config {
     pub agent: AgentConfig,
     /// `[zfs]`: where keel-agentd keeps root filesystems and volumes.
     pub zfs: ZfsConfig,
+    /// `[jail]`: how keel-agentd creates jails.
+    pub jail: JailConfig,
     /// `[controlplane]`: keel-controlplane.
     pub controlplane: ControlPlaneConfig,
     /// `[auth]`: keys the control plane accepts.
@@ -157,6 +159,87 @@ impl Default for ZfsConfig {
             busy_retries: 5,
             busy_retry_delay: Interval::secs(1),
         }
+    }
+}
+
+/// `[jail]`: how keel-agentd creates jails.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JailConfig {
+    /// devfs(8) ruleset of every jail's `/dev`. Default 4.
+    pub devfs_ruleset: DevfsRuleset,
+}
+
+/// `devfsrules_jail` in /etc/defaults/devfs.rules, and what jail(8) uses
+/// for `mount.devfs` when no ruleset is given.
+pub const DEVFSRULES_JAIL: u16 = 4;
+
+/// `jail.devfs_ruleset`: which devices a jail's `/dev` shows.
+///
+/// A number is a ruleset of devfs.rules(5), written as the jail's
+/// `devfs_ruleset`. `"inherit"` is for a keel-agentd that itself runs inside
+/// a jail (the single-VM harness): the kernel refuses a nested jail any
+/// ruleset but its parent's (kern_jail.c, EPERM) and refuses a devfs mount
+/// from inside a jail with another one (devfs_vfsops.c, EPERM), so the
+/// jail gets the parent's ruleset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DevfsRuleset {
+    /// That ruleset number (0, no ruleset at all, is refused by
+    /// [`Config::validate`]).
+    Number(u16),
+    /// The parent jail's ruleset.
+    Inherit,
+}
+
+impl Default for DevfsRuleset {
+    fn default() -> Self {
+        DevfsRuleset::Number(DEVFSRULES_JAIL)
+    }
+}
+
+/// How `inherit` is written in keel.toml.
+const INHERIT: &str = "inherit";
+
+impl Serialize for DevfsRuleset {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            DevfsRuleset::Number(n) => s.serialize_u16(*n),
+            DevfsRuleset::Inherit => s.serialize_str(INHERIT),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DevfsRuleset {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<DevfsRuleset, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = DevfsRuleset;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(
+                    f,
+                    "a devfs ruleset number from 1 to 65535, or \"{INHERIT}\""
+                )
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<DevfsRuleset, E> {
+                u16::try_from(n).map(DevfsRuleset::Number).map_err(|_| {
+                    E::custom(format!(
+                        "{n} is not a devfs ruleset number: they go from 1 to 65535"
+                    ))
+                })
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<DevfsRuleset, E> {
+                self.visit_i64(i64::try_from(n).unwrap_or(i64::MAX))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DevfsRuleset, E> {
+                if v == INHERIT {
+                    return Ok(DevfsRuleset::Inherit);
+                }
+                Err(E::custom(format!(
+                    "`{v}` is not \"{INHERIT}\"; write a ruleset number without quotes"
+                )))
+            }
+        }
+        d.deserialize_any(Visitor)
     }
 }
 
@@ -828,6 +911,15 @@ impl Config {
         check_path("zfs.jails_dir", &z.jails_dir)?;
         check_path("zfs.volumes_dir", &z.volumes_dir)?;
         check_interval("zfs.busy_retry_delay", z.busy_retry_delay)?;
+
+        if self.jail.devfs_ruleset == DevfsRuleset::Number(0) {
+            return Err(invalid(
+                "jail.devfs_ruleset",
+                format!(
+                    "0 applies no ruleset, so every device of the host would appear in every jail; use {DEVFSRULES_JAIL} (devfsrules_jail), another ruleset of /etc/devfs.rules, or \"{INHERIT}\" when keel-agentd runs inside a jail"
+                ),
+            ));
+        }
 
         let c = &self.controlplane;
         check_path("controlplane.state_dir", &c.state_dir)?;
@@ -1641,6 +1733,7 @@ mod tests {
         let sections = [
             "agent",
             "zfs",
+            "jail",
             "controlplane",
             "auth",
             "ctl",
@@ -1708,6 +1801,10 @@ mod tests {
                 "ingress.resolvers",
             ),
             ("[zfs]\nbusy_retries = -1\n", "zfs.busy_retries"),
+            ("[jail]\ndevfs_ruleset = 65536\n", "jail.devfs_ruleset"),
+            ("[jail]\ndevfs_ruleset = -4\n", "jail.devfs_ruleset"),
+            ("[jail]\ndevfs_ruleset = \"5\"\n", "jail.devfs_ruleset"),
+            ("[jail]\ndevfs_ruleset = \"parent\"\n", "jail.devfs_ruleset"),
         ];
         for (src, key) in cases {
             let err = parse_err(src);
@@ -1717,6 +1814,32 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    /// `jail.devfs_ruleset`: 4 by default, any ruleset 1..65535, or
+    /// `"inherit"`; 0 (no ruleset, every host device in every jail) is
+    /// refused with the key and what to write instead.
+    #[test]
+    fn devfs_ruleset_is_a_number_or_inherit_and_never_0() {
+        assert_eq!(
+            Config::default().jail.devfs_ruleset,
+            DevfsRuleset::Number(4)
+        );
+        let five = Config::from_toml_str("[jail]\ndevfs_ruleset = 5\n").expect("parses");
+        assert_eq!(five.jail.devfs_ruleset, DevfsRuleset::Number(5));
+        five.validate().expect("a ruleset number is valid");
+        let nested =
+            Config::from_toml_str("[jail]\ndevfs_ruleset = \"inherit\"\n").expect("parses");
+        assert_eq!(nested.jail.devfs_ruleset, DevfsRuleset::Inherit);
+        nested.validate().expect("inherit is valid");
+        assert_eq!(
+            Config::from_toml_str(&nested.to_toml()).expect("reloads"),
+            nested
+        );
+        let err = invalid_err("[jail]\ndevfs_ruleset = 0\n");
+        assert_eq!(err.key(), Some("jail.devfs_ruleset"), "{err}");
+        assert!(err.to_string().contains("every device"), "{err}");
+        assert!(err.to_string().contains("\"inherit\""), "{err}");
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
-use crate::common::config::CommandPaths;
+use crate::common::config::{CommandPaths, DevfsRuleset};
 use crate::host::beneath;
 use crate::host::fake::{CallLog, Faults, lock};
 
@@ -205,9 +205,6 @@ pub const RCTL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a command run with jexec(8) may run (e.g. `nginx -t`, a reload).
 pub const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// devfs(8) ruleset of the jail's /dev: 5 is `devfsrules_jail_vnet`, the
-/// default jail ruleset 4 plus /dev/pf, meant for VNET jails.
-pub const DEVFS_RULESET: u32 = 5;
 /// daemon(8) inside the jail, which detaches the workload (see the module docs).
 pub const JAIL_DAEMON: &str = "/usr/sbin/daemon";
 /// Where daemon(8) appends the workload's stdout and stderr, inside the jail.
@@ -219,7 +216,7 @@ const JAIL_IFCONFIG: &str = "/sbin/ifconfig";
 const JAIL_ROUTE: &str = "/sbin/route";
 
 /// The jail.conf(5) text Keel writes for one jail: VNET with the jail end of
-/// its epair, devfs with [`DEVFS_RULESET`], `persist`, a clean environment, and
+/// its epair, devfs with `devfs` (`jail.devfs_ruleset`), `persist`, a clean environment, and
 /// an exec.start list that brings up lo0 and the jail's address, adds the
 /// default route, then starts the workload under daemon(8) with the spec's
 /// environment applied by env(1).
@@ -229,7 +226,16 @@ const JAIL_ROUTE: &str = "/sbin/route";
 /// jail), and the whole line is a jail.conf double-quoted string, where `\`,
 /// `"` and `$` are escaped because jail.conf expands `$name` and `${name}`
 /// there.
-pub fn render_jail_conf(params: &JailParams) -> String {
+///
+/// [`DevfsRuleset::Inherit`] is written as `devfs_ruleset = 0`, not left
+/// out: left out, jail(8) still mounts the jail's devfs with
+/// `-oruleset=4` (usr.sbin/jail/command.c), which devfs refuses from inside
+/// a jail whose own ruleset is another (devfs_vfsops.c: EPERM). With 0, both
+/// the kernel (kern_jail.c: a nested jail always gets its parent's ruleset)
+/// and devfs (a jailed mount takes the jail's ruleset) use the parent's.
+/// On a host that is not a jail, 0 would hide no device at all, which is
+/// why the agent refuses `inherit` there.
+pub fn render_jail_conf(params: &JailParams, devfs: DevfsRuleset) -> String {
     let mut lines = vec![
         format!("path = {}", conf_string(&params.path.to_string_lossy())),
         format!("host.hostname = {}", conf_string(&params.hostname)),
@@ -256,7 +262,11 @@ pub fn render_jail_conf(params: &JailParams) -> String {
         ]));
     }
     lines.push("mount.devfs".to_string());
-    lines.push(format!("devfs_ruleset = {DEVFS_RULESET}"));
+    let ruleset = match devfs {
+        DevfsRuleset::Number(n) => n,
+        DevfsRuleset::Inherit => 0,
+    };
+    lines.push(format!("devfs_ruleset = {ruleset}"));
     lines.push("exec.clean".to_string());
     if !params.exec_start.is_empty() {
         let mut workload = words(&[JAIL_DAEMON, "-f", "-o", WORKLOAD_LOG]);
@@ -462,6 +472,7 @@ pub struct FreeBsdJails<R: CommandRunner> {
     runner: R,
     paths: CommandPaths,
     conf_dir: PathBuf,
+    devfs: DevfsRuleset,
 }
 
 impl<R: CommandRunner> FreeBsdJails<R> {
@@ -472,7 +483,15 @@ impl<R: CommandRunner> FreeBsdJails<R> {
             runner,
             paths,
             conf_dir: conf_dir.into(),
+            devfs: DevfsRuleset::default(),
         }
+    }
+
+    /// The devfs ruleset of every jail created from now on
+    /// (`jail.devfs_ruleset`; [`DevfsRuleset::default`] otherwise).
+    pub fn with_devfs_ruleset(mut self, devfs: DevfsRuleset) -> Self {
+        self.devfs = devfs;
+        self
     }
 
     /// `{conf_dir}/{name}.conf`
@@ -550,7 +569,7 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
                 reason: format!("the {field} contains a NUL byte"),
             });
         }
-        self.write_conf(&conf, &render_jail_conf(params))?;
+        self.write_conf(&conf, &render_jail_conf(params, self.devfs))?;
         let argv = program(
             &self.paths.jail,
             &["-f", &conf.to_string_lossy(), "-c", &params.name],
@@ -929,7 +948,7 @@ mod tests {
 	vnet;
 	vnet.interface = "kj_web-1";
 	mount.devfs;
-	devfs_ruleset = 5;
+	devfs_ruleset = 4;
 	exec.clean;
 	exec.start = "/sbin/ifconfig lo0 inet 127.0.0.1/8 up";
 	exec.start += "/sbin/ifconfig kj_web-1 inet 10.20.3.15/24 up";
@@ -938,7 +957,26 @@ mod tests {
 	exec.stop = "/usr/bin/env PORT=8080 /bin/sh /etc/rc.shutdown";
 }
 "#;
-        assert_eq!(render_jail_conf(&web()), expected);
+        assert_eq!(render_jail_conf(&web(), DevfsRuleset::default()), expected);
+    }
+
+    /// The ruleset is the setting's; `inherit` writes 0, which a nested
+    /// jail's kernel and devfs read as "the parent's" (see
+    /// [`render_jail_conf`]), never an omitted line that jail(8) would turn
+    /// into ruleset 4.
+    #[test]
+    fn conf_carries_the_configured_devfs_ruleset() {
+        let five = render_jail_conf(&web(), DevfsRuleset::Number(5));
+        assert!(
+            five.contains("\tmount.devfs;\n\tdevfs_ruleset = 5;\n"),
+            "{five}"
+        );
+        let nested = render_jail_conf(&web(), DevfsRuleset::Inherit);
+        assert!(
+            nested.contains("\tmount.devfs;\n\tdevfs_ruleset = 0;\n"),
+            "{nested}"
+        );
+        assert_eq!(nested.matches("devfs_ruleset").count(), 1, "{nested}");
     }
 
     #[test]
@@ -947,7 +985,7 @@ mod tests {
         p.network = None;
         p.env.clear();
         p.exec_stop.clear();
-        let conf = render_jail_conf(&p);
+        let conf = render_jail_conf(&p, DevfsRuleset::default());
         assert!(!conf.contains("vnet"), "{conf}");
         assert!(!conf.contains("exec.stop"), "{conf}");
         assert!(
@@ -971,7 +1009,7 @@ mod tests {
             "[a-z]*".into(),
         ];
         p.env = BTreeMap::from([("X".to_string(), "${path}".to_string())]);
-        let conf = render_jail_conf(&p);
+        let conf = render_jail_conf(&p, DevfsRuleset::default());
         let expected = r#"exec.start += "/usr/sbin/daemon -f -o /var/log/keel-start.log /usr/bin/env 'X=\${path}' /bin/echo 'it'\\''s' '\$HOME' 'a;b c' 'back\\slash' '\"dq\"' '[a-z]*'";"#;
         assert!(conf.contains(expected), "{conf}");
     }
