@@ -25,6 +25,8 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::common::cidr::Ipv4Net;
+use crate::common::names;
+use crate::common::spec::MAX_BASE_LEN;
 
 /// Where the daemons look for their configuration when `--config` is not given.
 /// A file missing there means "all defaults"; a missing `--config` file is an error.
@@ -36,6 +38,14 @@ pub const MAX_SOCKET_PATH: usize = 103;
 
 /// Longest network interface name (`IFNAMSIZ` 16, including the NUL).
 pub const MAX_IFNAME: usize = 15;
+
+/// Longest `zfs.pool`: the longest name Keel builds from it is a base
+/// snapshot `{pool}/keel/bases/{base}@keel` with the longest base, and it
+/// must stay a valid ZFS name (a jail's `{pool}/keel/jails/{name}` and a
+/// volume's `{pool}/keel/volumes/{name}` are shorter, names being at most
+/// [`names::MAX_NAME_LEN`]).
+pub const MAX_POOL_LEN: usize =
+    names::MAX_DATASET_NAME - "/keel/bases/".len() - MAX_BASE_LEN - "@keel".len();
 
 /// The whole of `keel.toml`. Every section and key is optional in the file; what is
 /// missing takes the default documented on its field (and in `etc/keel.toml.sample`).
@@ -907,7 +917,7 @@ impl Config {
         check_path("agent.key_file", &a.key_file)?;
 
         let z = &self.zfs;
-        check_name("zfs.pool", &z.pool, 255, "_-.:")?;
+        check_name("zfs.pool", &z.pool, MAX_POOL_LEN, "_-.:")?;
         check_path("zfs.jails_dir", &z.jails_dir)?;
         check_path("zfs.volumes_dir", &z.volumes_dir)?;
         check_interval("zfs.busy_retry_delay", z.busy_retry_delay)?;
@@ -1844,6 +1854,7 @@ mod tests {
 
     #[test]
     fn validation_errors_name_the_key() {
+        let too_long_pool = format!("[zfs]\npool = \"{}\"\n", "p".repeat(MAX_POOL_LEN + 1));
         let cases = [
             ("[agent]\nstate_dir = \"var/db/keel\"\n", "agent.state_dir"),
             ("[commands]\njail = \"jail\"\n", "commands.jail"),
@@ -1888,6 +1899,7 @@ mod tests {
             ("[agent]\nbridge = \"-keel0\"\n", "agent.bridge"),
             ("[zfs]\npool = \"-o\"\n", "zfs.pool"),
             ("[zfs]\npool = \"zroot/x\"\n", "zfs.pool"),
+            (&*too_long_pool, "zfs.pool"),
             ("[ingress]\nbase = \"14.2 RELEASE\"\n", "ingress.base"),
             (
                 "[agent]\ncontrolplane = \"cp\"\nadvertise_addr = \"10.0.0.2:7441\"\n",
@@ -1916,6 +1928,30 @@ mod tests {
             assert_eq!(err.key(), Some(key), "{src}: {err}");
             assert!(err.to_string().starts_with(key), "{err}");
         }
+    }
+
+    /// The longest pool still leaves every dataset and snapshot name Keel
+    /// builds from it within ZFS's 255 bytes, with the longest base and the
+    /// longest jail or volume name.
+    #[test]
+    fn the_longest_pool_keeps_every_dataset_name_valid_for_zfs() {
+        let pool = "p".repeat(MAX_POOL_LEN);
+        let mut config = Config::default();
+        config.zfs.pool = pool.clone();
+        config.validate().expect("the longest pool is valid");
+        let base = "b".repeat(MAX_BASE_LEN);
+        let name = "n".repeat(names::MAX_NAME_LEN);
+        for dataset in [
+            format!("{pool}/keel/bases/{base}@keel"),
+            format!("{pool}/keel/jails/{name}"),
+            format!("{pool}/keel/volumes/{name}"),
+        ] {
+            assert!(dataset.len() <= names::MAX_DATASET_NAME, "{dataset}");
+        }
+        assert_eq!(
+            format!("{pool}/keel/bases/{base}@keel").len(),
+            names::MAX_DATASET_NAME
+        );
     }
 
     #[test]
