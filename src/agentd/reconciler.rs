@@ -172,8 +172,10 @@ pub struct Deployed {
     pub spec: JailSpec,
     /// The address it was created with.
     pub address: Ipv4Addr,
-    /// The rctl limits last applied; `None` until `set_limits` succeeded for
-    /// this jail.
+    /// The rctl limits in force for the jail's name: recorded once
+    /// `set_limits` succeeded, or when none were wanted and none were there
+    /// (no rctl call at all). `None` when not known (state written by an
+    /// older agent), which makes the next change run rctl.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Resources>,
 }

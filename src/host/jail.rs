@@ -216,10 +216,11 @@ const JAIL_IFCONFIG: &str = "/sbin/ifconfig";
 const JAIL_ROUTE: &str = "/sbin/route";
 
 /// The jail.conf(5) text Keel writes for one jail: VNET with the jail end of
-/// its epair, devfs with `devfs` (`jail.devfs_ruleset`), `persist`, a clean environment, and
-/// an exec.start list that brings up lo0 and the jail's address, adds the
-/// default route, then starts the workload under daemon(8) with the spec's
-/// environment applied by env(1).
+/// its epair, devfs with the ruleset `devfs` (the `jail.devfs_ruleset`
+/// setting), `persist`, a clean environment, and an exec.start list that
+/// brings up lo0 and the jail's address, adds the default route, then starts
+/// the workload under daemon(8) with the spec's environment applied by
+/// env(1).
 ///
 /// Two layers of quoting keep every value literal: each argv element is
 /// quoted for sh(1) (jail(8) runs exec.* lines through `/bin/sh -c` inside the
