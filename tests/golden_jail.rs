@@ -66,6 +66,20 @@ fn create_writes_the_conf_and_creates_from_it() {
 }
 
 #[test]
+fn create_by_a_jailed_agent_writes_ruleset_0_for_the_parents() {
+    golden::check("jail_create_nested", |runner| {
+        jails(runner, "jail_create_nested")
+            .with_devfs_ruleset(DevfsRuleset::Inherit)
+            .create(&web())
+            .expect("created");
+        let conf = conf_dir("jail_create_nested").join("web-1.conf");
+        let text = std::fs::read_to_string(&conf).expect("conf exists");
+        assert!(text.contains("\tdevfs_ruleset = 0;\n"), "{text}");
+        assert_eq!(text, render_jail_conf(&web(), DevfsRuleset::Inherit));
+    });
+}
+
+#[test]
 fn create_of_an_existing_jail_is_already_exists() {
     golden::check("jail_create_exists", |runner| {
         let err = jails(runner, "jail_create_exists")
