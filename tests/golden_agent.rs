@@ -98,7 +98,9 @@ const STEADY_PASS_PROCESSES: usize = 6;
 fn agent_provisions_keeps_and_deletes_a_jail_with_two_volumes() {
     let state = tempfile::tempdir().expect("tempdir");
     // The create writes the conf the delete then uses; start without one.
-    let _ = std::fs::remove_dir_all(conf_dir());
+    // Only this jail's: other tests share the directory, run in parallel, and
+    // a delete without its conf is a forced one (`jail -R`).
+    let _ = std::fs::remove_file(conf_dir().join("web-1.conf"));
 
     golden::check("agent_provision", |runner| {
         let mut agent = agent(runner, state.path());
@@ -135,6 +137,36 @@ fn agent_provisions_keeps_and_deletes_a_jail_with_two_volumes() {
         .expect("store opens");
     let saved = saved.expect("state saved");
     assert!(saved.jails.is_empty() && saved.deleting.is_empty());
+}
+
+/// api-1: no resources, no volumes.
+fn api_without_limits() -> Jail {
+    parse_jail(
+        "kind: Jail\n\
+         metadata: {name: api-1}\n\
+         spec:\n\
+         \x20 base: 14.2-RELEASE\n\
+         \x20 exec: {start: [/usr/local/bin/api]}\n",
+    )
+    .expect("valid spec")
+}
+
+/// A jail without limits is provisioned and deleted without one rctl(8)
+/// call: the transcripts hold none, and the golden check fails on any
+/// command they do not list.
+#[test]
+fn agent_provisions_and_deletes_a_jail_without_limits_without_rctl() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let _ = std::fs::remove_file(conf_dir().join("api-1.conf"));
+    golden::check("agent_provision_no_limits", |runner| {
+        let mut agent = agent(runner, state.path());
+        let status = agent.apply(api_without_limits(), None).expect("applied");
+        assert_eq!(status.state, Phase::Running);
+    });
+    golden::check("agent_delete_no_limits", |runner| {
+        let mut agent = agent(runner, state.path());
+        agent.delete("api-1").expect("deleted");
+    });
 }
 
 /// A state directory holding web-1 as an agent leaves it once provisioned

@@ -43,7 +43,8 @@ fn preflight_with_both_features() {
             capacity(r).preflight().expect("read"),
             Preflight {
                 vimage: true,
-                racct: true
+                racct: true,
+                jailed: false
             }
         );
     });
@@ -58,7 +59,8 @@ fn preflight_treats_an_unknown_vimage_oid_as_absent() {
                 .expect("unknown oid is not an error"),
             Preflight {
                 vimage: false,
-                racct: true
+                racct: true,
+                jailed: false
             }
         );
     });
@@ -71,7 +73,22 @@ fn preflight_reports_racct_disabled() {
             capacity(r).preflight().expect("read"),
             Preflight {
                 vimage: true,
-                racct: false
+                racct: false,
+                jailed: false
+            }
+        );
+    });
+}
+
+#[test]
+fn preflight_sees_an_agent_running_inside_a_jail() {
+    golden::check("capacity_preflight_jailed", |r| {
+        assert_eq!(
+            capacity(r).preflight().expect("read"),
+            Preflight {
+                vimage: true,
+                racct: true,
+                jailed: true
             }
         );
     });

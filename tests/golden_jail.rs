@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use keel::common::cmd::{CommandRunner, RecordingRunner, SystemRunner, argv};
-use keel::common::config::CommandPaths;
+use keel::common::config::{CommandPaths, DevfsRuleset};
 use keel::host::jail::{
     FreeBsdJails, JailError, JailNetwork, JailParams, JailRuntime, Limits, ObservedJail, Removal,
     render_jail_conf,
@@ -49,7 +49,7 @@ fn leave_conf(transcript: &str) -> PathBuf {
     let dir = conf_dir(transcript);
     std::fs::create_dir_all(&dir).expect("conf dir");
     let path = dir.join("web-1.conf");
-    std::fs::write(&path, render_jail_conf(&web())).expect("conf written");
+    std::fs::write(&path, render_jail_conf(&web(), DevfsRuleset::default())).expect("conf written");
     path
 }
 
@@ -61,7 +61,21 @@ fn create_writes_the_conf_and_creates_from_it() {
             .expect("created");
         let conf = conf_dir("jail_create").join("web-1.conf");
         let text = std::fs::read_to_string(&conf).expect("conf exists");
-        assert_eq!(text, render_jail_conf(&web()));
+        assert_eq!(text, render_jail_conf(&web(), DevfsRuleset::default()));
+    });
+}
+
+#[test]
+fn create_by_a_jailed_agent_writes_ruleset_0_for_the_parents() {
+    golden::check("jail_create_nested", |runner| {
+        jails(runner, "jail_create_nested")
+            .with_devfs_ruleset(DevfsRuleset::Inherit)
+            .create(&web())
+            .expect("created");
+        let conf = conf_dir("jail_create_nested").join("web-1.conf");
+        let text = std::fs::read_to_string(&conf).expect("conf exists");
+        assert!(text.contains("\tdevfs_ruleset = 0;\n"), "{text}");
+        assert_eq!(text, render_jail_conf(&web(), DevfsRuleset::Inherit));
     });
 }
 
@@ -249,6 +263,33 @@ fn set_limits_with_racct_disabled_says_how_to_enable_it() {
 }
 
 #[test]
+fn set_limits_refused_to_a_jailed_agent_says_what_to_do() {
+    golden::check("jail_set_limits_not_permitted", |runner| {
+        let err = jails(runner, "jail_set_limits_not_permitted")
+            .set_limits("web-1", &limits())
+            .expect_err("jailed root may not use rctl");
+        assert!(matches!(err, JailError::RctlNotPermitted { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("rctl -r jail:web-1"), "{msg}");
+        assert!(msg.contains("inside a jail"), "{msg}");
+        assert!(
+            msg.contains("leave resources.cpu and resources.memory out"),
+            "{msg}"
+        );
+    });
+}
+
+#[test]
+fn clear_limits_refused_to_a_jailed_agent_is_an_error() {
+    golden::check("jail_clear_limits_not_permitted", |runner| {
+        let err = jails(runner, "jail_clear_limits_not_permitted")
+            .clear_limits("web-1")
+            .expect_err("jailed root may not use rctl");
+        assert!(matches!(err, JailError::RctlNotPermitted { .. }), "{err:?}");
+    });
+}
+
+#[test]
 fn clear_limits_removes_every_rule() {
     golden::check("jail_clear_limits", |runner| {
         jails(runner, "jail_clear_limits")
@@ -337,7 +378,7 @@ fn hostile_values_reach_the_workload_unchanged() {
         .chain(hostile.iter().map(|s| s.to_string()))
         .collect();
     params.env = BTreeMap::from([("V".to_string(), "$HOME 'x' \"y\" \\z".to_string())]);
-    let conf = render_jail_conf(&params);
+    let conf = render_jail_conf(&params, DevfsRuleset::default());
     // The value spans lines (one argument holds a newline): parse from the
     // last `exec.start +=`, the workload, rather than line by line.
     let marker = "exec.start += ";

@@ -178,7 +178,7 @@ fn mount_entry(name: &str, volume: &str, path: &str) -> String {
 // ---------------------------------------------------------------- orders
 
 #[test]
-fn provision_runs_clone_volumes_mounts_epair_jail_limits_in_that_order() {
+fn provision_runs_clone_volumes_mounts_epair_limits_jail_in_that_order() {
     let host = Host::new();
     let mut agent = host.agent();
     let status = agent.apply(jail_with_volumes("db"), None).expect("applied");
@@ -194,8 +194,8 @@ fn provision_runs_clone_volumes_mounts_epair_jail_limits_in_that_order() {
             mount_entry("db", "db-data", "/var/db/app"),
             mount_entry("db", "db-logs", "/var/db/app/logs"),
             "net.attach db".into(),
-            "jail.create db".into(),
             "jail.set_limits db".into(),
+            "jail.create db".into(),
         ]
     );
     let params = host.jails.params("db").expect("jail exists");
@@ -447,8 +447,8 @@ fn crash_and_expect_restart_after(host: &Host, agent: &mut Agent, delay: Duratio
         [
             "net.reclaim web",
             "jail.force_remove web",
-            "jail.create web",
-            "jail.set_limits web"
+            "jail.set_limits web",
+            "jail.create web"
         ]
     );
     assert!(host.jails.is_running("web"));
@@ -772,6 +772,111 @@ fn changed_limits_that_failed_are_applied_by_a_later_pass() {
     assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::Running));
 }
 
+/// rctl(8) refusing the limits (RACCT off, a jailed agent) fails the
+/// provision before the jail exists: the workload never runs unlimited, not
+/// even for a moment, and a later pass sets the limits and then starts it.
+#[test]
+fn refused_limits_fail_the_provision_before_anything_starts() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    host.faults.fail_times("set_limits", Some("web"), 1);
+    let err = agent.apply(jail("web"), None).expect_err("rctl refused");
+    assert!(err.to_string().contains("rctl -a jail:web"), "{err}");
+    let ran = host.take();
+    assert_eq!(ran.last().map(String::as_str), Some("jail.set_limits web"));
+    assert!(!ran.iter().any(|e| e.starts_with("jail.create")), "{ran:?}");
+    assert!(host.jails.params("web").is_none(), "nothing was started");
+    assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::Failed));
+
+    host.clock.advance(Duration::from_secs(1));
+    let report = agent.reconcile();
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_eq!(host.take(), ["jail.set_limits web", "jail.create web"]);
+    assert!(host.jails.is_running("web"));
+    assert_eq!(host.jails.limits("web").and_then(|l| l.cpu), Some(1.0));
+}
+
+/// A jail without limits gets no rctl call at all, at creation, restart or
+/// delete: rctl is refused in a jailed agent, and such a jail must still
+/// run there. Limits added later are set in place, and dropping them again
+/// clears the rules once; after that, rctl is left alone again.
+#[test]
+fn a_jail_without_limits_runs_no_rctl_command_until_it_gets_some() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    let mut plain = jail("web");
+    plain.spec.resources = Default::default();
+    agent.apply(plain.clone(), None).expect("applied");
+    assert_eq!(
+        host.take(),
+        [
+            "net.ensure_bridge keel0 10.20.3.1/24",
+            "zfs.clone_rootfs web",
+            "net.attach web",
+            "jail.create web"
+        ]
+    );
+    host.jails.crash("web");
+    assert!(
+        agent.reconcile().restarted.is_empty(),
+        "the crash is counted"
+    );
+    host.clock.advance(Duration::from_secs(1));
+    assert_eq!(agent.reconcile().restarted, ["web"]);
+    assert_eq!(
+        host.take(),
+        [
+            "net.reclaim web",
+            "jail.force_remove web",
+            "jail.create web"
+        ]
+    );
+
+    agent.apply(jail("web"), None).expect("limits added");
+    assert_eq!(host.take(), ["jail.set_limits web"]);
+    agent.apply(plain.clone(), None).expect("limits dropped");
+    assert_eq!(host.take(), ["jail.set_limits web"], "the old rules go");
+    assert_eq!(host.jails.limits("web"), None);
+    agent.apply(plain, None).expect("same again");
+    assert!(host.take().is_empty());
+
+    agent.delete("web").expect("deleted");
+    let ran = host.take();
+    assert!(
+        !ran.iter()
+            .any(|e| e.starts_with("jail.") && e.contains("limits")),
+        "{ran:?}"
+    );
+    assert_eq!(ran.first().map(String::as_str), Some("jail.remove web"));
+}
+
+/// Limits are set before `jail -c`; when the start then fails, the rules
+/// stay bound to the name. A spec that then drops its limits must still
+/// have them removed before the jail starts, or it would run limited.
+#[test]
+fn rules_left_by_a_failed_start_are_replaced_when_the_spec_drops_its_limits() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    host.faults.fail_times("create", Some("web"), 1);
+    agent
+        .apply(jail("web"), None)
+        .expect_err("exec.start failed");
+    assert_eq!(host.jails.limits("web").and_then(|l| l.cpu), Some(1.0));
+    host.take();
+
+    let mut plain = jail("web");
+    plain.spec.resources = Default::default();
+    agent.apply(plain, None).expect("applied without limits");
+    let ran = host.take();
+    assert_eq!(
+        &ran[ran.len() - 2..],
+        ["jail.set_limits web", "jail.create web"],
+        "{ran:?}"
+    );
+    assert_eq!(host.jails.limits("web"), None);
+    assert!(host.jails.is_running("web"));
+}
+
 #[test]
 fn changed_exec_replaces_the_jail_and_keeps_its_rootfs_and_volumes() {
     let host = Host::new();
@@ -784,7 +889,7 @@ fn changed_exec_replaces_the_jail_and_keeps_its_rootfs_and_volumes() {
     agent.apply(changed, None).expect("replaced");
     assert_eq!(
         host.take(),
-        ["jail.remove db", "jail.create db", "jail.set_limits db"]
+        ["jail.remove db", "jail.set_limits db", "jail.create db"]
     );
     let params = host.jails.params("db").expect("exists");
     assert_eq!(params.exec_start, ["/usr/local/bin/app", "--verbose"]);
@@ -822,7 +927,7 @@ fn a_replacement_that_failed_is_finished_by_a_later_pass() {
     assert!(report.failures.is_empty(), "{report:?}");
     assert_eq!(
         host.take(),
-        ["jail.remove web", "jail.create web", "jail.set_limits web"]
+        ["jail.remove web", "jail.set_limits web", "jail.create web"]
     );
     assert_eq!(
         host.jails.params("web").map(|p| p.exec_start),
@@ -851,8 +956,8 @@ fn a_new_base_recreates_the_rootfs_after_unmounting_the_volumes() {
             "zfs.clone_rootfs db".into(),
             mount_entry("db", "db-data", "/var/db/app"),
             mount_entry("db", "db-logs", "/var/db/app/logs"),
-            "jail.create db".into(),
             "jail.set_limits db".into(),
+            "jail.create db".into(),
         ]
     );
     let datasets = host.zfs.datasets();
@@ -912,8 +1017,8 @@ fn a_volume_dropped_from_the_spec_is_unmounted_but_kept() {
         [
             "jail.remove db".to_string(),
             format!("mount.unmount {}/var/db/app/logs", root("db")),
-            "jail.create db".into(),
             "jail.set_limits db".into(),
+            "jail.create db".into(),
         ]
     );
     assert_eq!(
@@ -1133,8 +1238,8 @@ fn a_crashed_jail_gives_its_interface_back_before_it_is_forced_out() {
         [
             "net.reclaim web",
             "jail.force_remove web",
-            "jail.create web",
-            "jail.set_limits web"
+            "jail.set_limits web",
+            "jail.create web"
         ]
     );
     assert!(host.jails.is_running("web"));
@@ -1156,8 +1261,8 @@ fn a_jail_side_stranded_in_a_dying_vnet_gets_a_new_epair() {
             "net.reclaim web",
             "jail.force_remove web",
             "net.attach web",
-            "jail.create web",
-            "jail.set_limits web"
+            "jail.set_limits web",
+            "jail.create web"
         ]
     );
     let (host_if, jail_if) = iface_names("web");
@@ -1176,8 +1281,8 @@ fn a_jail_side_stranded_in_a_dying_vnet_gets_a_new_epair() {
         [
             "jail.remove web",
             "net.attach web",
-            "jail.create web",
-            "jail.set_limits web"
+            "jail.set_limits web",
+            "jail.create web"
         ]
     );
 }
@@ -1205,8 +1310,8 @@ fn a_failing_exec_stop_is_forced_through_and_reported() {
             "jail.remove web",
             "net.reclaim web",
             "jail.force_remove web",
-            "jail.create web",
-            "jail.set_limits web"
+            "jail.set_limits web",
+            "jail.create web"
         ]
     );
     assert_eq!(status.state, Phase::Running);

@@ -50,7 +50,7 @@ use crate::common::auth::KeyFilePolicy;
 use crate::common::auth::{Signer, Verifier};
 use crate::common::backoff::SystemClock;
 use crate::common::cmd::SystemRunner;
-use crate::common::config::{Config, ConfigSource};
+use crate::common::config::{Config, ConfigSource, DevfsRuleset};
 use crate::common::faults;
 use crate::common::http::{
     Handler, HttpError, Server, ServerLimits, ShutdownSignal, bind_unix_socket,
@@ -60,7 +60,7 @@ use crate::common::logging;
 use crate::common::replay_floor::{self, FloorError};
 use crate::common::store::{Store, StoreError};
 use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
-use crate::host::capacity::{Capacity, FreeBsdCapacity};
+use crate::host::capacity::{Capacity, FreeBsdCapacity, Preflight};
 use crate::host::jail::FreeBsdJails;
 use crate::host::mount::FreeBsdMounts;
 use crate::host::net::FreeBsdNet;
@@ -100,6 +100,9 @@ pub enum RunError {
     Daemonize(String),
     /// Cluster membership could not be prepared (node id, host capacity).
     Cluster(ClusterError),
+    /// `jail.devfs_ruleset` does not fit where the agent runs (`inherit` on a
+    /// host that is not a jail, where it would hide no device).
+    DevfsRuleset(String),
     /// The TCP listener on `agent.advertise_addr` could not be bound.
     Listen {
         /// The address.
@@ -120,6 +123,7 @@ impl fmt::Display for RunError {
             RunError::Faults(e) => write!(f, "{e}"),
             RunError::Socket(e) => write!(f, "{e}"),
             RunError::Setup(e) => write!(f, "{e}"),
+            RunError::DevfsRuleset(e) => write!(f, "{e}"),
             RunError::Daemonize(e) => write!(f, "cannot detach (--daemon): {e}"),
             RunError::Cluster(e) => write!(f, "{e}"),
             RunError::Listen { addr, source } => write!(
@@ -197,7 +201,12 @@ pub fn run(options: Options) -> Result<(), RunError> {
     }
 
     let runner = Arc::new(SystemRunner);
-    preflight(&FreeBsdCapacity::new(runner.clone(), cfg.commands.clone()));
+    let kernel = preflight(&FreeBsdCapacity::new(runner.clone(), cfg.commands.clone()));
+    if let Some(warning) =
+        check_nesting(kernel.as_ref(), cfg.jail.devfs_ruleset).map_err(RunError::DevfsRuleset)?
+    {
+        log::warn!("{warning}");
+    }
     let firewall = FreeBsdPf::new(runner.clone(), cfg.commands.clone());
     check_pf_anchors(&cfg, &firewall);
     let ingress = ingress_controller(&cfg, false, Box::new(firewall))?;
@@ -206,7 +215,8 @@ pub fn run(options: Options) -> Result<(), RunError> {
             runner.clone(),
             cfg.commands.clone(),
             cfg.agent.state_dir.join("jails"),
-        ),
+        )
+        .with_devfs_ruleset(cfg.jail.devfs_ruleset),
         FreeBsdZfs::new(
             runner.clone(),
             cfg.commands.clone(),
@@ -387,8 +397,8 @@ fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifi
 
 /// Reports missing kernel features once at startup: the agent still starts
 /// (so `keelctl get` works and the admin sees the errors), but says plainly
-/// what will fail.
-fn preflight(capacity: &impl Capacity) {
+/// what will fail. `None` when they could not be read.
+fn preflight(capacity: &impl Capacity) -> Option<Preflight> {
     match capacity.preflight() {
         Ok(p) => {
             if !p.vimage {
@@ -401,8 +411,41 @@ fn preflight(capacity: &impl Capacity) {
                     "kern.racct.enable is 0: resource limits will fail; set kern.racct.enable=1 in /boot/loader.conf and reboot"
                 );
             }
+            Some(p)
         }
-        Err(e) => log::warn!("could not check kernel features: {e}"),
+        Err(e) => {
+            log::warn!("could not check kernel features: {e}");
+            None
+        }
+    }
+}
+
+/// Whether `jail.devfs_ruleset` fits where the agent runs: `Err` refuses to
+/// start, `Ok(Some)` is a warning. `inherit` writes ruleset 0, which in a
+/// jail means the parent's ruleset but on a host means none (every device
+/// in every jail), so it needs `security.jail.jailed` to be 1. A number in a
+/// jail works only if it is the parent's own (kern_jail.c refuses any
+/// other with EPERM), which the agent cannot read.
+fn check_nesting(
+    kernel: Option<&Preflight>,
+    devfs: DevfsRuleset,
+) -> Result<Option<String>, String> {
+    let jailed = kernel.map(|p| p.jailed);
+    match (devfs, jailed) {
+        (DevfsRuleset::Inherit, Some(true)) => Ok(Some(
+            "keel-agentd runs inside a jail: its jails get the parent jail's devfs ruleset, and rctl(8) is refused there, so only jails without resources.cpu and resources.memory can start".to_string(),
+        )),
+        (DevfsRuleset::Inherit, _) => Err(format!(
+            "jail.devfs_ruleset = \"inherit\" is only for a keel-agentd that runs inside a jail, but security.jail.jailed is {} here; on a host it would give jails no devfs ruleset at all, so every device of the host would be visible in them: set jail.devfs_ruleset to a ruleset number (4, devfsrules_jail, by default)",
+            match jailed {
+                Some(_) => "0",
+                None => "unknown (the kernel checks above failed)",
+            }
+        )),
+        (DevfsRuleset::Number(n), Some(true)) => Ok(Some(format!(
+            "keel-agentd runs inside a jail: the kernel refuses a nested jail any devfs ruleset but its parent's, so every jail -c fails with \"Operation not permitted\" unless jail.devfs_ruleset ({n}) is the parent's; set jail.devfs_ruleset = \"inherit\". rctl(8) is refused there too, so only jails without resources can start"
+        ))),
+        (DevfsRuleset::Number(_), _) => Ok(None),
     }
 }
 
@@ -515,5 +558,44 @@ fn remove_quietly(path: &Path) {
         && e.kind() != std::io::ErrorKind::NotFound
     {
         log::warn!("could not remove {}: {e}", path.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(jailed: bool) -> Preflight {
+        Preflight {
+            vimage: true,
+            racct: true,
+            jailed,
+        }
+    }
+
+    /// `inherit` (ruleset 0 in the conf) is refused unless the kernel says
+    /// the agent is jailed; a number inside a jail is a warning that names
+    /// the fix; a number on a host is silent.
+    #[test]
+    fn inherit_needs_a_jailed_agent_and_a_number_in_a_jail_is_warned_about() {
+        let host = kernel(false);
+        let nested = kernel(true);
+        let err = check_nesting(Some(&host), DevfsRuleset::Inherit).expect_err("refused");
+        assert!(err.contains("every device of the host"), "{err}");
+        let err = check_nesting(None, DevfsRuleset::Inherit).expect_err("unknown");
+        assert!(err.contains("unknown"), "{err}");
+        assert!(matches!(
+            check_nesting(Some(&nested), DevfsRuleset::Inherit),
+            Ok(Some(w)) if w.contains("without resources")
+        ));
+        assert!(matches!(
+            check_nesting(Some(&nested), DevfsRuleset::Number(4)),
+            Ok(Some(w)) if w.contains("jail.devfs_ruleset = \"inherit\"")
+        ));
+        assert_eq!(
+            check_nesting(Some(&host), DevfsRuleset::Number(4)),
+            Ok(None)
+        );
+        assert_eq!(check_nesting(None, DevfsRuleset::Number(4)), Ok(None));
     }
 }

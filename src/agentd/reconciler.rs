@@ -27,12 +27,14 @@
 //! volume mounts (before the jail starts, so the workload never sees an empty
 //! mount point), epair on the bridge, the root's seed when one is registered
 //! ([`Reconciler::seed_root`]: files a system jail's workload needs before it
-//! starts), jail creation (jail.conf sets the address
-//! and default route, then runs exec.start), rctl limits. Delete order is the
-//! reverse: remove the jail, clear limits, destroy the epair, unmount
-//! everything under the jail root deepest first, destroy the rootfs. If an
-//! unmount fails the delete stops before the rootfs is touched and stays
-//! pending. Volume datasets are never destroyed here.
+//! starts), rctl limits (before the jail: rules are bound to the jail's name,
+//! so exec.start already runs limited and a refused rule starts nothing; no
+//! rctl command at all for a jail that has and had no limits), jail creation
+//! (jail.conf sets the address and default route, then runs exec.start).
+//! Delete order: remove the jail, clear limits (when it may hold any),
+//! destroy the epair, unmount everything under the jail root deepest first,
+//! destroy the rootfs. If an unmount fails the delete stops before the rootfs
+//! is touched and stays pending. Volume datasets are never destroyed here.
 //!
 //! Removing a jail (delete, replacement, restart) cannot get stuck: a
 //! workload that may still run gets its exec.stop ([`Removal::Stop`]); one
@@ -179,8 +181,10 @@ pub struct Deployed {
     pub spec: JailSpec,
     /// The address it was created with.
     pub address: Ipv4Addr,
-    /// The rctl limits last applied; `None` until `set_limits` succeeded for
-    /// this jail.
+    /// The rctl limits in force for the jail's name: recorded once
+    /// `set_limits` succeeded, or when none were wanted and none were there
+    /// (no rctl call at all). `None` when not known (state written by an
+    /// older agent), which makes the next change run rctl.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Resources>,
 }
@@ -979,7 +983,10 @@ where
             .and_then(|d| d.limits.as_ref())
             .is_some_and(|l| l == resources);
         if !limits_current {
-            self.jails.set_limits(name, &limits_of(&rec.spec))?;
+            let applied = rec.deployed.as_ref().and_then(|d| d.limits.as_ref());
+            if rctl_needed(applied, resources) {
+                self.jails.set_limits(name, &limits_of(&rec.spec))?;
+            }
             self.set_deployed(name, rec, Some(resources.clone()));
         }
         let key = name.to_string();
@@ -998,7 +1005,7 @@ where
     }
 
     /// The provision order for a jail that is not on the host (any more):
-    /// rootfs, volume datasets, volume mounts, epair, jail, limits. Steps whose
+    /// rootfs, volume datasets, volume mounts, epair, limits, jail. Steps whose
     /// result `obs` already saw are skipped, so an interrupted provision
     /// simply runs again.
     fn provision(
@@ -1091,11 +1098,22 @@ where
         if let Some(seed) = self.seeds.get(name) {
             seed(&root, rec.address).map_err(HostError::Seed)?;
         }
+        // Limits before the jail: rules added for a name apply to the jail
+        // created under it from its first process on, so exec.start never
+        // runs unlimited, and a refused rule fails the provision before
+        // anything started. The record says so before `jail -c` runs: if the
+        // start then fails, the rules stay in the kernel and the next attempt
+        // knows it must replace them even if the spec dropped its limits.
+        let applied = match &rec.deployed {
+            None => Some(&NO_LIMITS),
+            Some(d) => d.limits.as_ref(),
+        };
+        if rctl_needed(applied, &spec.resources) {
+            self.jails.set_limits(name, &limits_of(&rec.spec))?;
+        }
+        self.set_deployed(name, rec, Some(spec.resources.clone()));
         let params = self.jail_params(name, rec, &root);
         self.jails.create(&params)?;
-        self.set_deployed(name, rec, None);
-        self.jails.set_limits(name, &limits_of(&rec.spec))?;
-        self.set_deployed(name, rec, Some(spec.resources.clone()));
 
         let key = name.to_string();
         self.backoff.record_started(&key, self.clock.now());
@@ -1190,7 +1208,16 @@ where
             // The jail's record goes with the delete: the log keeps the word.
             log::warn!("deleting jail {name}: {stop}");
         }
-        self.jails.clear_limits(name)?;
+        // A jail whose spec had no limits never got a rule (see `provision`);
+        // a jail without a record might have, so it is cleared.
+        let may_hold_rules = self
+            .state
+            .deleting
+            .get(name)
+            .is_none_or(|j| !j.spec.resources.is_empty());
+        if may_hold_rules {
+            self.jails.clear_limits(name)?;
+        }
         self.net.detach(name)?;
         let mounted: Vec<PathBuf> = self
             .mounts
@@ -1268,6 +1295,21 @@ where
             memory: rec.spec.spec.resources.memory,
         }
     }
+}
+
+/// The limits of a spec without any.
+const NO_LIMITS: Resources = Resources {
+    cpu: None,
+    memory: None,
+};
+
+/// Whether taking a jail's rctl rules from `applied` (`None`: not known) to
+/// `wanted` needs rctl(8) at all. A jail that had no limits and gets none
+/// runs no rctl command: that keeps the common case free of rctl and lets a
+/// jailed agent (nested mode), where every rctl call is refused, run jails
+/// without limits.
+fn rctl_needed(applied: Option<&Resources>, wanted: &Resources) -> bool {
+    !wanted.is_empty() || applied.is_none_or(|r| !r.is_empty())
 }
 
 fn limits_of(jail: &Jail) -> Limits {

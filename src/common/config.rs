@@ -25,6 +25,8 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::common::cidr::Ipv4Net;
+use crate::common::names;
+use crate::common::spec::MAX_BASE_LEN;
 
 /// Where the daemons look for their configuration when `--config` is not given.
 /// A file missing there means "all defaults"; a missing `--config` file is an error.
@@ -37,6 +39,14 @@ pub const MAX_SOCKET_PATH: usize = 103;
 /// Longest network interface name (`IFNAMSIZ` 16, including the NUL).
 pub const MAX_IFNAME: usize = 15;
 
+/// Longest `zfs.pool`: the longest name Keel builds from it is a base
+/// snapshot `{pool}/keel/bases/{base}@keel` with the longest base, and it
+/// must stay a valid ZFS name (a jail's `{pool}/keel/jails/{name}` and a
+/// volume's `{pool}/keel/volumes/{name}` are shorter, names being at most
+/// [`names::MAX_NAME_LEN`]).
+pub const MAX_POOL_LEN: usize =
+    names::MAX_DATASET_NAME - "/keel/bases/".len() - MAX_BASE_LEN - "@keel".len();
+
 /// The whole of `keel.toml`. Every section and key is optional in the file; what is
 /// missing takes the default documented on its field (and in `etc/keel.toml.sample`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +56,8 @@ pub struct Config {
     pub agent: AgentConfig,
     /// `[zfs]`: where keel-agentd keeps root filesystems and volumes.
     pub zfs: ZfsConfig,
+    /// `[jail]`: how keel-agentd creates jails.
+    pub jail: JailConfig,
     /// `[controlplane]`: keel-controlplane.
     pub controlplane: ControlPlaneConfig,
     /// `[auth]`: keys the control plane accepts.
@@ -157,6 +169,87 @@ impl Default for ZfsConfig {
             busy_retries: 5,
             busy_retry_delay: Interval::secs(1),
         }
+    }
+}
+
+/// `[jail]`: how keel-agentd creates jails.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JailConfig {
+    /// devfs(8) ruleset of every jail's `/dev`. Default 4.
+    pub devfs_ruleset: DevfsRuleset,
+}
+
+/// `devfsrules_jail` in /etc/defaults/devfs.rules, and what jail(8) uses
+/// for `mount.devfs` when no ruleset is given.
+pub const DEVFSRULES_JAIL: u16 = 4;
+
+/// `jail.devfs_ruleset`: which devices a jail's `/dev` shows.
+///
+/// A number is a ruleset of devfs.rules(5), written as the jail's
+/// `devfs_ruleset`. `"inherit"` is for a keel-agentd that itself runs inside
+/// a jail (the single-VM harness): the kernel refuses a nested jail any
+/// ruleset but its parent's (kern_jail.c, EPERM) and refuses a devfs mount
+/// from inside a jail with another one (devfs_vfsops.c, EPERM), so the
+/// jail gets the parent's ruleset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DevfsRuleset {
+    /// That ruleset number (0, no ruleset at all, is refused by
+    /// [`Config::validate`]).
+    Number(u16),
+    /// The parent jail's ruleset.
+    Inherit,
+}
+
+impl Default for DevfsRuleset {
+    fn default() -> Self {
+        DevfsRuleset::Number(DEVFSRULES_JAIL)
+    }
+}
+
+/// How `inherit` is written in keel.toml.
+const INHERIT: &str = "inherit";
+
+impl Serialize for DevfsRuleset {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            DevfsRuleset::Number(n) => s.serialize_u16(*n),
+            DevfsRuleset::Inherit => s.serialize_str(INHERIT),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DevfsRuleset {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<DevfsRuleset, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = DevfsRuleset;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(
+                    f,
+                    "a devfs ruleset number from 1 to 65535, or \"{INHERIT}\""
+                )
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<DevfsRuleset, E> {
+                u16::try_from(n).map(DevfsRuleset::Number).map_err(|_| {
+                    E::custom(format!(
+                        "{n} is not a devfs ruleset number: they go from 1 to 65535"
+                    ))
+                })
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<DevfsRuleset, E> {
+                self.visit_i64(i64::try_from(n).unwrap_or(i64::MAX))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DevfsRuleset, E> {
+                if v == INHERIT {
+                    return Ok(DevfsRuleset::Inherit);
+                }
+                Err(E::custom(format!(
+                    "`{v}` is not \"{INHERIT}\"; write a ruleset number without quotes"
+                )))
+            }
+        }
+        d.deserialize_any(Visitor)
     }
 }
 
@@ -824,10 +917,19 @@ impl Config {
         check_path("agent.key_file", &a.key_file)?;
 
         let z = &self.zfs;
-        check_name("zfs.pool", &z.pool, 255, "_-.:")?;
+        check_name("zfs.pool", &z.pool, MAX_POOL_LEN, "_-.:")?;
         check_path("zfs.jails_dir", &z.jails_dir)?;
         check_path("zfs.volumes_dir", &z.volumes_dir)?;
         check_interval("zfs.busy_retry_delay", z.busy_retry_delay)?;
+
+        if self.jail.devfs_ruleset == DevfsRuleset::Number(0) {
+            return Err(invalid(
+                "jail.devfs_ruleset",
+                format!(
+                    "0 applies no ruleset, so every device of the host would appear in every jail; use {DEVFSRULES_JAIL} (devfsrules_jail), another ruleset of /etc/devfs.rules, or \"{INHERIT}\" when keel-agentd runs inside a jail"
+                ),
+            ));
+        }
 
         let c = &self.controlplane;
         check_path("controlplane.state_dir", &c.state_dir)?;
@@ -1641,6 +1743,7 @@ mod tests {
         let sections = [
             "agent",
             "zfs",
+            "jail",
             "controlplane",
             "auth",
             "ctl",
@@ -1708,6 +1811,10 @@ mod tests {
                 "ingress.resolvers",
             ),
             ("[zfs]\nbusy_retries = -1\n", "zfs.busy_retries"),
+            ("[jail]\ndevfs_ruleset = 65536\n", "jail.devfs_ruleset"),
+            ("[jail]\ndevfs_ruleset = -4\n", "jail.devfs_ruleset"),
+            ("[jail]\ndevfs_ruleset = \"5\"\n", "jail.devfs_ruleset"),
+            ("[jail]\ndevfs_ruleset = \"parent\"\n", "jail.devfs_ruleset"),
         ];
         for (src, key) in cases {
             let err = parse_err(src);
@@ -1719,8 +1826,35 @@ mod tests {
         }
     }
 
+    /// `jail.devfs_ruleset`: 4 by default, any ruleset 1..65535, or
+    /// `"inherit"`; 0 (no ruleset, every host device in every jail) is
+    /// refused with the key and what to write instead.
+    #[test]
+    fn devfs_ruleset_is_a_number_or_inherit_and_never_0() {
+        assert_eq!(
+            Config::default().jail.devfs_ruleset,
+            DevfsRuleset::Number(4)
+        );
+        let five = Config::from_toml_str("[jail]\ndevfs_ruleset = 5\n").expect("parses");
+        assert_eq!(five.jail.devfs_ruleset, DevfsRuleset::Number(5));
+        five.validate().expect("a ruleset number is valid");
+        let nested =
+            Config::from_toml_str("[jail]\ndevfs_ruleset = \"inherit\"\n").expect("parses");
+        assert_eq!(nested.jail.devfs_ruleset, DevfsRuleset::Inherit);
+        nested.validate().expect("inherit is valid");
+        assert_eq!(
+            Config::from_toml_str(&nested.to_toml()).expect("reloads"),
+            nested
+        );
+        let err = invalid_err("[jail]\ndevfs_ruleset = 0\n");
+        assert_eq!(err.key(), Some("jail.devfs_ruleset"), "{err}");
+        assert!(err.to_string().contains("every device"), "{err}");
+        assert!(err.to_string().contains("\"inherit\""), "{err}");
+    }
+
     #[test]
     fn validation_errors_name_the_key() {
+        let too_long_pool = format!("[zfs]\npool = \"{}\"\n", "p".repeat(MAX_POOL_LEN + 1));
         let cases = [
             ("[agent]\nstate_dir = \"var/db/keel\"\n", "agent.state_dir"),
             ("[commands]\njail = \"jail\"\n", "commands.jail"),
@@ -1765,6 +1899,7 @@ mod tests {
             ("[agent]\nbridge = \"-keel0\"\n", "agent.bridge"),
             ("[zfs]\npool = \"-o\"\n", "zfs.pool"),
             ("[zfs]\npool = \"zroot/x\"\n", "zfs.pool"),
+            (&*too_long_pool, "zfs.pool"),
             ("[ingress]\nbase = \"14.2 RELEASE\"\n", "ingress.base"),
             (
                 "[agent]\ncontrolplane = \"cp\"\nadvertise_addr = \"10.0.0.2:7441\"\n",
@@ -1793,6 +1928,30 @@ mod tests {
             assert_eq!(err.key(), Some(key), "{src}: {err}");
             assert!(err.to_string().starts_with(key), "{err}");
         }
+    }
+
+    /// The longest pool still leaves every dataset and snapshot name Keel
+    /// builds from it within ZFS's 255 bytes, with the longest base and the
+    /// longest jail or volume name.
+    #[test]
+    fn the_longest_pool_keeps_every_dataset_name_valid_for_zfs() {
+        let pool = "p".repeat(MAX_POOL_LEN);
+        let mut config = Config::default();
+        config.zfs.pool = pool.clone();
+        config.validate().expect("the longest pool is valid");
+        let base = "b".repeat(MAX_BASE_LEN);
+        let name = "n".repeat(names::MAX_NAME_LEN);
+        for dataset in [
+            format!("{pool}/keel/bases/{base}@keel"),
+            format!("{pool}/keel/jails/{name}"),
+            format!("{pool}/keel/volumes/{name}"),
+        ] {
+            assert!(dataset.len() <= names::MAX_DATASET_NAME, "{dataset}");
+        }
+        assert_eq!(
+            format!("{pool}/keel/bases/{base}@keel").len(),
+            names::MAX_DATASET_NAME
+        );
     }
 
     #[test]

@@ -1,14 +1,31 @@
 //! Names that reach the host and the API: jail, service, volume and node names
 //! are DNS labels. One definition, used by spec validation, by every daemon's
 //! routes for names in paths, and by the control plane for node ids (which
-//! never sees a spec).
+//! never sees a spec). The names Keel derives from them (replicas
+//! `{service}-{index}`, per-replica volumes `{replica}-{volume}`) are built
+//! here too, so validation checks exactly the names the host later sees.
+//!
+//! Every such name becomes a jail name (jail(8), rctl `jail:NAME`), one
+//! component of a ZFS dataset name and part of a path; what keeps it valid
+//! for all three is [`validate_name`]: never empty, never all digits, at most
+//! [`MAX_NAME_LEN`] bytes.
+
+/// Longest name [`validate_name`] accepts: a DNS label's 63 bytes. Far
+/// below jail(8)'s limit (MAXHOSTNAMELEN, 256 with the NUL, for a name and
+/// for an rctl jail subject) and leaves room for the dataset prefix within
+/// [`MAX_DATASET_NAME`].
+pub const MAX_NAME_LEN: usize = 63;
+
+/// Longest ZFS dataset or snapshot name: OpenZFS `ZFS_MAX_DATASET_NAME_LEN`
+/// is 256 including the terminating NUL.
+pub const MAX_DATASET_NAME: usize = 255;
 
 /// True for a DNS label: `[a-z0-9]([a-z0-9-]*[a-z0-9])?`, at most 63 bytes.
 pub fn label_ok(s: &str) -> bool {
     let b = s.as_bytes();
     let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
     !b.is_empty()
-        && b.len() <= 63
+        && b.len() <= MAX_NAME_LEN
         && b.first().is_some_and(inner)
         && b.last().is_some_and(inner)
         && b.iter().all(|c| inner(c) || *c == b'-')
@@ -21,9 +38,9 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("must not be empty".into());
     }
-    if name.len() > 63 {
+    if name.len() > MAX_NAME_LEN {
         return Err(format!(
-            "must be at most 63 characters, got {} ({name:?})",
+            "must be at most {MAX_NAME_LEN} characters, got {} ({name:?})",
             name.len()
         ));
     }
@@ -49,6 +66,12 @@ pub const RESERVED_PREFIX: &str = "keel-";
 /// The name of replica `index` of service `service`: `{service}-{index}`.
 pub fn replica_name(service: &str, index: u32) -> String {
     format!("{service}-{index}")
+}
+
+/// The name of volume `volume` of replica `replica` (from
+/// [`replica_name`]): `{replica}-{volume}`, so replicas never share data.
+pub fn replica_volume_name(replica: &str, volume: &str) -> String {
+    format!("{replica}-{volume}")
 }
 
 /// The service and index a jail name would be a replica of, for a name of
@@ -84,6 +107,42 @@ mod tests {
         assert_eq!(replica_of("web-x"), None);
         assert_eq!(replica_of("web"), None);
         assert_eq!(replica_of("-3"), None);
+    }
+
+    /// Whatever valid service name and index, the replica name contains a
+    /// `-`, so it is never all digits (jail(8) would read a jail id), even
+    /// for an all-digit index and a service name that is mostly digits; it
+    /// and its volumes' names are valid names as long as they fit
+    /// [`MAX_NAME_LEN`], which spec validation checks on the longest one.
+    #[test]
+    fn derived_names_are_valid_names_whatever_the_digits() {
+        for (service, index, volume) in [
+            ("web", 0, "data"),
+            ("0a", 7, "1a"),
+            ("1-2", 999, "0-0"),
+            ("a", u32::MAX, "9z"),
+        ] {
+            assert_eq!(validate_name(service), Ok(()), "{service}");
+            assert_eq!(validate_name(volume), Ok(()), "{volume}");
+            let replica = replica_name(service, index);
+            assert_eq!(validate_name(&replica), Ok(()), "{replica}");
+            assert!(replica.contains('-'), "{replica}");
+            let vol = replica_volume_name(&replica, volume);
+            assert_eq!(validate_name(&vol), Ok(()), "{vol}");
+            assert_eq!(replica_of(&replica), Some((service, index)));
+        }
+        let long = "a".repeat(MAX_NAME_LEN - 2);
+        assert_eq!(validate_name(&replica_name(&long, 9)), Ok(()));
+        assert!(validate_name(&replica_name(&long, 10)).is_err(), "64 bytes");
+    }
+
+    #[test]
+    fn all_digit_names_are_refused_as_jail_ids() {
+        for digits in ["0", "1", "42", "0123"] {
+            let err = validate_name(digits).expect_err(digits);
+            assert!(err.contains("jail id"), "{err}");
+        }
+        assert_eq!(validate_name("4-2"), Ok(()));
     }
 
     #[test]

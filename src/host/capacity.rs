@@ -1,5 +1,6 @@
-//! What the host offers: CPU count and physical memory for the scheduler, and
-//! the kernel features Keel needs (VIMAGE for VNET jails, RACCT for limits).
+//! What the host offers: CPU count and physical memory for the scheduler, the
+//! kernel features Keel needs (VIMAGE for VNET jails, RACCT for limits), and
+//! whether the agent itself runs inside a jail (nested mode).
 //!
 //! Read-only: this module never sets a sysctl (`kern.racct.enable` is a boot
 //! tunable anyway; the fix is loader.conf and a reboot, which the caller
@@ -30,6 +31,9 @@ pub struct Preflight {
     pub vimage: bool,
     /// `kern.racct.enable` is 1: rctl limits work.
     pub racct: bool,
+    /// `security.jail.jailed` is 1: this process runs inside a jail, so the
+    /// jails it creates are nested (parent's devfs ruleset, no rctl).
+    pub jailed: bool,
 }
 
 /// A capacity probe that failed.
@@ -62,7 +66,7 @@ impl From<CmdError> for CapacityError {
 pub trait Capacity: Send {
     /// CPU count and physical memory, in one sysctl call.
     fn detect(&self) -> Result<HostCapacity, CapacityError>;
-    /// VIMAGE and RACCT, in one sysctl call.
+    /// VIMAGE, RACCT and whether we are jailed, in one sysctl call.
     fn preflight(&self) -> Result<Preflight, CapacityError>;
 }
 
@@ -70,7 +74,11 @@ pub trait Capacity: Send {
 pub const SYSCTL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The OIDs `preflight` reads, in argument order.
-const PREFLIGHT_OIDS: [&str; 2] = ["kern.features.vimage", "kern.racct.enable"];
+const PREFLIGHT_OIDS: [&str; 3] = [
+    "kern.features.vimage",
+    "kern.racct.enable",
+    "security.jail.jailed",
+];
 
 /// [`Capacity`] over sysctl(8).
 #[derive(Debug)]
@@ -161,7 +169,8 @@ fn unknown_oids(stderr: &str) -> Option<Vec<String>> {
 }
 
 /// [`Preflight`] from the stdout of `sysctl -n kern.features.vimage
-/// kern.racct.enable`, given the OIDs sysctl reported unknown: the known ones
+/// kern.racct.enable security.jail.jailed`, given the OIDs sysctl reported
+/// unknown: the known ones
 /// print one line each, in order; an unknown one means the feature is absent.
 /// (An old sysctl that stops at the first unknown OID prints fewer lines than
 /// that, which is reported as a parse error rather than guessed at.)
@@ -192,8 +201,12 @@ pub fn parse_preflight(stdout: &str, unknown: &[String]) -> Result<Preflight, St
             enabled[i] = on;
         }
     }
-    let [vimage, racct] = enabled;
-    Ok(Preflight { vimage, racct })
+    let [vimage, racct, jailed] = enabled;
+    Ok(Preflight {
+        vimage,
+        racct,
+        jailed,
+    })
 }
 
 /// In-memory [`Capacity`] for tests and `--simulate`: fixed numbers, both
@@ -218,6 +231,7 @@ impl FakeCapacity {
         let preflight = Preflight {
             vimage: true,
             racct: true,
+            jailed: false,
         };
         FakeCapacity {
             state: Arc::new(Mutex::new((HostCapacity { cpus, memory_bytes }, preflight))),
@@ -286,10 +300,11 @@ mod tests {
         let unknown = unknown_oids(stderr).expect("only unknown-oid lines");
         assert_eq!(unknown, ["kern.features.vimage"]);
         assert_eq!(
-            parse_preflight("1\n", &unknown),
+            parse_preflight("1\n0\n", &unknown),
             Ok(Preflight {
                 vimage: false,
-                racct: true
+                racct: true,
+                jailed: false
             })
         );
         assert_eq!(unknown_oids(""), Some(vec![]));
@@ -298,14 +313,15 @@ mod tests {
             None
         );
         assert_eq!(
-            parse_preflight("1\n0\n", &[]),
+            parse_preflight("1\n0\n1\n", &[]),
             Ok(Preflight {
                 vimage: true,
-                racct: false
+                racct: false,
+                jailed: true
             })
         );
-        assert!(parse_preflight("1\n", &[]).is_err(), "a line is missing");
-        assert!(parse_preflight("yes\n1\n", &[]).is_err());
+        assert!(parse_preflight("1\n1\n", &[]).is_err(), "a line is missing");
+        assert!(parse_preflight("yes\n1\n0\n", &[]).is_err());
     }
 
     proptest! {
@@ -326,6 +342,7 @@ mod tests {
         fake.set_preflight(Preflight {
             vimage: true,
             racct: false,
+            jailed: false,
         });
         assert!(!fake.preflight().expect("preflight").racct);
         faults.fail_times("detect", None, 1);

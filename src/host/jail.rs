@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
-use crate::common::config::CommandPaths;
+use crate::common::config::{CommandPaths, DevfsRuleset};
 use crate::host::beneath;
 use crate::host::fake::{CallLog, Faults, lock};
 use crate::host::mount::parse_mount_p;
@@ -148,6 +148,15 @@ pub enum JailError {
     },
     /// rctl refused because RACCT is disabled or absent in the kernel.
     RacctDisabled(String),
+    /// rctl(8) was refused the privilege to change rules (EPERM): the agent
+    /// runs inside a jail, where root may not manage rctl rules, or not as
+    /// root. Carries the command and its stderr.
+    RctlNotPermitted {
+        /// The rctl command line.
+        command: String,
+        /// What rctl printed.
+        stderr: String,
+    },
     /// The workload's log could not be read.
     Log {
         /// The file.
@@ -186,6 +195,10 @@ impl fmt::Display for JailError {
                 "cannot read the workload's output in {}: {reason}",
                 path.display()
             ),
+            JailError::RctlNotPermitted { command, stderr } => write!(
+                f,
+                "`{command}` was not permitted ({stderr}): rctl(8) needs root on the host, and root inside a jail (a nested, single-VM setup) never has it; run keel-agentd as root outside any jail, or leave resources.cpu and resources.memory out of the spec, which skips rctl(8) entirely"
+            ),
         }
     }
 }
@@ -210,7 +223,12 @@ pub trait JailRuntime: Send {
     /// devfs is still unmounted), and so is a jail with no conf left, which
     /// is removed as with [`Removal::Force`]: never through /etc/jail.conf.
     fn remove(&self, name: &str, root: &Path, how: Removal) -> Result<(), JailError>;
-    /// Replaces the jail's rctl rules with `limits`.
+    /// Replaces the jail's rctl rules with `limits`. The jail need not exist
+    /// yet, and the reconciler calls this *before* `create`: rctl(8) names a
+    /// jail subject by its name, the kernel keeps rules for a name no jail
+    /// has (`prison_racct_find` in kern_jail.c creates the entry), and a jail
+    /// created later under that name is attached to the same entry, so its
+    /// first process (exec.start) already runs limited.
     fn set_limits(&self, name: &str, limits: &Limits) -> Result<(), JailError>;
     /// Removes every rctl rule of the jail; none present is success.
     fn clear_limits(&self, name: &str) -> Result<(), JailError>;
@@ -232,9 +250,6 @@ pub const RCTL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a command run with jexec(8) may run (e.g. `nginx -t`, a reload).
 pub const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// devfs(8) ruleset of the jail's /dev: 5 is `devfsrules_jail_vnet`, the
-/// default jail ruleset 4 plus /dev/pf, meant for VNET jails.
-pub const DEVFS_RULESET: u32 = 5;
 /// daemon(8) inside the jail, which detaches the workload (see the module docs).
 pub const JAIL_DAEMON: &str = "/usr/sbin/daemon";
 /// Where daemon(8) appends the workload's stdout and stderr, inside the jail.
@@ -246,17 +261,27 @@ const JAIL_IFCONFIG: &str = "/sbin/ifconfig";
 const JAIL_ROUTE: &str = "/sbin/route";
 
 /// The jail.conf(5) text Keel writes for one jail: VNET with the jail end of
-/// its epair, devfs with [`DEVFS_RULESET`], `persist`, a clean environment, and
-/// an exec.start list that brings up lo0 and the jail's address, adds the
-/// default route, then starts the workload under daemon(8) with the spec's
-/// environment applied by env(1).
+/// its epair, devfs with the ruleset `devfs` (the `jail.devfs_ruleset`
+/// setting), `persist`, a clean environment, and an exec.start list that
+/// brings up lo0 and the jail's address, adds the default route, then starts
+/// the workload under daemon(8) with the spec's environment applied by
+/// env(1).
 ///
 /// Two layers of quoting keep every value literal: each argv element is
 /// quoted for sh(1) (jail(8) runs exec.* lines through `/bin/sh -c` inside the
 /// jail), and the whole line is a jail.conf double-quoted string, where `\`,
 /// `"` and `$` are escaped because jail.conf expands `$name` and `${name}`
 /// there.
-pub fn render_jail_conf(params: &JailParams) -> String {
+///
+/// [`DevfsRuleset::Inherit`] is written as `devfs_ruleset = 0`, not left
+/// out: left out, jail(8) still mounts the jail's devfs with
+/// `-oruleset=4` (usr.sbin/jail/command.c), which devfs refuses from inside
+/// a jail whose own ruleset is another (devfs_vfsops.c: EPERM). With 0, both
+/// the kernel (kern_jail.c: a nested jail always gets its parent's ruleset)
+/// and devfs (a jailed mount takes the jail's ruleset) use the parent's.
+/// On a host that is not a jail, 0 would hide no device at all, which is
+/// why the agent refuses `inherit` there.
+pub fn render_jail_conf(params: &JailParams, devfs: DevfsRuleset) -> String {
     let mut lines = vec![
         format!("path = {}", conf_string(&params.path.to_string_lossy())),
         format!("host.hostname = {}", conf_string(&params.hostname)),
@@ -283,7 +308,11 @@ pub fn render_jail_conf(params: &JailParams) -> String {
         ]));
     }
     lines.push("mount.devfs".to_string());
-    lines.push(format!("devfs_ruleset = {DEVFS_RULESET}"));
+    let ruleset = match devfs {
+        DevfsRuleset::Number(n) => n,
+        DevfsRuleset::Inherit => 0,
+    };
+    lines.push(format!("devfs_ruleset = {ruleset}"));
     lines.push("exec.clean".to_string());
     if !params.exec_start.is_empty() {
         let mut workload = words(&[JAIL_DAEMON, "-f", "-o", WORKLOAD_LOG]);
@@ -472,6 +501,18 @@ fn racct_message(out: &CmdOutput) -> Option<String> {
     .then(|| text.to_string())
 }
 
+/// rctl(8) warns with strerror(EPERM) when the kernel's priv_check refuses
+/// the rule change: jailed root lacks PRIV_RCTL_* (kern_jail.c
+/// `prison_priv_check` denies every privilege it does not list).
+fn rctl_not_permitted(argv: &[String], out: &CmdOutput) -> Option<JailError> {
+    out.stderr
+        .contains("Operation not permitted")
+        .then(|| JailError::RctlNotPermitted {
+            command: render_argv(argv),
+            stderr: out.stderr.trim().to_string(),
+        })
+}
+
 fn program(path: &Path, args: &[&str]) -> Vec<String> {
     let mut argv = vec![path.to_string_lossy().into_owned()];
     argv.extend(args.iter().map(|a| a.to_string()));
@@ -484,6 +525,7 @@ pub struct FreeBsdJails<R: CommandRunner> {
     runner: R,
     paths: CommandPaths,
     conf_dir: PathBuf,
+    devfs: DevfsRuleset,
 }
 
 impl<R: CommandRunner> FreeBsdJails<R> {
@@ -494,7 +536,15 @@ impl<R: CommandRunner> FreeBsdJails<R> {
             runner,
             paths,
             conf_dir: conf_dir.into(),
+            devfs: DevfsRuleset::default(),
         }
+    }
+
+    /// The devfs ruleset of every jail created from now on
+    /// (`jail.devfs_ruleset`; [`DevfsRuleset::default`] otherwise).
+    pub fn with_devfs_ruleset(mut self, devfs: DevfsRuleset) -> Self {
+        self.devfs = devfs;
+        self
     }
 
     /// `{conf_dir}/{name}.conf`
@@ -576,6 +626,9 @@ impl<R: CommandRunner> FreeBsdJails<R> {
         {
             return Ok(());
         }
+        if let Some(e) = rctl_not_permitted(&argv, &out) {
+            return Err(e);
+        }
         out.check(&argv)?;
         Ok(())
     }
@@ -614,7 +667,7 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
                 reason: format!("the {field} contains a NUL byte"),
             });
         }
-        self.write_conf(&conf, &render_jail_conf(params))?;
+        self.write_conf(&conf, &render_jail_conf(params, self.devfs))?;
         let argv = program(
             &self.paths.jail,
             &["-f", &conf.to_string_lossy(), "-c", &params.name],
@@ -676,6 +729,9 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
         let out = self.run(&argv, RCTL_TIMEOUT)?;
         if let Some(msg) = racct_message(&out) {
             return Err(JailError::RacctDisabled(msg));
+        }
+        if let Some(e) = rctl_not_permitted(&argv, &out) {
+            return Err(e);
         }
         out.check(&argv)?;
         Ok(())
@@ -1021,7 +1077,7 @@ mod tests {
 	vnet;
 	vnet.interface = "kj_web-1";
 	mount.devfs;
-	devfs_ruleset = 5;
+	devfs_ruleset = 4;
 	exec.clean;
 	exec.start = "/sbin/ifconfig lo0 inet 127.0.0.1/8 up";
 	exec.start += "/sbin/ifconfig kj_web-1 inet 10.20.3.15/24 up";
@@ -1030,7 +1086,26 @@ mod tests {
 	exec.stop = "/usr/bin/env PORT=8080 /bin/sh /etc/rc.shutdown";
 }
 "#;
-        assert_eq!(render_jail_conf(&web()), expected);
+        assert_eq!(render_jail_conf(&web(), DevfsRuleset::default()), expected);
+    }
+
+    /// The ruleset is the setting's; `inherit` writes 0, which a nested
+    /// jail's kernel and devfs read as "the parent's" (see
+    /// [`render_jail_conf`]), never an omitted line that jail(8) would turn
+    /// into ruleset 4.
+    #[test]
+    fn conf_carries_the_configured_devfs_ruleset() {
+        let five = render_jail_conf(&web(), DevfsRuleset::Number(5));
+        assert!(
+            five.contains("\tmount.devfs;\n\tdevfs_ruleset = 5;\n"),
+            "{five}"
+        );
+        let nested = render_jail_conf(&web(), DevfsRuleset::Inherit);
+        assert!(
+            nested.contains("\tmount.devfs;\n\tdevfs_ruleset = 0;\n"),
+            "{nested}"
+        );
+        assert_eq!(nested.matches("devfs_ruleset").count(), 1, "{nested}");
     }
 
     #[test]
@@ -1039,7 +1114,7 @@ mod tests {
         p.network = None;
         p.env.clear();
         p.exec_stop.clear();
-        let conf = render_jail_conf(&p);
+        let conf = render_jail_conf(&p, DevfsRuleset::default());
         assert!(!conf.contains("vnet"), "{conf}");
         assert!(!conf.contains("exec.stop"), "{conf}");
         assert!(
@@ -1063,7 +1138,7 @@ mod tests {
             "[a-z]*".into(),
         ];
         p.env = BTreeMap::from([("X".to_string(), "${path}".to_string())]);
-        let conf = render_jail_conf(&p);
+        let conf = render_jail_conf(&p, DevfsRuleset::default());
         let expected = r#"exec.start += "/usr/sbin/daemon -f -o /var/log/keel-start.log /usr/bin/env 'X=\${path}' /bin/echo 'it'\\''s' '\$HOME' 'a;b c' 'back\\slash' '\"dq\"' '[a-z]*'";"#;
         assert!(conf.contains(expected), "{conf}");
     }

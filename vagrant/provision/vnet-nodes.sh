@@ -11,7 +11,9 @@
 # (run: "always"): jails do not survive a reboot.
 #
 # Limits of this mode (README.md): rctl(8) cannot be used inside a jail, so
-# specs with resources fail here; agents run nested VNET jails.
+# specs with resources fail here (specs without run no rctl at all); agents
+# run nested VNET jails, which the kernel only lets have the node jail's devfs
+# ruleset, hence jail.devfs_ruleset = "inherit" in each agent's keel.toml.
 
 set -eu
 
@@ -105,6 +107,9 @@ advertise_addr = "${NET}.${i}:7441"
 pool = "${pool}"
 jails_dir = "/usr/local/jails/${node}"
 volumes_dir = "/usr/local/jails/${node}-volumes"
+
+[jail]
+devfs_ruleset = "inherit"
 
 [ingress]
 base = "${release}"

@@ -830,6 +830,15 @@ mod tests {
         }
     }
 
+    /// The ingress jail's name passes the same check as every Jail name
+    /// (not all digits, a DNS label, short enough for a dataset name), and
+    /// no Jail or Service can take it: its prefix is reserved.
+    #[test]
+    fn the_ingress_jail_name_is_a_valid_and_reserved_jail_name() {
+        assert_eq!(crate::common::names::validate_name(INGRESS_JAIL), Ok(()));
+        assert!(INGRESS_JAIL.starts_with(crate::common::names::RESERVED_PREFIX));
+    }
+
     #[test]
     fn the_first_ingress_brings_the_jail_and_the_anchor_the_last_takes_them_away() {
         let mut w = world(false);

@@ -209,7 +209,7 @@ impl JailTemplate {
                     .volumes
                     .iter()
                     .map(|v| VolumeSpec {
-                        name: format!("{replica_name}-{}", v.name),
+                        name: crate::common::names::replica_volume_name(replica_name, &v.name),
                         ..v.clone()
                     })
                     .collect(),

@@ -343,7 +343,7 @@ fn jail_body(p: &str, s: &JailSpec) -> Check {
     volumes(p, &s.volumes)
 }
 
-use crate::common::names::RESERVED_PREFIX;
+use crate::common::names::{MAX_NAME_LEN, RESERVED_PREFIX, replica_name, replica_volume_name};
 
 fn not_reserved(name: &str) -> Result<(), String> {
     if name.starts_with(RESERVED_PREFIX) {
@@ -388,13 +388,15 @@ pub(crate) fn service(s: &Service) -> Check {
              from its node's pod_cidr",
         ));
     }
-    // The longest replica name decides whether every derived name still fits.
-    let last = format!("{name}-{}", spec.replicas.saturating_sub(1));
-    if last.len() > 63 {
+    // The longest replica name decides whether every derived name is still a
+    // valid jail and dataset name (it always holds a `-`, so it is never all
+    // digits; only its length can fail).
+    let last = replica_name(name, spec.replicas.saturating_sub(1));
+    if validate_name(&last).is_err() {
         return Err(FieldError::new(
             "metadata.name",
             format!(
-                "replica name {last:?} would be longer than 63 characters; shorten the \
+                "replica name {last:?} would be longer than {MAX_NAME_LEN} characters; shorten the \
                  service name"
             ),
         ));
@@ -410,12 +412,12 @@ pub(crate) fn service(s: &Service) -> Check {
     };
     jail_body("spec.template", &as_spec)?;
     for (i, v) in t.volumes.iter().enumerate() {
-        let derived = format!("{last}-{}", v.name);
-        if derived.len() > 63 {
+        let derived = replica_volume_name(&last, &v.name);
+        if validate_name(&derived).is_err() {
             return Err(FieldError::new(
                 format!("spec.template.volumes[{i}].name"),
                 format!(
-                    "per-replica volume name {derived:?} would be longer than 63 \
+                    "per-replica volume name {derived:?} would be longer than {MAX_NAME_LEN} \
                      characters; shorten the volume or service name"
                 ),
             ));

@@ -11,7 +11,7 @@ use std::time::Instant;
 use super::placements::Pending;
 use super::{Cluster, Refusal, Target};
 use crate::common::cidr::derive_service_vip;
-use crate::common::names::{replica_of, reserved_for_replicas};
+use crate::common::names::{replica_name, replica_of, replica_volume_name, reserved_for_replicas};
 use crate::common::wire::{Liveness, ReplicaStatus, ServiceApply, ServiceEndpoints, ServiceStatus};
 use crate::controlplane::scheduler::pick_node_spread;
 use crate::controlplane::state::{Op, Placement, ServiceRecord};
@@ -285,7 +285,7 @@ impl Cluster {
                 .map(|(_, _, p)| p.node.clone())
                 .collect();
             for index in 0..rec.applied.replicas {
-                let replica = format!("{name}-{index}");
+                let replica = replica_name(&name, index);
                 let ok = self
                     .state
                     .placements
@@ -298,7 +298,7 @@ impl Cluster {
                     .applied
                     .volumes
                     .iter()
-                    .map(|v| format!("{replica}-{v}"))
+                    .map(|v| replica_volume_name(&replica, v))
                     .collect();
                 // A replica whose data is on a node (it ran there before a
                 // scale-down) goes back there, or waits while it is Dead.
