@@ -568,6 +568,21 @@ pub fn read_tail(root: &Path, file: &Path, max_bytes: u64) -> Result<Vec<u8>, Be
     }
 }
 
+/// Whether `file` (plain names) beneath `root` is a regular file: `false`
+/// when it, or a directory on the way, does not exist; a symbolic link, a
+/// FIFO or a directory there is the error naming it.
+pub fn is_regular_file(root: &Path, file: &Path) -> Result<bool, BeneathError> {
+    let (dir, name) = split(root, file)?;
+    let opened = Dir::root(root)
+        .and_then(|r| r.open(dir, Create::Never))
+        .and_then(|d| d.open_regular(name).map(drop));
+    match opened {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_missing() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The whole of `file` (plain names) beneath `root`, at most `limit` bytes.
 pub fn read(root: &Path, file: &Path, limit: u64) -> Result<Vec<u8>, BeneathError> {
     let (dir, name) = split(root, file)?;

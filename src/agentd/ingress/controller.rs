@@ -66,6 +66,9 @@ pub const CONF_FILE: &str = "nginx.conf";
 pub const NEXT_FILE: &str = "nginx.conf.next";
 /// Certificates and keys, under [`CONF_DIR`].
 pub const CERT_DIR: &str = "certs";
+/// Directories nginx writes to inside the jail ([`NginxLayout`]'s pid file,
+/// logs and temporary files).
+const NGINX_DIRS: [&str; 3] = ["/var/run", "/var/log/nginx", "/var/tmp/nginx"];
 /// Mode of nginx's configuration files (keys and certificates are 0600).
 const CONF_MODE: u32 = 0o644;
 
@@ -281,21 +284,7 @@ impl IngressController {
         let seen = |p: &str| self.settings.as_seen_by_nginx(&root, p);
         let cert_files = PathBeneath::new(&root, Path::new(relative(CONF_DIR)).join(CERT_DIR));
         if let Err(e) = beneath::make_dirs(cert_files.root(), cert_files.inside()) {
-            let message = format!("ingress jail files: {e}");
-            self.observed = self
-                .state
-                .ingresses
-                .keys()
-                .map(|name| {
-                    let o = Observed {
-                        phase: IngressPhase::Failed,
-                        expires: None,
-                        error: Some(message.clone()),
-                    };
-                    (name.clone(), o)
-                })
-                .collect();
-            self.problems.push(message);
+            self.fail_every_ingress(format!("ingress jail files: {e}"));
             return;
         }
         let cert_dir_nginx = seen(&format!("{CONF_DIR}/{CERT_DIR}"));
@@ -392,12 +381,6 @@ impl IngressController {
             .filter(|h| !refused.iter().any(|r| &r.host == h))
             .collect();
         if self.running.as_ref().is_none_or(|(c, _)| *c != conf) {
-            // nginx's own directories, which a bare base may lack.
-            for dir in ["/var/run", "/var/log/nginx", "/var/tmp/nginx"] {
-                if let Err(e) = beneath::make_dirs(&root, Path::new(relative(dir))) {
-                    self.problems.push(format!("{dir} in {INGRESS_JAIL}: {e}"));
-                }
-            }
             match self.load(reconciler, &root, &conf) {
                 Ok(()) => {
                     if self.state.loaded_hosts != hosts {
@@ -562,6 +545,18 @@ impl IngressController {
         if let Some(record) = reconciler.record(INGRESS_JAIL)
             && record.spec == spec
         {
+            // Provisioning failed (a base without nginx, a missing base) and
+            // waits for its retry: there is no nginx to check or reload, and
+            // every Ingress says why.
+            if let Some(status) = reconciler.get(INGRESS_JAIL)
+                && status.state == Phase::Failed
+            {
+                let why = status
+                    .last_error
+                    .unwrap_or_else(|| "not provisioned".into());
+                self.fail_every_ingress(format!("ingress jail {INGRESS_JAIL}: {why}"));
+                return None;
+            }
             return Some(record.address);
         }
         match reconciler.apply(spec, None) {
@@ -573,11 +568,29 @@ impl IngressController {
                 Some(status.address)
             }
             Err(e) => {
-                self.problems
-                    .push(format!("ingress jail {INGRESS_JAIL}: {e}"));
+                self.fail_every_ingress(format!("ingress jail {INGRESS_JAIL}: {e}"));
                 None
             }
         }
+    }
+
+    /// Marks every Ingress Failed with `message`, which is also the pass's
+    /// problem: something all of them need (the jail, its files) is broken.
+    fn fail_every_ingress(&mut self, message: String) {
+        self.observed = self
+            .state
+            .ingresses
+            .keys()
+            .map(|name| {
+                let o = Observed {
+                    phase: IngressPhase::Failed,
+                    expires: None,
+                    error: Some(message.clone()),
+                };
+                (name.clone(), o)
+            })
+            .collect();
+        self.problems.push(message);
     }
 
     fn ensure_anchor(&mut self, jail: Ipv4Addr, now: Instant) {
@@ -654,12 +667,53 @@ impl IngressSettings {
         }
     }
 
+    /// `Ok` when the jail can run nginx: the package's binary is a regular
+    /// file in its root (read beneath the root, a link there is refused),
+    /// or, in simulate mode, where the host's processes find it. A base
+    /// without it would start a jail whose workload exits at once and
+    /// crash-loops forever; refused here, before the jail is created, the
+    /// provision fails with a message saying how to build a base that has it.
+    fn check_nginx(&self, root: &Path) -> Result<(), String> {
+        let found = if self.simulate {
+            if self.nginx.is_file() {
+                Ok(())
+            } else {
+                Err("no such file on this host".to_string())
+            }
+        } else {
+            let inside = self.nginx.to_string_lossy();
+            match beneath::is_regular_file(root, Path::new(relative(&inside))) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("no such file in the jail's root".to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        found.map_err(|why| {
+            format!(
+                "ingress base {base} has no {nginx} ({why}): nginx must be in the base. \
+                 Build one with it (zfs clone the release's base, pkg -r BASEDIR install -y nginx, \
+                 zfs snapshot NAME@keel), set ingress.base to its name and restart keel-agentd \
+                 (docs/operations.md, \"A base\")",
+                base = self.base,
+                nginx = self.nginx.display(),
+            )
+        })
+    }
+
     /// The first configuration of a fresh ingress jail (default servers
     /// only, refusing every name), written into its root before nginx
     /// starts there unless a configuration is already in place: nginx does
     /// not start without one, and an existing one is the controller's to
     /// replace (checked with `nginx -t` first).
     fn seed_first_configuration(&self, root: &Path, address: Ipv4Addr) -> Result<(), String> {
+        self.check_nginx(root)?;
+        // nginx's own directories, which the package does not create
+        // (nginx makes the temporary ones below them at start, and exits
+        // when it cannot): before its start, or its first start would fail.
+        for dir in NGINX_DIRS {
+            beneath::make_dirs(root, Path::new(relative(dir)))
+                .map_err(|e| format!("{dir} in {INGRESS_JAIL}: {e}"))?;
+        }
         let live = Path::new(relative(CONF_DIR)).join(CONF_FILE);
         let (empty, _) = render(&[], &self.layout(root, address));
         beneath::write_if_absent(root, &live, empty.as_bytes(), CONF_MODE)
@@ -709,6 +763,8 @@ mod tests {
     }
 
     const HOST: &str = "web.example.org";
+    /// The nginx package's binary, relative to the jail's root.
+    const NGINX_IN_ROOT: &str = "usr/local/sbin/nginx";
 
     fn world(with_certs: bool) -> World {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -724,8 +780,15 @@ mod tests {
             Faults::default(),
         );
         zfs.add_base("14.2-RELEASE");
-        // What `zfs clone` leaves: the ingress jail's root exists.
-        fs::create_dir_all(dir.path().join("jails").join(INGRESS_JAIL)).expect("rootfs");
+        // What `zfs clone` of a base with the nginx package leaves: the
+        // ingress jail's root, with nginx in it.
+        let nginx = dir
+            .path()
+            .join("jails")
+            .join(INGRESS_JAIL)
+            .join(NGINX_IN_ROOT);
+        fs::create_dir_all(nginx.parent().expect("sbin")).expect("rootfs");
+        fs::write(&nginx, "#!/bin/sh\n").expect("nginx");
         let (store, state) = Store::open(dir.path(), AGENT_STATE).expect("store");
         let reconciler = Reconciler::new(
             jails.clone(),
@@ -853,6 +916,68 @@ mod tests {
         w.pass();
         assert!(w.reconciler.record(INGRESS_JAIL).is_none(), "jail removed");
         assert_eq!(w.firewall.anchor(INGRESS_ANCHOR), None, "anchor flushed");
+    }
+
+    /// The base is a bare release: no jail is created (so nothing can
+    /// crash-loop), no nginx command runs, and every Ingress is Failed with
+    /// a message naming the base, the missing binary and how to build a
+    /// base with it; the next pass says the same while the provision waits
+    /// for its retry.
+    #[test]
+    fn a_base_without_nginx_fails_every_ingress_and_never_starts_the_jail() {
+        let mut w = world(false);
+        fs::remove_file(w.root().join(NGINX_IN_ROOT)).expect("bare release");
+        w.web_ingress();
+        w.controller
+            .put(ingress("api", "api.example.org", "web"))
+            .expect("put");
+        for pass in 1..=2 {
+            w.pass();
+            for name in ["web", "api"] {
+                let status = w.controller.status(name).expect("status");
+                assert_eq!(
+                    status.phase,
+                    IngressPhase::Failed,
+                    "pass {pass}: {status:?}"
+                );
+                let error = status.last_error.unwrap_or_default();
+                for part in [
+                    "ingress base 14.2-RELEASE has no /usr/local/sbin/nginx",
+                    "pkg -r BASEDIR install -y nginx",
+                    "ingress.base",
+                ] {
+                    assert!(error.contains(part), "pass {pass}, {name}: {error}");
+                }
+            }
+            assert_eq!(
+                w.reconciler.get(INGRESS_JAIL).map(|j| j.state),
+                Some(Phase::Failed),
+                "pass {pass}"
+            );
+            assert!(w.log.matching("jail.create").is_empty(), "pass {pass}");
+            assert!(w.log.matching("jail.exec").is_empty(), "pass {pass}");
+        }
+        assert!(
+            w.live_conf().is_none(),
+            "no configuration for an nginx that is not there"
+        );
+    }
+
+    /// A symbolic link in place of nginx (the jail's root user could plant
+    /// one on a restart) is refused, never followed.
+    #[test]
+    fn a_link_in_place_of_nginx_is_refused() {
+        let mut w = world(false);
+        let nginx = w.root().join(NGINX_IN_ROOT);
+        fs::remove_file(&nginx).expect("remove");
+        std::os::unix::fs::symlink("/bin/sh", &nginx).expect("link");
+        w.web_ingress();
+        w.pass();
+        let status = w.controller.status("web").expect("status");
+        assert_eq!(status.phase, IngressPhase::Failed);
+        let error = status.last_error.unwrap_or_default();
+        assert!(error.contains("is a symbolic link"), "{error}");
+        assert!(w.log.matching("jail.create").is_empty());
     }
 
     #[test]
