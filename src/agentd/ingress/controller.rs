@@ -542,22 +542,34 @@ impl IngressController {
         }
         let root = reconciler.rootfs_path(INGRESS_JAIL);
         let spec = self.jail_spec(&root);
-        if let Some(record) = reconciler.record(INGRESS_JAIL)
-            && record.spec == spec
-        {
-            // Provisioning failed (a base without nginx, a missing base) and
-            // waits for its retry: there is no nginx to check or reload, and
-            // every Ingress says why.
-            if let Some(status) = reconciler.get(INGRESS_JAIL)
-                && status.state == Phase::Failed
+        let failed = reconciler
+            .get(INGRESS_JAIL)
+            .filter(|status| status.state == Phase::Failed);
+        if let Some(record) = reconciler.record(INGRESS_JAIL) {
+            if record.spec == spec {
+                // Provisioning failed (a base without nginx, a missing base)
+                // and waits for its retry: there is no nginx to check or
+                // reload, and every Ingress says why.
+                if let Some(status) = failed {
+                    let why = status
+                        .last_error
+                        .unwrap_or_else(|| "not provisioned".into());
+                    self.fail_every_ingress(format!("ingress jail {INGRESS_JAIL}: {why}"));
+                    return None;
+                }
+                return Some(record.address);
+            }
+            // A jail that never started keeps the root it was first cloned
+            // into (only a deployed jail is cloned again for a new base), so
+            // the base that replaces one without nginx would never be used:
+            // remove the failed jail, root included, and provision it anew.
+            if failed.is_some()
+                && record.deployed.is_none()
+                && let Err(e) = reconciler.delete(INGRESS_JAIL)
             {
-                let why = status
-                    .last_error
-                    .unwrap_or_else(|| "not provisioned".into());
-                self.fail_every_ingress(format!("ingress jail {INGRESS_JAIL}: {why}"));
+                self.fail_every_ingress(format!("removing the failed {INGRESS_JAIL}: {e}"));
                 return None;
             }
-            return Some(record.address);
         }
         match reconciler.apply(spec, None) {
             Ok(status) => {
@@ -780,6 +792,7 @@ mod tests {
             Faults::default(),
         );
         zfs.add_base("14.2-RELEASE");
+        zfs.add_base("14.5-RELEASE-nginx");
         // What `zfs clone` of a base with the nginx package leaves: the
         // ingress jail's root, with nginx in it.
         let nginx = dir
@@ -960,6 +973,67 @@ mod tests {
         assert!(
             w.live_conf().is_none(),
             "no configuration for an nginx that is not there"
+        );
+    }
+
+    /// After a base without nginx, the admin builds one with it and points
+    /// `ingress.base` at it (an agent restart with the new setting): the
+    /// failed jail's root, cloned from the bare base, is destroyed and the
+    /// new base cloned, and the jail starts.
+    #[test]
+    fn a_new_base_with_nginx_replaces_the_failed_jail_with_a_fresh_clone() {
+        let mut w = world(false);
+        fs::remove_file(w.root().join(NGINX_IN_ROOT)).expect("bare release");
+        w.web_ingress();
+        w.pass();
+        assert_eq!(w.phase("web"), IngressPhase::Failed);
+
+        let services = w.controller.services.clone();
+        let mut settings = w.controller.settings.clone();
+        settings.base = "14.5-RELEASE-nginx".into();
+        w.controller = IngressController::open(
+            w.dir.path(),
+            settings,
+            Box::new(w.firewall.clone()),
+            Err("no credentials".into()),
+        )
+        .expect("restarted controller");
+        w.controller.set_services(services);
+        // What cloning the new base leaves: its root has nginx.
+        fs::write(w.root().join(NGINX_IN_ROOT), "#!/bin/sh\n").expect("nginx");
+        let before = w.log.entries().len();
+        w.pass();
+
+        let calls = w.log.entries()[before..].to_vec();
+        let destroyed = calls
+            .iter()
+            .position(|c| c == "zfs.destroy_rootfs keel-ingress");
+        let cloned = calls
+            .iter()
+            .position(|c| c == "zfs.clone_rootfs keel-ingress");
+        assert!(
+            destroyed.is_some() && cloned.is_some() && destroyed < cloned,
+            "old root destroyed, then the new base cloned: {calls:?}"
+        );
+        assert!(
+            calls.iter().any(|c| c == "jail.create keel-ingress"),
+            "{calls:?}"
+        );
+        assert_eq!(
+            w.reconciler.get(INGRESS_JAIL).map(|j| j.state),
+            Some(Phase::Running)
+        );
+        assert_eq!(
+            w.reconciler
+                .record(INGRESS_JAIL)
+                .map(|r| r.spec.spec.base.as_str()),
+            Some("14.5-RELEASE-nginx")
+        );
+        assert_ne!(
+            w.phase("web"),
+            IngressPhase::Failed,
+            "{:?}",
+            w.controller.problems
         );
     }
 
