@@ -86,6 +86,8 @@ for node in node1 node2; do
 		zfs create -p "${pool}/keel/bases"
 		zfs send "keel/keel/bases/${release}@keel" |
 			zfs receive -u "${pool}/keel/bases/${release}"
+		zfs send "keel/keel/bases/${release}-nginx@keel" |
+			zfs receive -u "${pool}/keel/bases/${release}-nginx"
 		zfs set jailed=on "${pool}/keel"
 	fi
 	zfs jail "${node}" "${pool}/keel"
@@ -107,7 +109,7 @@ jails_dir = "/usr/local/jails/${node}"
 volumes_dir = "/usr/local/jails/${node}-volumes"
 
 [ingress]
-base = "${release}"
+base = "${release}-nginx"
 TOML
 	jexec "${node}" /usr/local/sbin/keel-agentd -c "/usr/local/etc/keel-${node}.toml" --check-config >/dev/null
 	jexec "${node}" /usr/local/sbin/keel-agentd -c "/usr/local/etc/keel-${node}.toml" --daemon
