@@ -942,6 +942,43 @@ mod tests {
         }
     }
 
+    /// The ingress jail's nginx check: a regular file is there, a missing
+    /// file or directory on the way is "not there", and a link (to a host
+    /// file that does exist), a FIFO or a directory is an error naming it.
+    #[test]
+    fn is_regular_file_tells_missing_from_refused() {
+        let t = tree();
+        std::fs::write(t.root.join("etc/conf/nginx"), b"\x7fELF").expect("file");
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("etc/conf/nginx")),
+            Ok(true)
+        ));
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("etc/conf/absent")),
+            Ok(false)
+        ));
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("usr/local/sbin/nginx")),
+            Ok(false)
+        ));
+
+        std::fs::write(t.outside.join("nginx"), b"host").expect("host file");
+        symlink(t.outside.join("nginx"), t.root.join("etc/conf/linked")).expect("link");
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("etc/conf/linked")),
+            Err(BeneathError::SymbolicLink { .. })
+        ));
+        mkfifo(&t.root.join("etc/conf/fifo"));
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("etc/conf/fifo")),
+            Err(BeneathError::NotARegularFile { .. })
+        ));
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("etc/conf")),
+            Err(BeneathError::NotARegularFile { .. })
+        ));
+    }
+
     #[test]
     fn only_plain_names_are_resolved() {
         let t = tree();
