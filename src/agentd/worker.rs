@@ -25,10 +25,10 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::agentd::routes::{self, HeartbeatOutcome};
 use crate::agentd::ingress::controller::{IngressApiError, IngressController};
 use crate::agentd::metrics::Metrics;
 use crate::agentd::reconciler::{JailStatus, Phase, ReconcileError, Reconciler};
+use crate::agentd::routes::{self, HeartbeatOutcome};
 use crate::agentd::snapshot::{self, Publisher, Snapshot};
 use crate::agentd::volumes::{self, VolumeError};
 use crate::common::cidr::Ipv4Net;
@@ -410,6 +410,11 @@ fn run<J, Z, N, M>(
     M: MountManager,
 {
     let mut metrics = Metrics::default();
+    // Before the first reconcile pass, which may provision a recorded
+    // ingress jail: it must not start without the controller's seed.
+    if let Some(controller) = ingress.as_mut() {
+        controller.register_seed(&mut reconciler);
+    }
     pass(&mut reconciler, &mut metrics);
     ingress_pass(&mut ingress, &mut reconciler);
     published.publish(reconciler.list());

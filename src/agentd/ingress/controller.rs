@@ -529,17 +529,7 @@ impl IngressController {
         N: NetManager,
         M: MountManager,
     {
-        if !self.seed_registered {
-            // nginx does not start without a configuration, and a fresh root
-            // (first Ingress, new base) has none: the reconciler writes the
-            // first one between cloning the root and starting the jail.
-            let settings = self.settings.clone();
-            reconciler.seed_root(
-                INGRESS_JAIL,
-                Box::new(move |root, address| settings.seed_first_configuration(root, address)),
-            );
-            self.seed_registered = true;
-        }
+        self.register_seed(reconciler);
         let root = reconciler.rootfs_path(INGRESS_JAIL);
         let spec = self.jail_spec(&root);
         let failed = reconciler
@@ -584,6 +574,33 @@ impl IngressController {
                 None
             }
         }
+    }
+
+    /// Hands the reconciler the ingress jail's seed (the nginx check,
+    /// nginx's directories, the first configuration), once. The worker calls
+    /// it before its first reconcile pass: a restarted agent's first pass
+    /// provisions a recorded ingress jail that is not running, and without
+    /// the seed it would start one whose base lacks nginx, or with no
+    /// configuration, and crash-loop.
+    pub fn register_seed<J, Z, N, M>(&mut self, reconciler: &mut Reconciler<J, Z, N, M>)
+    where
+        J: JailRuntime,
+        Z: ZfsManager,
+        N: NetManager,
+        M: MountManager,
+    {
+        if self.seed_registered {
+            return;
+        }
+        // nginx does not start without a configuration, and a fresh root
+        // (first Ingress, new base) has none: the reconciler writes the
+        // first one between cloning the root and starting the jail.
+        let settings = self.settings.clone();
+        reconciler.seed_root(
+            INGRESS_JAIL,
+            Box::new(move |root, address| settings.seed_first_configuration(root, address)),
+        );
+        self.seed_registered = true;
     }
 
     /// Marks every Ingress Failed with `message`, which is also the pass's
@@ -778,32 +795,23 @@ mod tests {
     /// The nginx package's binary, relative to the jail's root.
     const NGINX_IN_ROOT: &str = "usr/local/sbin/nginx";
 
-    fn world(with_certs: bool) -> World {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let log = CallLog::new();
-        let jails = FakeJails::new(log.clone(), Faults::default());
+    /// A reconciler keeping its state in `dir` over Fakes logging to `log`
+    /// (a second one on the same `dir` and `jails` is a restarted agent),
+    /// with jail roots under `dir/jails` and two bases.
+    fn reconciler_in(dir: &Path, log: &CallLog, jails: &FakeJails) -> FakeReconciler {
         let zfs = FakeZfs::with_layout(
             ZfsLayout {
                 pool: "zroot".into(),
-                jails_dir: dir.path().join("jails"),
-                volumes_dir: dir.path().join("volumes"),
+                jails_dir: dir.join("jails"),
+                volumes_dir: dir.join("volumes"),
             },
             log.clone(),
             Faults::default(),
         );
         zfs.add_base("14.2-RELEASE");
         zfs.add_base("14.5-RELEASE-nginx");
-        // What `zfs clone` of a base with the nginx package leaves: the
-        // ingress jail's root, with nginx in it.
-        let nginx = dir
-            .path()
-            .join("jails")
-            .join(INGRESS_JAIL)
-            .join(NGINX_IN_ROOT);
-        fs::create_dir_all(nginx.parent().expect("sbin")).expect("rootfs");
-        fs::write(&nginx, "#!/bin/sh\n").expect("nginx");
-        let (store, state) = Store::open(dir.path(), AGENT_STATE).expect("store");
-        let reconciler = Reconciler::new(
+        let (store, state) = Store::open(dir, AGENT_STATE).expect("store");
+        Reconciler::new(
             jails.clone(),
             zfs,
             FakeNet::new(log.clone(), Faults::default()),
@@ -815,7 +823,23 @@ mod tests {
             store,
             state,
             Box::new(ManualClock::new()),
-        );
+        )
+    }
+
+    fn world(with_certs: bool) -> World {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = CallLog::new();
+        let jails = FakeJails::new(log.clone(), Faults::default());
+        // What `zfs clone` of a base with the nginx package leaves: the
+        // ingress jail's root, with nginx in it.
+        let nginx = dir
+            .path()
+            .join("jails")
+            .join(INGRESS_JAIL)
+            .join(NGINX_IN_ROOT);
+        fs::create_dir_all(nginx.parent().expect("sbin")).expect("rootfs");
+        fs::write(&nginx, "#!/bin/sh\n").expect("nginx");
+        let reconciler = reconciler_in(dir.path(), &log, &jails);
         let firewall = FakeFirewall::new(log.clone(), Faults::default());
         let certs = if with_certs {
             CertManager::start(
@@ -973,6 +997,48 @@ mod tests {
         assert!(
             w.live_conf().is_none(),
             "no configuration for an nginx that is not there"
+        );
+    }
+
+    /// keel-agentd restarted while the base still lacks nginx: the worker's
+    /// first reconcile pass, which runs before any ingress pass, provisions
+    /// the recorded ingress jail, and the seed must already be registered
+    /// then, or the jail starts without the check and nginx crash-loops.
+    #[test]
+    fn a_restarted_agent_never_starts_the_jail_without_the_nginx_check() {
+        let mut w = world(false);
+        fs::remove_file(w.root().join(NGINX_IN_ROOT)).expect("bare release");
+        w.web_ingress();
+        w.pass();
+        assert_eq!(w.phase("web"), IngressPhase::Failed);
+        let settings = w.controller.settings.clone();
+        let World {
+            dir,
+            log,
+            jails,
+            firewall,
+            ..
+        } = w;
+
+        let reconciler = reconciler_in(dir.path(), &log, &jails);
+        let controller = IngressController::open(
+            dir.path(),
+            settings,
+            Box::new(firewall),
+            Err("no credentials".into()),
+        )
+        .expect("controller");
+        let (worker, thread) =
+            crate::agentd::worker::spawn_with_ingress(reconciler, Some(controller))
+                .expect("worker");
+        // Answered after the worker's first reconcile and ingress passes.
+        worker.metrics().expect("worker");
+        worker.shutdown();
+        thread.join().expect("the worker ends cleanly");
+        assert!(
+            log.matching("jail.create").is_empty(),
+            "{:?}",
+            log.entries()
         );
     }
 
