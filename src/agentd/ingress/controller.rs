@@ -1000,17 +1000,24 @@ mod tests {
         );
     }
 
+    /// Ingress `web` whose ingress jail failed its first provision: the
+    /// base is a bare release, without nginx.
+    fn failed_on_a_bare_base() -> World {
+        let mut w = world(false);
+        fs::remove_file(w.root().join(NGINX_IN_ROOT)).expect("bare release");
+        w.web_ingress();
+        w.pass();
+        assert_eq!(w.phase("web"), IngressPhase::Failed);
+        w
+    }
+
     /// keel-agentd restarted while the base still lacks nginx: the worker's
     /// first reconcile pass, which runs before any ingress pass, provisions
     /// the recorded ingress jail, and the seed must already be registered
     /// then, or the jail starts without the check and nginx crash-loops.
     #[test]
     fn a_restarted_agent_never_starts_the_jail_without_the_nginx_check() {
-        let mut w = world(false);
-        fs::remove_file(w.root().join(NGINX_IN_ROOT)).expect("bare release");
-        w.web_ingress();
-        w.pass();
-        assert_eq!(w.phase("web"), IngressPhase::Failed);
+        let w = failed_on_a_bare_base();
         let settings = w.controller.settings.clone();
         let World {
             dir,
@@ -1048,11 +1055,7 @@ mod tests {
     /// new base cloned, and the jail starts.
     #[test]
     fn a_new_base_with_nginx_replaces_the_failed_jail_with_a_fresh_clone() {
-        let mut w = world(false);
-        fs::remove_file(w.root().join(NGINX_IN_ROOT)).expect("bare release");
-        w.web_ingress();
-        w.pass();
-        assert_eq!(w.phase("web"), IngressPhase::Failed);
+        let mut w = failed_on_a_bare_base();
 
         let services = w.controller.services.clone();
         let mut settings = w.controller.settings.clone();
