@@ -13,7 +13,12 @@
 //! A pass:
 //! 1. No Ingress: the ingress jail is deleted and the anchor flushed.
 //! 2. The ingress jail (`keel-ingress`, base `ingress.base`, nginx in the
-//!    foreground under daemon(8)) is applied when missing.
+//!    foreground under daemon(8)) is applied when missing. Its root seed,
+//!    registered before the worker's first reconcile pass, refuses a root
+//!    without nginx before the jail is created: every Ingress is then Failed
+//!    with how to build a base with it, and no jail crash-loops. A jail that
+//!    failed so and never started is removed when `ingress.base` changes, so
+//!    the new base is cloned afresh.
 //! 3. The anchor is loaded once (the same text is not loaded again), retried
 //!    with backoff when pfctl fails.
 //! 4. Each Ingress whose Service VIP is known asks the [`CertManager`] for its
