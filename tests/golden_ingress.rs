@@ -157,7 +157,13 @@ fn ingress(name: &str, host: &str, service: &str) -> keel::common::spec::Ingress
 fn ingress_anchor_check_reload_refusal_and_removal() {
     let state = tempfile::tempdir().expect("tempdir");
     let _ = std::fs::remove_dir_all(base());
-    std::fs::create_dir_all(base().join("jails").join(INGRESS_JAIL)).expect("rootfs");
+    // What `zfs clone` of a base with the nginx package leaves.
+    let sbin = base()
+        .join("jails")
+        .join(INGRESS_JAIL)
+        .join("usr/local/sbin");
+    std::fs::create_dir_all(&sbin).expect("rootfs");
+    std::fs::write(sbin.join("nginx"), "#!/bin/sh\n").expect("nginx");
 
     // The ingress jail and the first Ingress, over the Fakes.
     {

@@ -301,13 +301,53 @@ fn pkg_message_is_ucl_with_the_setup_steps() {
         "anchor \"keel/*\"",
         "zfs create -o mountpoint=none zroot/keel",
         "base.txz",
-        "zfs snapshot zroot/keel/bases/14.2-RELEASE@keel",
+        "zfs snapshot zroot/keel/bases/$rel@keel",
+        "rel=14.5-RELEASE",
+        "FreeBSD-Archive/old-releases",
+        "pkg -r /usr/local/jails/keel-bases/$rel-nginx install -y nginx",
+        "nat on $ext_if inet from $keel_jails to ! $keel_jails -> ($ext_if)",
         "sysrc keel_agentd_enable=YES",
         "%%PREFIX%%/etc/keel.toml",
     ] {
         assert!(message.contains(step), "pkg-message lacks {step:?}");
     }
     assert_eq!(makefile_var("SUB_FILES"), "pkg-message");
+}
+
+/// Jails get egress only from the `nat` rule the admin puts in pf.conf
+/// (Keel loads no NAT anchor, docs/operations.md says why): the operations
+/// guide, the post-install message, keel-agentd(8) and the vagrant harness
+/// give the same rule, and each puts it before the filter anchor, as pf
+/// wants translation rules before filter rules.
+#[test]
+fn every_documented_pf_conf_gives_jails_egress_before_the_filter_rules() {
+    const NAT: &str = "nat on $ext_if inet from $keel_jails to ! $keel_jails -> ($ext_if)";
+    let harness = read("vagrant/provision/common.sh").replace("\\$", "$");
+    for (file, text) in [
+        ("docs/operations.md", read("docs/operations.md")),
+        (
+            "port/files/pkg-message.in",
+            read("port/files/pkg-message.in"),
+        ),
+        ("man/keel-agentd.8", read("man/keel-agentd.8")),
+        ("vagrant/provision/common.sh", harness),
+    ] {
+        let nat = text
+            .find(NAT)
+            .unwrap_or_else(|| panic!("{file} lacks the egress rule {NAT:?}"));
+        let filter = text
+            .find("\nanchor \"keel/*\"")
+            .or_else(|| text.find(" anchor \"keel/*\""))
+            .unwrap_or_else(|| panic!("{file} lacks anchor \"keel/*\""));
+        assert!(
+            nat < filter,
+            "{file}: the nat rule must come before the filter anchor"
+        );
+        assert!(
+            text.contains("keel_jails = \"10.20.0.0/16\""),
+            "{file}: keel_jails must be the default cluster_cidr"
+        );
+    }
 }
 
 #[test]

@@ -70,7 +70,7 @@ fn examples_are_what_their_names_say() {
     let jail =
         spec::parse_jail(&fs::read_to_string(root().join("examples/jail.yaml")).expect("jail"))
             .expect("jail.yaml is one Jail");
-    assert_eq!(jail.spec.base, "14.2-RELEASE");
+    assert_eq!(jail.spec.base, "14.5-RELEASE");
     assert_eq!(jail.spec.exec.start, ["/bin/sh", "/etc/rc"]);
     match read("service.yaml").as_slice() {
         [Document::Service(s)] => {

@@ -410,6 +410,11 @@ fn run<J, Z, N, M>(
     M: MountManager,
 {
     let mut metrics = Metrics::default();
+    // Before the first reconcile pass, which may provision a recorded
+    // ingress jail: it must not start without the controller's seed.
+    if let Some(controller) = ingress.as_mut() {
+        controller.register_seed(&mut reconciler);
+    }
     pass(&mut reconciler, &mut metrics);
     ingress_pass(&mut ingress, &mut reconciler);
     published.publish(reconciler.list());

@@ -15,7 +15,7 @@
 //!
 //! ```text
 //! # comment lines and blank lines are ignored
-//! $ /sbin/zfs clone -o mountpoint=/usr/local/jails/web zroot/keel/bases/14.2-RELEASE@keel zroot/keel/jails/web
+//! $ /sbin/zfs clone -o mountpoint=/usr/local/jails/web zroot/keel/bases/14.5-RELEASE@keel zroot/keel/jails/web
 //! < a line fed to the command's stdin
 //! > a line the command printed on stdout
 //! ! a line the command printed on stderr

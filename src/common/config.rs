@@ -351,8 +351,9 @@ pub enum DnsProvider {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IngressConfig {
-    /// Base the nginx jail is cloned from (`{pool}/keel/bases/<base>@keel`).
-    /// Default `14.2-RELEASE`.
+    /// Base the nginx jail is cloned from (`{pool}/keel/bases/<base>@keel`);
+    /// it must hold the nginx package (`/usr/local/sbin/nginx`), which a bare
+    /// release does not. Default `14.5-RELEASE-nginx`.
     pub base: String,
     /// ACME directory URL. Default Let's Encrypt *staging*, so a fresh install
     /// cannot burn the production rate limits.
@@ -391,7 +392,7 @@ pub struct IngressConfig {
 impl Default for IngressConfig {
     fn default() -> Self {
         IngressConfig {
-            base: "14.2-RELEASE".into(),
+            base: "14.5-RELEASE-nginx".into(),
             acme_directory: "https://acme-staging-v02.api.letsencrypt.org/directory".into(),
             acme_contact: None,
             acme_account_key: "/usr/local/etc/keel/acme-account.json".into(),

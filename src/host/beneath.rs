@@ -568,6 +568,21 @@ pub fn read_tail(root: &Path, file: &Path, max_bytes: u64) -> Result<Vec<u8>, Be
     }
 }
 
+/// Whether `file` (plain names) beneath `root` is a regular file: `false`
+/// when it, or a directory on the way, does not exist; a symbolic link, a
+/// FIFO or a directory there is the error naming it.
+pub fn is_regular_file(root: &Path, file: &Path) -> Result<bool, BeneathError> {
+    let (dir, name) = split(root, file)?;
+    let opened = Dir::root(root)
+        .and_then(|r| r.open(dir, Create::Never))
+        .and_then(|d| d.open_regular(name).map(drop));
+    match opened {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_missing() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The whole of `file` (plain names) beneath `root`, at most `limit` bytes.
 pub fn read(root: &Path, file: &Path, limit: u64) -> Result<Vec<u8>, BeneathError> {
     let (dir, name) = split(root, file)?;
@@ -925,6 +940,43 @@ mod tests {
                 "{err:?}"
             );
         }
+    }
+
+    /// The ingress jail's nginx check: a regular file is there, a missing
+    /// file or directory on the way is "not there", and a link (to a host
+    /// file that does exist), a FIFO or a directory is an error naming it.
+    #[test]
+    fn is_regular_file_tells_missing_from_refused() {
+        let t = tree();
+        std::fs::write(t.root.join("etc/conf/nginx"), b"\x7fELF").expect("file");
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("etc/conf/nginx")),
+            Ok(true)
+        ));
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("etc/conf/absent")),
+            Ok(false)
+        ));
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("usr/local/sbin/nginx")),
+            Ok(false)
+        ));
+
+        std::fs::write(t.outside.join("nginx"), b"host").expect("host file");
+        symlink(t.outside.join("nginx"), t.root.join("etc/conf/linked")).expect("link");
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("etc/conf/linked")),
+            Err(BeneathError::SymbolicLink { .. })
+        ));
+        mkfifo(&t.root.join("etc/conf/fifo"));
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("etc/conf/fifo")),
+            Err(BeneathError::NotARegularFile { .. })
+        ));
+        assert!(matches!(
+            is_regular_file(&t.root, Path::new("etc/conf")),
+            Err(BeneathError::NotARegularFile { .. })
+        ));
     }
 
     #[test]

@@ -16,7 +16,7 @@ POOL_SIZE=${KEEL_POOL_SIZE:-10g}
 
 log() { echo "==> $*"; }
 
-# 14.2-RELEASE-p3 -> 14.2-RELEASE: bases are named after the release.
+# 14.5-RELEASE-p3 -> 14.5-RELEASE: bases are named after the release.
 release=$(freebsd-version -u | sed 's/-p[0-9]*$//')
 
 log "packages: rust, curl"
@@ -51,10 +51,14 @@ kldload -n zfs if_bridge if_epair pf
 sysrc zfs_enable=YES pf_enable=YES gateway_enable=YES >/dev/null
 sysctl net.inet.ip.forwarding=1 >/dev/null
 
-log "pf.conf with Keel's anchors"
-cat > /etc/pf.conf <<'PF'
-# Keel test harness (vagrant/provision/common.sh).
+log "pf.conf with jail egress (NAT) and Keel's anchors"
+ext_if=$(route -n get default | awk '/interface:/ { print $2 }')
+cat > /etc/pf.conf <<PF
+# Keel test harness (vagrant/provision/common.sh), as docs/operations.md.
+ext_if = "${ext_if}"
+keel_jails = "10.20.0.0/16"
 set skip on lo0
+nat on \$ext_if inet from \$keel_jails to ! \$keel_jails -> (\$ext_if)
 rdr-anchor "keel/*"
 anchor "keel/*"
 pass all
@@ -81,6 +85,13 @@ if ! zfs list -H -t snapshot "${base}@keel" >/dev/null 2>&1; then
 	zfs snapshot "${base}@keel"
 	rm -f /var/tmp/base.txz
 fi
+if ! zfs list -H -t snapshot "${base}-nginx@keel" >/dev/null 2>&1; then
+	log "base ${release}-nginx (the ingress jail's: nginx installed with pkg -r)"
+	zfs list -H "${base}-nginx" >/dev/null 2>&1 ||
+		zfs clone -o mountpoint="${basedir}-nginx" "${base}@keel" "${base}-nginx"
+	env ASSUME_ALWAYS_YES=yes pkg -r "${basedir}-nginx" install -q nginx
+	zfs snapshot "${base}-nginx@keel"
+fi
 
 log "/usr/local/etc/keel.toml (the role script adds its section)"
 cat > /usr/local/etc/keel.toml <<TOML
@@ -89,7 +100,7 @@ cat > /usr/local/etc/keel.toml <<TOML
 pool = "${POOL}"
 
 [ingress]
-base = "${release}"
+base = "${release}-nginx"
 TOML
 
 if [ "$(sysctl -n kern.racct.enable)" != 1 ]; then

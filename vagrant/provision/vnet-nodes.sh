@@ -88,6 +88,8 @@ for node in node1 node2; do
 		zfs create -p "${pool}/keel/bases"
 		zfs send "keel/keel/bases/${release}@keel" |
 			zfs receive -u "${pool}/keel/bases/${release}"
+		zfs send "keel/keel/bases/${release}-nginx@keel" |
+			zfs receive -u "${pool}/keel/bases/${release}-nginx"
 		zfs set jailed=on "${pool}/keel"
 	fi
 	zfs jail "${node}" "${pool}/keel"
@@ -112,7 +114,7 @@ volumes_dir = "/usr/local/jails/${node}-volumes"
 devfs_ruleset = "inherit"
 
 [ingress]
-base = "${release}"
+base = "${release}-nginx"
 TOML
 	jexec "${node}" /usr/local/sbin/keel-agentd -c "/usr/local/etc/keel-${node}.toml" --check-config >/dev/null
 	jexec "${node}" /usr/local/sbin/keel-agentd -c "/usr/local/etc/keel-${node}.toml" --daemon

@@ -2,7 +2,8 @@
 # shellcheck disable=SC2317 # helper functions run through check and wait_for
 #
 # A jail on one node through its local socket: apply creates and starts it
-# with its rctl(8) limits, a crashed workload is restarted, delete removes it.
+# with its rctl(8) limits, it reaches the Internet through the host's NAT, a
+# crashed workload is restarted, delete removes it.
 
 SCENARIO=01-jail-lifecycle
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -47,6 +48,16 @@ if [ "${MODE}" = multi ]; then
 	*"pcpu:deny=50"*) pass "rctl pcpu:deny=50" ;;
 	*) fail "rctl pcpu:deny=50 (rctl said: ${limits})" ;;
 	esac
+fi
+
+if [ "${MODE}" = multi ]; then
+	# Egress through pf.conf's nat rule (provision/common.sh, as
+	# docs/operations.md gives it): DNS, then HTTPS to the package mirror.
+	check "t01 resolves pkg.FreeBSD.org (egress, DNS)" on node1 jexec t01 host -t A pkg.FreeBSD.org
+	check "t01 fetches https://pkg.FreeBSD.org/ (egress, NAT)" \
+		on node1 jexec t01 fetch -qo /dev/null https://pkg.FreeBSD.org/
+else
+	echo "NOTE: ${SCENARIO}: single-VM mode, egress not checked (the node jails have no NAT)"
 fi
 
 on node1 pkill -j t01 sleep

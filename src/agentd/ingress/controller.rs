@@ -13,7 +13,12 @@
 //! A pass:
 //! 1. No Ingress: the ingress jail is deleted and the anchor flushed.
 //! 2. The ingress jail (`keel-ingress`, base `ingress.base`, nginx in the
-//!    foreground under daemon(8)) is applied when missing.
+//!    foreground under daemon(8)) is applied when missing. Its root seed,
+//!    registered before the worker's first reconcile pass, refuses a root
+//!    without nginx before the jail is created: every Ingress is then Failed
+//!    with how to build a base with it, and no jail crash-loops. A jail that
+//!    failed so and never started is removed when `ingress.base` changes, so
+//!    the new base is cloned afresh.
 //! 3. The anchor is loaded once (the same text is not loaded again), retried
 //!    with backoff when pfctl fails.
 //! 4. Each Ingress whose Service VIP is known asks the [`CertManager`] for its
@@ -66,6 +71,9 @@ pub const CONF_FILE: &str = "nginx.conf";
 pub const NEXT_FILE: &str = "nginx.conf.next";
 /// Certificates and keys, under [`CONF_DIR`].
 pub const CERT_DIR: &str = "certs";
+/// Directories nginx writes to inside the jail ([`NginxLayout`]'s pid file,
+/// logs and temporary files).
+const NGINX_DIRS: [&str; 3] = ["/var/run", "/var/log/nginx", "/var/tmp/nginx"];
 /// Mode of nginx's configuration files (keys and certificates are 0600).
 const CONF_MODE: u32 = 0o644;
 
@@ -281,21 +289,7 @@ impl IngressController {
         let seen = |p: &str| self.settings.as_seen_by_nginx(&root, p);
         let cert_files = PathBeneath::new(&root, Path::new(relative(CONF_DIR)).join(CERT_DIR));
         if let Err(e) = beneath::make_dirs(cert_files.root(), cert_files.inside()) {
-            let message = format!("ingress jail files: {e}");
-            self.observed = self
-                .state
-                .ingresses
-                .keys()
-                .map(|name| {
-                    let o = Observed {
-                        phase: IngressPhase::Failed,
-                        expires: None,
-                        error: Some(message.clone()),
-                    };
-                    (name.clone(), o)
-                })
-                .collect();
-            self.problems.push(message);
+            self.fail_every_ingress(format!("ingress jail files: {e}"));
             return;
         }
         let cert_dir_nginx = seen(&format!("{CONF_DIR}/{CERT_DIR}"));
@@ -392,12 +386,6 @@ impl IngressController {
             .filter(|h| !refused.iter().any(|r| &r.host == h))
             .collect();
         if self.running.as_ref().is_none_or(|(c, _)| *c != conf) {
-            // nginx's own directories, which a bare base may lack.
-            for dir in ["/var/run", "/var/log/nginx", "/var/tmp/nginx"] {
-                if let Err(e) = beneath::make_dirs(&root, Path::new(relative(dir))) {
-                    self.problems.push(format!("{dir} in {INGRESS_JAIL}: {e}"));
-                }
-            }
             match self.load(reconciler, &root, &conf) {
                 Ok(()) => {
                     if self.state.loaded_hosts != hosts {
@@ -546,23 +534,37 @@ impl IngressController {
         N: NetManager,
         M: MountManager,
     {
-        if !self.seed_registered {
-            // nginx does not start without a configuration, and a fresh root
-            // (first Ingress, new base) has none: the reconciler writes the
-            // first one between cloning the root and starting the jail.
-            let settings = self.settings.clone();
-            reconciler.seed_root(
-                INGRESS_JAIL,
-                Box::new(move |root, address| settings.seed_first_configuration(root, address)),
-            );
-            self.seed_registered = true;
-        }
+        self.register_seed(reconciler);
         let root = reconciler.rootfs_path(INGRESS_JAIL);
         let spec = self.jail_spec(&root);
-        if let Some(record) = reconciler.record(INGRESS_JAIL)
-            && record.spec == spec
-        {
-            return Some(record.address);
+        let failed = reconciler
+            .get(INGRESS_JAIL)
+            .filter(|status| status.state == Phase::Failed);
+        if let Some(record) = reconciler.record(INGRESS_JAIL) {
+            if record.spec == spec {
+                // Provisioning failed (a base without nginx, a missing base)
+                // and waits for its retry: there is no nginx to check or
+                // reload, and every Ingress says why.
+                if let Some(status) = failed {
+                    let why = status
+                        .last_error
+                        .unwrap_or_else(|| "not provisioned".into());
+                    self.fail_every_ingress(format!("ingress jail {INGRESS_JAIL}: {why}"));
+                    return None;
+                }
+                return Some(record.address);
+            }
+            // A jail that never started keeps the root it was first cloned
+            // into (only a deployed jail is cloned again for a new base), so
+            // the base that replaces one without nginx would never be used:
+            // remove the failed jail, root included, and provision it anew.
+            if failed.is_some()
+                && record.deployed.is_none()
+                && let Err(e) = reconciler.delete(INGRESS_JAIL)
+            {
+                self.fail_every_ingress(format!("removing the failed {INGRESS_JAIL}: {e}"));
+                return None;
+            }
         }
         match reconciler.apply(spec, None) {
             Ok(status) => {
@@ -573,11 +575,56 @@ impl IngressController {
                 Some(status.address)
             }
             Err(e) => {
-                self.problems
-                    .push(format!("ingress jail {INGRESS_JAIL}: {e}"));
+                self.fail_every_ingress(format!("ingress jail {INGRESS_JAIL}: {e}"));
                 None
             }
         }
+    }
+
+    /// Hands the reconciler the ingress jail's seed (the nginx check,
+    /// nginx's directories, the first configuration), once. The worker calls
+    /// it before its first reconcile pass: a restarted agent's first pass
+    /// provisions a recorded ingress jail that is not running, and without
+    /// the seed it would start one whose base lacks nginx, or with no
+    /// configuration, and crash-loop.
+    pub fn register_seed<J, Z, N, M>(&mut self, reconciler: &mut Reconciler<J, Z, N, M>)
+    where
+        J: JailRuntime,
+        Z: ZfsManager,
+        N: NetManager,
+        M: MountManager,
+    {
+        if self.seed_registered {
+            return;
+        }
+        // nginx does not start without a configuration, and a fresh root
+        // (first Ingress, new base) has none: the reconciler writes the
+        // first one between cloning the root and starting the jail.
+        let settings = self.settings.clone();
+        reconciler.seed_root(
+            INGRESS_JAIL,
+            Box::new(move |root, address| settings.seed_first_configuration(root, address)),
+        );
+        self.seed_registered = true;
+    }
+
+    /// Marks every Ingress Failed with `message`, which is also the pass's
+    /// problem: something all of them need (the jail, its files) is broken.
+    fn fail_every_ingress(&mut self, message: String) {
+        self.observed = self
+            .state
+            .ingresses
+            .keys()
+            .map(|name| {
+                let o = Observed {
+                    phase: IngressPhase::Failed,
+                    expires: None,
+                    error: Some(message.clone()),
+                };
+                (name.clone(), o)
+            })
+            .collect();
+        self.problems.push(message);
     }
 
     fn ensure_anchor(&mut self, jail: Ipv4Addr, now: Instant) {
@@ -654,12 +701,53 @@ impl IngressSettings {
         }
     }
 
+    /// `Ok` when the jail can run nginx: the package's binary is a regular
+    /// file in its root (read beneath the root, a link there is refused),
+    /// or, in simulate mode, where the host's processes find it. A base
+    /// without it would start a jail whose workload exits at once and
+    /// crash-loops forever; refused here, before the jail is created, the
+    /// provision fails with a message saying how to build a base that has it.
+    fn check_nginx(&self, root: &Path) -> Result<(), String> {
+        let found = if self.simulate {
+            if self.nginx.is_file() {
+                Ok(())
+            } else {
+                Err("no such file on this host".to_string())
+            }
+        } else {
+            let inside = self.nginx.to_string_lossy();
+            match beneath::is_regular_file(root, Path::new(relative(&inside))) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("no such file in the jail's root".to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        found.map_err(|why| {
+            format!(
+                "ingress base {base} has no {nginx} ({why}): nginx must be in the base. \
+                 Build one with it (zfs clone the release's base, pkg -r BASEDIR install -y nginx, \
+                 zfs snapshot NAME@keel), set ingress.base to its name and restart keel-agentd \
+                 (docs/operations.md, \"A base\")",
+                base = self.base,
+                nginx = self.nginx.display(),
+            )
+        })
+    }
+
     /// The first configuration of a fresh ingress jail (default servers
     /// only, refusing every name), written into its root before nginx
     /// starts there unless a configuration is already in place: nginx does
     /// not start without one, and an existing one is the controller's to
     /// replace (checked with `nginx -t` first).
     fn seed_first_configuration(&self, root: &Path, address: Ipv4Addr) -> Result<(), String> {
+        self.check_nginx(root)?;
+        // nginx's own directories, which the package does not create
+        // (nginx makes the temporary ones below them at start, and exits
+        // when it cannot): before its start, or its first start would fail.
+        for dir in NGINX_DIRS {
+            beneath::make_dirs(root, Path::new(relative(dir)))
+                .map_err(|e| format!("{dir} in {INGRESS_JAIL}: {e}"))?;
+        }
         let live = Path::new(relative(CONF_DIR)).join(CONF_FILE);
         let (empty, _) = render(&[], &self.layout(root, address));
         beneath::write_if_absent(root, &live, empty.as_bytes(), CONF_MODE)
@@ -709,25 +797,26 @@ mod tests {
     }
 
     const HOST: &str = "web.example.org";
+    /// The nginx package's binary, relative to the jail's root.
+    const NGINX_IN_ROOT: &str = "usr/local/sbin/nginx";
 
-    fn world(with_certs: bool) -> World {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let log = CallLog::new();
-        let jails = FakeJails::new(log.clone(), Faults::default());
+    /// A reconciler keeping its state in `dir` over Fakes logging to `log`
+    /// (a second one on the same `dir` and `jails` is a restarted agent),
+    /// with jail roots under `dir/jails` and two bases.
+    fn reconciler_in(dir: &Path, log: &CallLog, jails: &FakeJails) -> FakeReconciler {
         let zfs = FakeZfs::with_layout(
             ZfsLayout {
                 pool: "zroot".into(),
-                jails_dir: dir.path().join("jails"),
-                volumes_dir: dir.path().join("volumes"),
+                jails_dir: dir.join("jails"),
+                volumes_dir: dir.join("volumes"),
             },
             log.clone(),
             Faults::default(),
         );
         zfs.add_base("14.2-RELEASE");
-        // What `zfs clone` leaves: the ingress jail's root exists.
-        fs::create_dir_all(dir.path().join("jails").join(INGRESS_JAIL)).expect("rootfs");
-        let (store, state) = Store::open(dir.path(), AGENT_STATE).expect("store");
-        let reconciler = Reconciler::new(
+        zfs.add_base("14.5-RELEASE-nginx");
+        let (store, state) = Store::open(dir, AGENT_STATE).expect("store");
+        Reconciler::new(
             jails.clone(),
             zfs,
             FakeNet::new(log.clone(), Faults::default()),
@@ -739,7 +828,23 @@ mod tests {
             store,
             state,
             Box::new(ManualClock::new()),
-        );
+        )
+    }
+
+    fn world(with_certs: bool) -> World {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = CallLog::new();
+        let jails = FakeJails::new(log.clone(), Faults::default());
+        // What `zfs clone` of a base with the nginx package leaves: the
+        // ingress jail's root, with nginx in it.
+        let nginx = dir
+            .path()
+            .join("jails")
+            .join(INGRESS_JAIL)
+            .join(NGINX_IN_ROOT);
+        fs::create_dir_all(nginx.parent().expect("sbin")).expect("rootfs");
+        fs::write(&nginx, "#!/bin/sh\n").expect("nginx");
+        let reconciler = reconciler_in(dir.path(), &log, &jails);
         let firewall = FakeFirewall::new(log.clone(), Faults::default());
         let certs = if with_certs {
             CertManager::start(
@@ -862,6 +967,174 @@ mod tests {
         w.pass();
         assert!(w.reconciler.record(INGRESS_JAIL).is_none(), "jail removed");
         assert_eq!(w.firewall.anchor(INGRESS_ANCHOR), None, "anchor flushed");
+    }
+
+    /// The base is a bare release: no jail is created (so nothing can
+    /// crash-loop), no nginx command runs, and every Ingress is Failed with
+    /// a message naming the base, the missing binary and how to build a
+    /// base with it; the next pass says the same while the provision waits
+    /// for its retry.
+    #[test]
+    fn a_base_without_nginx_fails_every_ingress_and_never_starts_the_jail() {
+        let mut w = world(false);
+        fs::remove_file(w.root().join(NGINX_IN_ROOT)).expect("bare release");
+        w.web_ingress();
+        w.controller
+            .put(ingress("api", "api.example.org", "web"))
+            .expect("put");
+        for pass in 1..=2 {
+            w.pass();
+            for name in ["web", "api"] {
+                let status = w.controller.status(name).expect("status");
+                assert_eq!(
+                    status.phase,
+                    IngressPhase::Failed,
+                    "pass {pass}: {status:?}"
+                );
+                let error = status.last_error.unwrap_or_default();
+                for part in [
+                    "ingress base 14.2-RELEASE has no /usr/local/sbin/nginx",
+                    "pkg -r BASEDIR install -y nginx",
+                    "ingress.base",
+                ] {
+                    assert!(error.contains(part), "pass {pass}, {name}: {error}");
+                }
+            }
+            assert_eq!(
+                w.reconciler.get(INGRESS_JAIL).map(|j| j.state),
+                Some(Phase::Failed),
+                "pass {pass}"
+            );
+            assert!(w.log.matching("jail.create").is_empty(), "pass {pass}");
+            assert!(w.log.matching("jail.exec").is_empty(), "pass {pass}");
+        }
+        assert!(
+            w.live_conf().is_none(),
+            "no configuration for an nginx that is not there"
+        );
+    }
+
+    /// Ingress `web` whose ingress jail failed its first provision: the
+    /// base is a bare release, without nginx.
+    fn failed_on_a_bare_base() -> World {
+        let mut w = world(false);
+        fs::remove_file(w.root().join(NGINX_IN_ROOT)).expect("bare release");
+        w.web_ingress();
+        w.pass();
+        assert_eq!(w.phase("web"), IngressPhase::Failed);
+        w
+    }
+
+    /// keel-agentd restarted while the base still lacks nginx: the worker's
+    /// first reconcile pass, which runs before any ingress pass, provisions
+    /// the recorded ingress jail, and the seed must already be registered
+    /// then, or the jail starts without the check and nginx crash-loops.
+    #[test]
+    fn a_restarted_agent_never_starts_the_jail_without_the_nginx_check() {
+        let w = failed_on_a_bare_base();
+        let settings = w.controller.settings.clone();
+        let World {
+            dir,
+            log,
+            jails,
+            firewall,
+            ..
+        } = w;
+
+        let reconciler = reconciler_in(dir.path(), &log, &jails);
+        let controller = IngressController::open(
+            dir.path(),
+            settings,
+            Box::new(firewall),
+            Err("no credentials".into()),
+        )
+        .expect("controller");
+        let (worker, thread) =
+            crate::agentd::worker::spawn_with_ingress(reconciler, Some(controller))
+                .expect("worker");
+        // Answered after the worker's first reconcile and ingress passes.
+        worker.metrics().expect("worker");
+        worker.shutdown();
+        thread.join().expect("the worker ends cleanly");
+        assert!(
+            log.matching("jail.create").is_empty(),
+            "{:?}",
+            log.entries()
+        );
+    }
+
+    /// After a base without nginx, the admin builds one with it and points
+    /// `ingress.base` at it (an agent restart with the new setting): the
+    /// failed jail's root, cloned from the bare base, is destroyed and the
+    /// new base cloned, and the jail starts.
+    #[test]
+    fn a_new_base_with_nginx_replaces_the_failed_jail_with_a_fresh_clone() {
+        let mut w = failed_on_a_bare_base();
+
+        let services = w.controller.services.clone();
+        let mut settings = w.controller.settings.clone();
+        settings.base = "14.5-RELEASE-nginx".into();
+        w.controller = IngressController::open(
+            w.dir.path(),
+            settings,
+            Box::new(w.firewall.clone()),
+            Err("no credentials".into()),
+        )
+        .expect("restarted controller");
+        w.controller.set_services(services);
+        // What cloning the new base leaves: its root has nginx.
+        fs::write(w.root().join(NGINX_IN_ROOT), "#!/bin/sh\n").expect("nginx");
+        let before = w.log.entries().len();
+        w.pass();
+
+        let calls = w.log.entries()[before..].to_vec();
+        let destroyed = calls
+            .iter()
+            .position(|c| c == "zfs.destroy_rootfs keel-ingress");
+        let cloned = calls
+            .iter()
+            .position(|c| c == "zfs.clone_rootfs keel-ingress");
+        assert!(
+            destroyed.is_some() && cloned.is_some() && destroyed < cloned,
+            "old root destroyed, then the new base cloned: {calls:?}"
+        );
+        assert!(
+            calls.iter().any(|c| c == "jail.create keel-ingress"),
+            "{calls:?}"
+        );
+        assert_eq!(
+            w.reconciler.get(INGRESS_JAIL).map(|j| j.state),
+            Some(Phase::Running)
+        );
+        assert_eq!(
+            w.reconciler
+                .record(INGRESS_JAIL)
+                .map(|r| r.spec.spec.base.as_str()),
+            Some("14.5-RELEASE-nginx")
+        );
+        assert_ne!(
+            w.phase("web"),
+            IngressPhase::Failed,
+            "{:?}",
+            w.controller.problems
+        );
+    }
+
+    /// A symbolic link in place of nginx (the jail's root user could plant
+    /// one on a restart) is refused, never followed.
+    #[test]
+    fn a_link_in_place_of_nginx_is_refused() {
+        let mut w = world(false);
+        let nginx = w.root().join(NGINX_IN_ROOT);
+        fs::remove_file(&nginx).expect("remove");
+        std::os::unix::fs::symlink("/bin/sh", &nginx).expect("link");
+        w.web_ingress();
+        w.pass();
+        let status = w.controller.status("web").expect("status");
+        assert_eq!(status.phase, IngressPhase::Failed);
+        let error = status.last_error.unwrap_or_default();
+        assert!(error.contains("is a symbolic link"), "{error}");
+        assert!(w.log.matching("jail.create").is_empty());
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub fn validate_base(base: &str) -> Result<(), String> {
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if base.is_empty() {
-        return Err("must not be empty; name a base release such as 14.2-RELEASE".into());
+        return Err("must not be empty; name a base release such as 14.5-RELEASE".into());
     }
     if base.len() > MAX_BASE_LEN {
         return Err(format!(
@@ -524,7 +524,7 @@ mod tests {
 
     #[test]
     fn bases() {
-        assert_eq!(validate_base("14.2-RELEASE"), Ok(()));
+        assert_eq!(validate_base("14.5-RELEASE"), Ok(()));
         for bad in ["", ".x", "-x", "a/b", "a b", "a@b", &"a".repeat(65)] {
             assert!(validate_base(bad).is_err(), "{bad:?} accepted");
         }
