@@ -25,10 +25,10 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::agentd::routes::{self, HeartbeatOutcome};
 use crate::agentd::ingress::controller::{IngressApiError, IngressController};
 use crate::agentd::metrics::Metrics;
 use crate::agentd::reconciler::{JailStatus, Phase, ReconcileError, Reconciler};
+use crate::agentd::routes::{self, HeartbeatOutcome};
 use crate::agentd::snapshot::{self, Publisher, Snapshot};
 use crate::agentd::volumes::{self, VolumeError};
 use crate::common::cidr::Ipv4Net;

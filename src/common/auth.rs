@@ -106,8 +106,8 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::common::http::{Request, Response};
-use crate::common::replay_floor::{FloorError, ReplayFloor};
 use crate::common::refusals::{DEFAULT_SUMMARY_INTERVAL, RefusalLog};
+use crate::common::replay_floor::{FloorError, ReplayFloor};
 use crate::common::sync::lock;
 
 /// The authorization scheme name.
