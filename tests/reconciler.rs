@@ -1096,3 +1096,23 @@ fn volume_routes_refuse_a_mounted_or_missing_volume_and_delete_an_unmounted_one(
     assert_eq!(missing.status(), 404);
     assert!(host.take().is_empty(), "a missing volume runs no destroy");
 }
+
+#[test]
+fn a_jail_on_a_base_never_fetched_fails_naming_the_fetch_command() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    let mut spec = jail("web");
+    spec.spec.base = "15.0-RELEASE".into();
+    let error = match agent.apply(spec, None) {
+        Err(e) => e.to_string(),
+        Ok(status) => status.last_error.expect("the provision failed"),
+    };
+    assert!(
+        error.contains("`keelctl base fetch 15.0-RELEASE`"),
+        "{error}"
+    );
+    assert!(
+        host.take().iter().all(|c| !c.starts_with("jail.create")),
+        "no jail is created without its base"
+    );
+}

@@ -14,6 +14,7 @@ mod ctl_ingress;
 mod ctl_services;
 mod daemons;
 mod golden_agent;
+mod golden_base;
 mod golden_capacity;
 mod golden_ingress;
 mod golden_jail;
