@@ -4,6 +4,7 @@
 mod acme_e2e;
 mod admission;
 mod auth;
+mod bases_e2e;
 mod cluster_agent;
 mod cluster_e2e;
 mod config_cli;

@@ -1,7 +1,9 @@
 //! The agent's route table (DESIGN.md section 5), the same for the Unix socket
 //! and the optional TCP listener: jails and their workload's output
-//! (`/jails/{name}/log`), volumes (`agentd::volumes`), ingresses, the proxy's
-//! table, health and metrics.
+//! (`/jails/{name}/log`), volumes (`agentd::volumes`), ingresses, bases
+//! (`agentd::bases`: `GET /bases`, `GET /bases/{release}`, and `PUT
+//! /bases/{release}`, which starts a fetch and answers 202 at once, or 200
+//! when the base is already there), the proxy's table, health and metrics.
 //!
 //! Handlers run on connection threads and own nothing: they parse and validate
 //! the request, hand a command to the worker through [`WorkerHandle`], and turn
@@ -13,6 +15,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::agentd::bases::{BaseFetcher, Started};
 use crate::agentd::ingress::controller::IngressApiError;
 use crate::agentd::proxy::Proxy;
 use crate::agentd::reconciler::{HostError, ReconcileError};
@@ -31,6 +34,7 @@ use crate::host::zfs::ZfsError;
 pub struct AgentApi {
     worker: WorkerHandle,
     proxy: Option<Arc<Proxy>>,
+    bases: Option<Arc<BaseFetcher>>,
 }
 
 /// One service the node's proxy serves, as `GET /proxy` shows it.
@@ -47,6 +51,51 @@ impl AgentApi {
         AgentApi {
             worker,
             proxy: None,
+            bases: None,
+        }
+    }
+
+    /// Serves `/bases` from `bases` (the worker is never involved: a fetch
+    /// runs on its own thread); without it those routes answer 503.
+    pub fn with_bases(mut self, bases: Arc<BaseFetcher>) -> AgentApi {
+        self.bases = Some(bases);
+        self
+    }
+
+    /// `GET /bases`, `GET /bases/{release}`, `PUT /bases/{release}`.
+    fn bases_route(&self, method: &str, release: Option<&str>) -> Response {
+        let Some(bases) = &self.bases else {
+            return Response::error(503, "this agent serves no base fetches", None);
+        };
+        if let Some(release) = release
+            && let Err(why) = spec::validate_base(release)
+        {
+            return Response::error(400, &format!("release {release:?}: {why}"), None);
+        }
+        let failed = |e: &dyn std::fmt::Display| Response::error(500, &e.to_string(), None);
+        match (method, release) {
+            ("GET", None) => match bases.list() {
+                Ok(list) => Response::json(200, &list),
+                Err(e) => failed(&e),
+            },
+            ("GET", Some(release)) => match bases.get(release) {
+                Ok(Some(status)) => Response::json(200, &status),
+                Ok(None) => Response::error(
+                    404,
+                    &format!(
+                        "no base {release} on this node; fetch it with `keelctl base fetch {release}`"
+                    ),
+                    None,
+                ),
+                Err(e) => failed(&e),
+            },
+            ("PUT", Some(release)) => match bases.start(release) {
+                Ok(Started::Present(status)) => Response::json(200, &status),
+                Ok(Started::Running(status)) => Response::json(202, &status),
+                Err(e) => failed(&e),
+            },
+            (_, None) => method_not_allowed("GET"),
+            (_, Some(_)) => method_not_allowed("GET, PUT"),
         }
     }
 
@@ -146,6 +195,8 @@ impl AgentApi {
                     Err(e) => volume_error(&e),
                 },
             },
+            (_, ["bases"]) => self.bases_route(method, None),
+            (_, ["bases", release]) => self.bases_route(method, Some(release)),
             ("GET", ["ingresses"]) => Response::json(200, &self.worker.ingresses()?),
             ("GET", ["ingresses", name]) => match check_ingress(name) {
                 Err(r) => r,
