@@ -12,7 +12,7 @@ use keel::host::base::{BaseDataset, BaseError, BaseLayout, BaseStore, FreeBsdBas
 use crate::util::golden;
 
 const RELEASE: &str = "14.3-RELEASE";
-const TARBALL: &str = "/var/db/keel/agentd/bases/14.3-RELEASE/base.txz";
+const TARBALL: &str = "/var/db/keel/agentd/base-downloads/14.3-RELEASE/base.txz";
 
 fn bases(runner: Arc<RecordingRunner>) -> FreeBsdBases<Arc<RecordingRunner>> {
     FreeBsdBases::new(

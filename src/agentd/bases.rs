@@ -60,7 +60,7 @@ pub struct FetchSettings {
     /// then `agent.base_archive`).
     pub mirrors: Vec<String>,
     /// Where downloads are kept until they are extracted
-    /// (`{state_dir}/bases`).
+    /// (`{state_dir}/base-downloads`).
     pub cache_dir: PathBuf,
 }
 
@@ -133,7 +133,7 @@ impl fmt::Display for FetchError {
         match self {
             FetchError::NoSuchRelease { release, tried } => write!(
                 f,
-                "no mirror has release {release} ({}); check the release name (e.g. 14.3-RELEASE) and agent.base_mirror / agent.base_archive in keel.toml",
+                "no mirror has release {release} ({}); check the release name (e.g. 14.5-RELEASE) and agent.base_mirror / agent.base_archive in keel.toml",
                 tried.join("; ")
             ),
             FetchError::Download { url, reason } => write!(
@@ -640,23 +640,23 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = CallLog::new();
         let store = FakeBases::new(log.clone(), Faults::default());
-        let url = mirror(dir.path(), "14.3-RELEASE", b"tarball", &sha(b"tarball"));
+        let url = mirror(dir.path(), "14.5-RELEASE", b"tarball", &sha(b"tarball"));
         let f = fetcher(dir.path(), vec![url], &store);
-        assert!(matches!(f.start("14.3-RELEASE"), Ok(Started::Running(_))));
-        let done = wait_done(&f, "14.3-RELEASE");
+        assert!(matches!(f.start("14.5-RELEASE"), Ok(Started::Running(_))));
+        let done = wait_done(&f, "14.5-RELEASE");
         assert_eq!(done.state, BaseState::Ready, "{done:?}");
         assert!(done.snapshot);
         assert_eq!(
             log.entries(),
             [
-                "base.create 14.3-RELEASE",
-                "base.extract 14.3-RELEASE",
-                "base.snapshot 14.3-RELEASE"
+                "base.create 14.5-RELEASE",
+                "base.extract 14.5-RELEASE",
+                "base.snapshot 14.5-RELEASE"
             ]
         );
-        assert!(matches!(f.start("14.3-RELEASE"), Ok(Started::Present(_))));
+        assert!(matches!(f.start("14.5-RELEASE"), Ok(Started::Present(_))));
         assert_eq!(log.entries().len(), 3, "nothing more ran");
-        assert!(!dir.path().join("cache/14.3-RELEASE").exists());
+        assert!(!dir.path().join("cache/14.5-RELEASE").exists());
     }
 
     #[test]
@@ -664,16 +664,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = CallLog::new();
         let store = FakeBases::new(log.clone(), Faults::default());
-        let url = mirror(dir.path(), "14.3-RELEASE", b"corrupted", &sha(b"tarball"));
+        let url = mirror(dir.path(), "14.5-RELEASE", b"corrupted", &sha(b"tarball"));
         let f = fetcher(dir.path(), vec![url], &store);
-        f.start("14.3-RELEASE").expect("starts");
-        let done = wait_done(&f, "14.3-RELEASE");
+        f.start("14.5-RELEASE").expect("starts");
+        let done = wait_done(&f, "14.5-RELEASE");
         assert_eq!(done.state, BaseState::Failed);
         let error = done.error.expect("says why");
         assert!(error.contains("checksum mismatch"), "{error}");
         assert!(error.contains(&sha(b"tarball")), "{error}");
         assert!(log.entries().is_empty(), "{:?}", log.entries());
-        assert!(!dir.path().join("cache/14.3-RELEASE").exists());
+        assert!(!dir.path().join("cache/14.5-RELEASE").exists());
     }
 
     #[test]
@@ -702,31 +702,31 @@ mod tests {
         let faults = Faults::default();
         let store = FakeBases::new(log.clone(), faults.clone());
         store.insert(BaseDataset {
-            release: "14.3-RELEASE".into(),
+            release: "14.5-RELEASE".into(),
             used: 5,
             snapshot: false,
             mountpoint: None,
         });
-        let url = mirror(dir.path(), "14.3-RELEASE", b"tarball", &sha(b"tarball"));
+        let url = mirror(dir.path(), "14.5-RELEASE", b"tarball", &sha(b"tarball"));
         let f = fetcher(dir.path(), vec![url], &store);
         assert_eq!(
-            f.get("14.3-RELEASE").expect("lists").map(|s| s.state),
+            f.get("14.5-RELEASE").expect("lists").map(|s| s.state),
             Some(BaseState::Partial)
         );
-        faults.fail_times("extract", Some("14.3-RELEASE"), 1);
-        f.start("14.3-RELEASE").expect("starts");
-        assert_eq!(wait_done(&f, "14.3-RELEASE").state, BaseState::Failed);
+        faults.fail_times("extract", Some("14.5-RELEASE"), 1);
+        f.start("14.5-RELEASE").expect("starts");
+        assert_eq!(wait_done(&f, "14.5-RELEASE").state, BaseState::Failed);
         assert_eq!(
             log.entries(),
             [
-                "base.destroy_partial 14.3-RELEASE",
-                "base.create 14.3-RELEASE",
-                "base.extract 14.3-RELEASE",
-                "base.destroy_partial 14.3-RELEASE"
+                "base.destroy_partial 14.5-RELEASE",
+                "base.create 14.5-RELEASE",
+                "base.extract 14.5-RELEASE",
+                "base.destroy_partial 14.5-RELEASE"
             ]
         );
         assert!(store.list().expect("lists").is_empty());
-        f.start("14.3-RELEASE").expect("starts again");
-        assert_eq!(wait_done(&f, "14.3-RELEASE").state, BaseState::Ready);
+        f.start("14.5-RELEASE").expect("starts again");
+        assert_eq!(wait_done(&f, "14.5-RELEASE").state, BaseState::Ready);
     }
 }

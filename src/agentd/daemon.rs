@@ -303,7 +303,7 @@ fn ingress_controller(
 }
 
 /// The node's base fetcher: `agent.base_mirror`, then `agent.base_archive`;
-/// downloads wait in `{state_dir}/bases` until they are extracted.
+/// downloads wait in `{state_dir}/base-downloads` until they are extracted.
 fn base_fetcher(cfg: &Config, store: Arc<dyn BaseStore>) -> Arc<BaseFetcher> {
     let a = &cfg.agent;
     let mirrors = std::iter::once(a.base_mirror.clone())
@@ -313,7 +313,7 @@ fn base_fetcher(cfg: &Config, store: Arc<dyn BaseStore>) -> Arc<BaseFetcher> {
         store,
         FetchSettings {
             mirrors,
-            cache_dir: a.state_dir.join("bases"),
+            cache_dir: a.state_dir.join("base-downloads"),
         },
     ))
 }

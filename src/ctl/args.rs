@@ -349,7 +349,7 @@ pub enum Command {
     /// `base fetch RELEASE`: download, verify and install a release base on
     /// one node, waiting until it is ready.
     BaseFetch {
-        /// The release (`14.3-RELEASE`).
+        /// The release (`14.5-RELEASE`).
         release: String,
     },
     /// `key generate [--id ID] PATH`.
@@ -767,7 +767,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     release: release_name(release)?,
                 }),
                 [sub] if sub == "fetch" => Err(usage(
-                    "`base fetch` needs the RELEASE to fetch (e.g. 14.3-RELEASE)",
+                    "`base fetch` needs the RELEASE to fetch (e.g. 14.5-RELEASE)",
                 )),
                 [sub, _, word, ..] if sub == "fetch" => Err(extra(word)),
                 _ => Err(usage("`base` knows one command: base fetch RELEASE")),

@@ -104,6 +104,7 @@ impl BaseStore for SimBases {
         self.runner
             .run(&argv, None, EXTRACT_TIMEOUT)?
             .check(&argv)?;
+        crate::common::faults::inject("sim.base.extract");
         Ok(())
     }
 
