@@ -467,3 +467,72 @@ pub fn error_response(e: &ReconcileError) -> Response {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agentd::bases::FetchSettings;
+    use crate::agentd::fixtures::fake_reconciler;
+    use crate::agentd::worker;
+    use crate::common::http::Peer;
+    use crate::host::base::FakeBases;
+    use crate::host::fake::{CallLog, Faults};
+    use crate::host::net::FakeNet;
+
+    fn request(method: &str, path: &str) -> Request {
+        Request {
+            method: method.into(),
+            path: path.into(),
+            raw_path: path.into(),
+            query: None,
+            headers: Vec::new(),
+            body: Vec::new(),
+            peer: Peer::Unix,
+        }
+    }
+
+    fn body(r: &Response) -> String {
+        String::from_utf8_lossy(&r.body).into_owned()
+    }
+
+    #[test]
+    fn base_routes_check_the_release_and_never_ask_the_worker() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let net = FakeNet::new(CallLog::new(), Faults::default());
+        let (worker, thread) = worker::spawn(fake_reconciler(dir.path(), net)).expect("worker");
+        let log = CallLog::new();
+        let fetcher = BaseFetcher::new(
+            Arc::new(FakeBases::new(log.clone(), Faults::default())),
+            FetchSettings {
+                mirrors: vec![format!("file://{}", dir.path().join("none").display())],
+                cache_dir: dir.path().join("cache"),
+            },
+        );
+        let api = AgentApi::new(worker.clone()).with_bases(Arc::new(fetcher));
+        // With the worker gone, the base routes still answer: they never wait for it.
+        worker.shutdown();
+        thread.join().expect("worker ends");
+
+        let bad = api.handle(request("PUT", "/bases/-rf"));
+        assert_eq!(bad.status, 400, "{}", body(&bad));
+        assert!(log.entries().is_empty(), "nothing ran: {:?}", log.entries());
+        let missing = api.handle(request("GET", "/bases/14.5-RELEASE"));
+        assert_eq!(missing.status, 404);
+        assert!(
+            body(&missing).contains("keelctl base fetch 14.5-RELEASE"),
+            "{}",
+            body(&missing)
+        );
+        assert_eq!(api.handle(request("GET", "/bases")).status, 200);
+        assert_eq!(
+            api.handle(request("PUT", "/bases/14.5-RELEASE")).status,
+            202
+        );
+        assert_eq!(
+            api.handle(request("DELETE", "/bases/14.5-RELEASE")).status,
+            405
+        );
+        let without = AgentApi::new(worker).handle(request("GET", "/bases"));
+        assert_eq!(without.status, 503);
+    }
+}

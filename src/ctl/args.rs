@@ -1107,6 +1107,32 @@ mod tests {
     }
 
     #[test]
+    fn bases_are_fetched_and_listed_by_release_names() {
+        assert_eq!(
+            cmd(&["base", "fetch", "14.5-RELEASE"]),
+            Command::BaseFetch {
+                release: "14.5-RELEASE".into()
+            }
+        );
+        let inv = run(&["get", "base", "14.5-RELEASE", "-o", "json", "--node", "n1"]);
+        assert_eq!(
+            inv.command,
+            Command::Get {
+                resource: Resource::Bases,
+                name: Some("14.5-RELEASE".into()),
+                output: OutputFormat::Json
+            }
+        );
+        assert_eq!(inv.global.node.as_deref(), Some("n1"));
+        assert!(err(&["base", "fetch"]).contains("needs the RELEASE"));
+        assert!(err(&["base", "fetch", "../etc"]).contains("release \"../etc\""));
+        assert!(err(&["base", "fetch", "a", "b"]).contains("\"b\""));
+        assert!(err(&["base", "pull", "a"]).contains("base fetch RELEASE"));
+        assert!(err(&["base", "fetch", "a", "-f", "x"]).contains("--filename does not apply"));
+        assert!(err(&["delete", "base", "a"]).contains("does not delete bases"));
+    }
+
+    #[test]
     fn ingresses_are_listed_shown_and_deleted_by_label_names() {
         for word in ["ingresses", "ingress", "ing"] {
             assert_eq!(
