@@ -247,12 +247,14 @@ impl BaseFetcher {
     /// else by a fetch on a thread of its own (joined to a running one).
     /// `release` was checked by `common::spec::validate_base`.
     pub fn start(&self, release: &str) -> Result<Started, BaseFetchError> {
+        // The host is asked without the table locked (a zfs list may take a
+        // while, and the running fetches post their progress meanwhile); the
+        // table is checked again after, so two calls never start two fetches.
+        let on_host = self.host_base(release)?;
         let mut fetches = lock(&self.fetches);
         if let Some(p) = fetches.get(release).filter(|p| p.running()) {
-            let on_host = self.host_base(release)?;
             return Ok(Started::Running(status(release, on_host.as_ref(), Some(p))));
         }
-        let on_host = self.host_base(release)?;
         if let Some(base) = on_host.as_ref().filter(|b| b.snapshot) {
             fetches.remove(release);
             return Ok(Started::Present(status(release, Some(base), None)));
