@@ -731,4 +731,83 @@ mod tests {
         f.start("14.5-RELEASE").expect("starts again");
         assert_eq!(wait_done(&f, "14.5-RELEASE").state, BaseState::Ready);
     }
+
+    /// Serves `files` (path -> body) over HTTP/1.1 on loopback for exactly
+    /// `requests` connections, 404 for any other path; returns its base URL.
+    fn serve(
+        files: Vec<(String, Vec<u8>)>,
+        requests: usize,
+    ) -> (String, std::thread::JoinHandle<Vec<String>>) {
+        use std::io::{BufRead, BufReader};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let server = std::thread::spawn(move || {
+            let mut asked = Vec::new();
+            for _ in 0..requests {
+                let (mut conn, _) = listener.accept().expect("accept");
+                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                let mut line = String::new();
+                reader.read_line(&mut line).expect("request line");
+                let path = line.split(' ').nth(1).unwrap_or_default().to_string();
+                loop {
+                    let mut header = String::new();
+                    reader.read_line(&mut header).expect("header");
+                    if header == "\r\n" || header.is_empty() {
+                        break;
+                    }
+                }
+                let (status, body) = match files.iter().find(|(p, _)| *p == path) {
+                    Some((_, body)) => ("200 OK", body.clone()),
+                    None => ("404 Not Found", b"not here".to_vec()),
+                };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                conn.write_all(head.as_bytes()).expect("head");
+                conn.write_all(&body).expect("body");
+                asked.push(path);
+            }
+            asked
+        });
+        (url, server)
+    }
+
+    #[test]
+    fn over_http_a_404_on_the_mirror_falls_back_to_the_archive() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FakeBases::new(CallLog::new(), Faults::default());
+        let tarball = b"an old release".to_vec();
+        let manifest = format!(
+            "base.txz\t{}\t3\tbase\t\"Base system (MANDATORY)\"\ton\n",
+            sha(&tarball)
+        );
+        let (url, server) = serve(
+            vec![
+                (
+                    "/archive/13.2-RELEASE/MANIFEST".into(),
+                    manifest.into_bytes(),
+                ),
+                ("/archive/13.2-RELEASE/base.txz".into(), tarball.clone()),
+            ],
+            3,
+        );
+        let f = fetcher(
+            dir.path(),
+            vec![format!("{url}/mirror"), format!("{url}/archive/")],
+            &store,
+        );
+        f.start("13.2-RELEASE").expect("starts");
+        let done = wait_done(&f, "13.2-RELEASE");
+        assert_eq!(done.state, BaseState::Ready, "{done:?}");
+        assert_eq!(
+            server.join().expect("server"),
+            [
+                "/mirror/13.2-RELEASE/MANIFEST",
+                "/archive/13.2-RELEASE/MANIFEST",
+                "/archive/13.2-RELEASE/base.txz"
+            ]
+        );
+        assert_eq!(store.list().expect("lists")[0].used, tarball.len() as u64);
+    }
 }
