@@ -75,8 +75,8 @@ fn build_base_txz(dir: &Path) -> Vec<u8> {
     std::fs::read(&tarball).expect("read tarball")
 }
 
-/// `mirror/RELEASE/{base.txz,MANIFEST}`, the MANIFEST in make-manifest.sh's
-/// format giving `manifest_sum` for base.txz.
+/// `mirror/RELEASE/{base.txz,MANIFEST}`, the MANIFEST in the format of
+/// FreeBSD's release build giving `manifest_sum` for base.txz.
 fn publish(mirror: &Path, release: &str, tarball: &[u8], manifest_sum: &str) -> PathBuf {
     let dir = mirror.join(release);
     std::fs::create_dir_all(&dir).expect("mkdir");

@@ -505,9 +505,9 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The SHA-256 a release MANIFEST gives `file`. The format is
-/// release/scripts/make-manifest.sh's: one TAB-separated line per
-/// distribution set, `base.txz  SHA256  FILE-COUNT  base  "Description"  on`.
+/// The SHA-256 a release MANIFEST gives `file`. The format is the one
+/// FreeBSD's release build writes: one TAB-separated line per distribution
+/// set, `base.txz  SHA256  FILE-COUNT  base  "Description"  on`.
 pub fn manifest_sha256(manifest: &str, file: &str) -> Result<String, String> {
     for line in manifest.lines() {
         let mut fields = line.split('\t');
