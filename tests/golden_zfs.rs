@@ -115,7 +115,11 @@ fn clone_of_a_missing_base_names_the_snapshot() {
             err,
             ZfsError::NotFound("zroot/keel/bases/14.2-RELEASE@keel".into())
         );
-        assert!(err.to_string().contains("zfs snapshot"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("fetch the base once with `keelctl base fetch 14.2-RELEASE`"),
+            "{err}"
+        );
     });
 }
 

@@ -1360,3 +1360,23 @@ fn deleting_a_crashed_jail_runs_no_exec_stop() {
     assert_eq!(done[..2], ["net.reclaim web", "jail.force_remove web"]);
     assert!(!done.contains(&"jail.remove web".to_string()), "{done:?}");
 }
+
+#[test]
+fn a_jail_on_a_base_never_fetched_fails_naming_the_fetch_command() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    let mut spec = jail("web");
+    spec.spec.base = "15.0-RELEASE".into();
+    let error = match agent.apply(spec, None) {
+        Err(e) => e.to_string(),
+        Ok(status) => status.last_error.expect("the provision failed"),
+    };
+    assert!(
+        error.contains("`keelctl base fetch 15.0-RELEASE`"),
+        "{error}"
+    );
+    assert!(
+        host.take().iter().all(|c| !c.starts_with("jail.create")),
+        "no jail is created without its base"
+    );
+}

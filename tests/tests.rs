@@ -4,6 +4,7 @@
 mod acme_e2e;
 mod admission;
 mod auth;
+mod bases_e2e;
 mod cluster_agent;
 mod cluster_e2e;
 mod config_cli;
@@ -14,6 +15,7 @@ mod ctl_ingress;
 mod ctl_services;
 mod daemons;
 mod golden_agent;
+mod golden_base;
 mod golden_capacity;
 mod golden_ingress;
 mod golden_jail;

@@ -1,7 +1,9 @@
 //! The agent's route table (keel-agentd(8), API), the same for the Unix socket
 //! and the optional TCP listener: jails and their workload's output
-//! (`/jails/{name}/log`), volumes (`agentd::volumes`), ingresses, the proxy's
-//! table, health and metrics.
+//! (`/jails/{name}/log`), volumes (`agentd::volumes`), ingresses, bases
+//! (`agentd::bases`: `GET /bases`, `GET /bases/{release}`, and `PUT
+//! /bases/{release}`, which starts a fetch and answers 202 at once, or 200
+//! when the base is already there), the proxy's table, health and metrics.
 //!
 //! Handlers run on connection threads and own nothing: they parse and validate
 //! the request, hand a command to the worker through [`WorkerHandle`], and turn
@@ -13,6 +15,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::agentd::bases::{BaseFetcher, Started};
 use crate::agentd::ingress::controller::IngressApiError;
 use crate::agentd::proxy::Proxy;
 use crate::agentd::reconciler::{HostError, ReconcileError};
@@ -31,6 +34,7 @@ use crate::host::zfs::ZfsError;
 pub struct AgentApi {
     worker: WorkerHandle,
     proxy: Option<Arc<Proxy>>,
+    bases: Option<Arc<BaseFetcher>>,
 }
 
 /// One service the node's proxy serves, as `GET /proxy` shows it.
@@ -47,6 +51,51 @@ impl AgentApi {
         AgentApi {
             worker,
             proxy: None,
+            bases: None,
+        }
+    }
+
+    /// Serves `/bases` from `bases` (the worker is never involved: a fetch
+    /// runs on its own thread); without it those routes answer 503.
+    pub fn with_bases(mut self, bases: Arc<BaseFetcher>) -> AgentApi {
+        self.bases = Some(bases);
+        self
+    }
+
+    /// `GET /bases`, `GET /bases/{release}`, `PUT /bases/{release}`.
+    fn bases_route(&self, method: &str, release: Option<&str>) -> Response {
+        let Some(bases) = &self.bases else {
+            return Response::error(503, "this agent serves no base fetches", None);
+        };
+        if let Some(release) = release
+            && let Err(why) = spec::validate_base(release)
+        {
+            return Response::error(400, &format!("release {release:?}: {why}"), None);
+        }
+        let failed = |e: &dyn std::fmt::Display| Response::error(500, &e.to_string(), None);
+        match (method, release) {
+            ("GET", None) => match bases.list() {
+                Ok(list) => Response::json(200, &list),
+                Err(e) => failed(&e),
+            },
+            ("GET", Some(release)) => match bases.get(release) {
+                Ok(Some(status)) => Response::json(200, &status),
+                Ok(None) => Response::error(
+                    404,
+                    &format!(
+                        "no base {release} on this node; fetch it with `keelctl base fetch {release}`"
+                    ),
+                    None,
+                ),
+                Err(e) => failed(&e),
+            },
+            ("PUT", Some(release)) => match bases.start(release) {
+                Ok(Started::Present(status)) => Response::json(200, &status),
+                Ok(Started::Running(status)) => Response::json(202, &status),
+                Err(e) => failed(&e),
+            },
+            (_, None) => method_not_allowed("GET"),
+            (_, Some(_)) => method_not_allowed("GET, PUT"),
         }
     }
 
@@ -146,6 +195,8 @@ impl AgentApi {
                     Err(e) => volume_error(&e),
                 },
             },
+            (_, ["bases"]) => self.bases_route(method, None),
+            (_, ["bases", release]) => self.bases_route(method, Some(release)),
             ("GET", ["ingresses"]) => Response::json(200, &self.worker.ingresses()?),
             ("GET", ["ingresses", name]) => match check_ingress(name) {
                 Err(r) => r,
@@ -415,5 +466,74 @@ pub fn error_response(e: &ReconcileError) -> Response {
         ReconcileError::Store(_) | ReconcileError::Host { .. } => {
             Response::error(500, &message, None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agentd::bases::FetchSettings;
+    use crate::agentd::fixtures::fake_reconciler;
+    use crate::agentd::worker;
+    use crate::common::http::Peer;
+    use crate::host::base::FakeBases;
+    use crate::host::fake::{CallLog, Faults};
+    use crate::host::net::FakeNet;
+
+    fn request(method: &str, path: &str) -> Request {
+        Request {
+            method: method.into(),
+            path: path.into(),
+            raw_path: path.into(),
+            query: None,
+            headers: Vec::new(),
+            body: Vec::new(),
+            peer: Peer::Unix,
+        }
+    }
+
+    fn body(r: &Response) -> String {
+        String::from_utf8_lossy(&r.body).into_owned()
+    }
+
+    #[test]
+    fn base_routes_check_the_release_and_never_ask_the_worker() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let net = FakeNet::new(CallLog::new(), Faults::default());
+        let (worker, thread) = worker::spawn(fake_reconciler(dir.path(), net)).expect("worker");
+        let log = CallLog::new();
+        let fetcher = BaseFetcher::new(
+            Arc::new(FakeBases::new(log.clone(), Faults::default())),
+            FetchSettings {
+                mirrors: vec![format!("file://{}", dir.path().join("none").display())],
+                cache_dir: dir.path().join("cache"),
+            },
+        );
+        let api = AgentApi::new(worker.clone()).with_bases(Arc::new(fetcher));
+        // With the worker gone, the base routes still answer: they never wait for it.
+        worker.shutdown();
+        thread.join().expect("worker ends");
+
+        let bad = api.handle(request("PUT", "/bases/-rf"));
+        assert_eq!(bad.status, 400, "{}", body(&bad));
+        assert!(log.entries().is_empty(), "nothing ran: {:?}", log.entries());
+        let missing = api.handle(request("GET", "/bases/14.5-RELEASE"));
+        assert_eq!(missing.status, 404);
+        assert!(
+            body(&missing).contains("keelctl base fetch 14.5-RELEASE"),
+            "{}",
+            body(&missing)
+        );
+        assert_eq!(api.handle(request("GET", "/bases")).status, 200);
+        assert_eq!(
+            api.handle(request("PUT", "/bases/14.5-RELEASE")).status,
+            202
+        );
+        assert_eq!(
+            api.handle(request("DELETE", "/bases/14.5-RELEASE")).status,
+            405
+        );
+        let without = AgentApi::new(worker).handle(request("GET", "/bases"));
+        assert_eq!(without.status, 503);
     }
 }

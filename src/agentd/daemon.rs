@@ -1,6 +1,6 @@
 //! Running keel-agentd: build the host seams (FreeBSD or simulated), open the
-//! state, start the worker, the API and the reconcile timer, and stop cleanly
-//! on SIGTERM or SIGINT.
+//! state, start the worker, the API (with the base fetcher beside the worker,
+//! never on it) and the reconcile timer, and stop cleanly on SIGTERM or SIGINT.
 //!
 //! With `agent.controlplane` set the agent also joins a cluster: it serves the
 //! same route table on a TCP listener bound to `agent.advertise_addr` and runs
@@ -33,6 +33,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, RwLock};
 
 use crate::agentd::api::AgentApi;
+use crate::agentd::bases::{BaseFetcher, FetchSettings};
 use crate::agentd::cli::Options;
 use crate::agentd::cluster;
 use crate::agentd::cluster::error::ClusterError;
@@ -60,12 +61,13 @@ use crate::common::logging;
 use crate::common::replay_floor::{self, FloorError};
 use crate::common::store::{Store, StoreError};
 use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
+use crate::host::base::{BaseLayout, BaseStore, FreeBsdBases};
 use crate::host::capacity::{Capacity, FreeBsdCapacity, Preflight};
 use crate::host::jail::FreeBsdJails;
 use crate::host::mount::FreeBsdMounts;
 use crate::host::net::FreeBsdNet;
 use crate::host::pf::{FakeFirewall, Firewall, FreeBsdPf};
-use crate::host::sim::{SimError, SimHost};
+use crate::host::sim::{SimBases, SimError, SimHost};
 use crate::host::zfs::{FreeBsdZfs, ZfsLayout};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
 
@@ -160,14 +162,19 @@ pub fn run(options: Options) -> Result<(), RunError> {
 
     let (store, state): (Store<AgentState>, Option<AgentState>) =
         Store::open(&cfg.agent.state_dir, STATE_FILE).map_err(RunError::Store)?;
-    let layout = if options.simulate {
+    let (layout, bases_dir) = if options.simulate {
         simulated_layout(&cfg, &options.source.cwd)
     } else {
-        ZfsLayout {
+        let layout = ZfsLayout {
             pool: cfg.zfs.pool.clone(),
             jails_dir: cfg.zfs.jails_dir.clone(),
             volumes_dir: cfg.zfs.volumes_dir.clone(),
-        }
+        };
+        (layout, cfg.zfs.bases_dir.clone())
+    };
+    let base_layout = BaseLayout {
+        pool: cfg.zfs.pool.clone(),
+        bases_dir,
     };
     let cluster = membership(&cfg, options.simulate)?;
     let persisted = state.as_ref().and_then(|s| s.node_subnet);
@@ -189,13 +196,23 @@ pub fn run(options: Options) -> Result<(), RunError> {
             cfg.zfs.jails_dir.display()
         );
         let sim = SimHost::new(&cfg.agent.state_dir.join("sim"), layout).map_err(RunError::Sim)?;
+        let bases = SimBases::new(base_layout, cfg.commands.tar.clone()).map_err(RunError::Sim)?;
+        let bases = base_fetcher(&cfg, Arc::new(bases));
         let reconciler = Reconciler::new(
             sim.jails, sim.zfs, sim.net, sim.mounts, node, store, state, clock,
         );
         let group = (cfg.agent.socket_group != DEFAULT_SOCKET_GROUP)
             .then_some(cfg.agent.socket_group.as_str());
         let ingress = ingress_controller(&cfg, true, Box::new(FakeFirewall::default()))?;
-        let served = serve(reconciler, &cfg, &options.source, group, cluster, ingress);
+        let served = serve(
+            reconciler,
+            &cfg,
+            &options.source,
+            group,
+            cluster,
+            ingress,
+            bases,
+        );
         drop(lock);
         return served;
     }
@@ -210,6 +227,14 @@ pub fn run(options: Options) -> Result<(), RunError> {
     let firewall = FreeBsdPf::new(runner.clone(), cfg.commands.clone());
     check_pf_anchors(&cfg, &firewall);
     let ingress = ingress_controller(&cfg, false, Box::new(firewall))?;
+    let bases = base_fetcher(
+        &cfg,
+        Arc::new(FreeBsdBases::new(
+            runner.clone(),
+            cfg.commands.clone(),
+            base_layout,
+        )),
+    );
     let reconciler = Reconciler::new(
         FreeBsdJails::new(
             runner.clone(),
@@ -238,6 +263,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
         Some(cfg.agent.socket_group.as_str()),
         cluster,
         ingress,
+        bases,
     );
     drop(lock);
     served
@@ -286,6 +312,22 @@ fn ingress_controller(
         .map_err(RunError::Store)
 }
 
+/// The node's base fetcher: `agent.base_mirror`, then `agent.base_archive`;
+/// downloads wait in `{state_dir}/base-downloads` until they are extracted.
+fn base_fetcher(cfg: &Config, store: Arc<dyn BaseStore>) -> Arc<BaseFetcher> {
+    let a = &cfg.agent;
+    let mirrors = std::iter::once(a.base_mirror.clone())
+        .chain(a.base_archive.clone())
+        .collect();
+    Arc::new(BaseFetcher::new(
+        store,
+        FetchSettings {
+            mirrors,
+            cache_dir: a.state_dir.join("base-downloads"),
+        },
+    ))
+}
+
 /// With a public address configured, pf.conf must reference Keel's anchors
 /// or the redirect to the ingress jail is loaded but never evaluated.
 fn check_pf_anchors(cfg: &Config, firewall: &impl Firewall) {
@@ -308,7 +350,7 @@ fn check_pf_anchors(cfg: &Config, firewall: &impl Firewall) {
 /// from one to another must not find (or, when fenced, delete) the other's
 /// rootfs, so a node with its own state directory keeps its simulated
 /// datasets there unless the config names dataset directories itself.
-fn simulated_layout(cfg: &Config, cwd: &std::path::Path) -> ZfsLayout {
+fn simulated_layout(cfg: &Config, cwd: &std::path::Path) -> (ZfsLayout, std::path::PathBuf) {
     let mut defaults = Config::default();
     defaults.apply_simulate_defaults(cwd);
     let own_state_dir = cfg.agent.state_dir != defaults.agent.state_dir;
@@ -319,11 +361,13 @@ fn simulated_layout(cfg: &Config, cwd: &std::path::Path) -> ZfsLayout {
             configured.clone()
         }
     };
-    ZfsLayout {
+    let layout = ZfsLayout {
         pool: cfg.zfs.pool.clone(),
         jails_dir: pick(&cfg.zfs.jails_dir, &defaults.zfs.jails_dir, "jails"),
         volumes_dir: pick(&cfg.zfs.volumes_dir, &defaults.zfs.volumes_dir, "volumes"),
-    }
+    };
+    let bases_dir = pick(&cfg.zfs.bases_dir, &defaults.zfs.bases_dir, "bases");
+    (layout, bases_dir)
 }
 
 /// SIGHUP: a node-key rotation. keel.toml and the key files it names are read
@@ -456,6 +500,7 @@ fn serve<J, Z, N, M>(
     group: Option<&str>,
     cluster: Option<(Membership, Verifier)>,
     ingress: IngressController,
+    bases: Arc<BaseFetcher>,
 ) -> Result<(), RunError>
 where
     J: JailRuntime + 'static,
@@ -490,9 +535,10 @@ where
         .map(|_| Proxy::start(ProxyConfig::from_agent(&cfg.agent)).map(Arc::new))
         .transpose()
         .map_err(setup)?;
+    let api = AgentApi::new(worker.clone()).with_bases(bases);
     let api = match &proxy {
-        Some(p) => AgentApi::new(worker.clone()).with_proxy(p.clone()),
-        None => AgentApi::new(worker.clone()),
+        Some(p) => api.with_proxy(p.clone()),
+        None => api,
     };
     let verifier = verifier.map(Arc::new);
     let signer = membership.as_ref().map(|m| m.signer.clone());

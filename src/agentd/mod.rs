@@ -8,6 +8,7 @@
 //! | [`api`] | the route table served on the Unix socket (and TCP when clustered) |
 //! | [`cluster`] | registration and heartbeats when clustered, off the worker |
 //! | [`routes`] | what the worker does with a heartbeat answer: subnet, peer routes, VIP aliases, fencing |
+//! | [`bases`] | `keelctl base fetch`: download, verify and install release bases, on threads of their own |
 //! | [`volumes`] | `GET/DELETE /volumes`: volume datasets keyed by dataset path, never by jail records |
 //! | [`metrics`] | Prometheus text for `GET /metrics` |
 //! | [`proxy`] | the per-node L4 proxy: service VIP listeners relaying to replicas |
@@ -19,6 +20,7 @@
 //! `controlplane`: what the two daemons exchange lives in `common::wire`.
 
 pub mod api;
+pub mod bases;
 pub mod cli;
 pub mod cluster;
 pub mod daemon;

@@ -120,6 +120,16 @@ pub struct AgentConfig {
     /// Key the agent signs its control-plane requests with.
     /// Default `/usr/local/etc/keel/node.key`.
     pub key_file: PathBuf,
+    /// Where `keelctl base fetch RELEASE` downloads `RELEASE/MANIFEST` and
+    /// `RELEASE/base.txz` from: a FreeBSD mirror's releases directory for
+    /// this machine (`http://`, `https://` or `file://`).
+    /// Default `https://download.freebsd.org/releases/amd64/amd64`.
+    pub base_mirror: String,
+    /// Where a release the mirror no longer carries (end of life) is looked
+    /// for next; `""` (None) looks nowhere else. Default
+    /// `http://ftp-archive.freebsd.org/pub/FreeBSD-Archive/old-releases/amd64/amd64`.
+    #[serde(with = "empty_is_none")]
+    pub base_archive: Option<String>,
 }
 
 impl Default for AgentConfig {
@@ -140,6 +150,11 @@ impl Default for AgentConfig {
             proxy_threads: 0,
             proxy_listen: None,
             key_file: "/usr/local/etc/keel/node.key".into(),
+            base_mirror: "https://download.freebsd.org/releases/amd64/amd64".into(),
+            base_archive: Some(
+                "http://ftp-archive.freebsd.org/pub/FreeBSD-Archive/old-releases/amd64/amd64"
+                    .into(),
+            ),
         }
     }
 }
@@ -154,6 +169,9 @@ pub struct ZfsConfig {
     pub jails_dir: PathBuf,
     /// Where volume datasets are mounted. Default `/usr/local/jails/keel-volumes`.
     pub volumes_dir: PathBuf,
+    /// Where base datasets (`keelctl base fetch`) are mounted. Default
+    /// `/usr/local/jails/keel-bases`.
+    pub bases_dir: PathBuf,
     /// How many times a destroy is retried while the dataset is busy. Default 5.
     pub busy_retries: u32,
     /// Pause between those retries. Default `1s`.
@@ -166,6 +184,7 @@ impl Default for ZfsConfig {
             pool: "zroot".into(),
             jails_dir: "/usr/local/jails/keel".into(),
             volumes_dir: "/usr/local/jails/keel-volumes".into(),
+            bases_dir: "/usr/local/jails/keel-bases".into(),
             busy_retries: 5,
             busy_retry_delay: Interval::secs(1),
         }
@@ -818,6 +837,7 @@ impl Config {
             prod.zfs.volumes_dir,
             sim.join("volumes"),
         );
+        swap(&mut z.bases_dir, prod.zfs.bases_dir, sim.join("bases"));
         let c = &mut self.controlplane;
         swap(
             &mut c.cluster_cidr,
@@ -916,11 +936,16 @@ impl Config {
             ));
         }
         check_path("agent.key_file", &a.key_file)?;
+        check_mirror_url("agent.base_mirror", &a.base_mirror)?;
+        if let Some(archive) = &a.base_archive {
+            check_mirror_url("agent.base_archive", archive)?;
+        }
 
         let z = &self.zfs;
         check_name("zfs.pool", &z.pool, MAX_POOL_LEN, "_-.:")?;
         check_path("zfs.jails_dir", &z.jails_dir)?;
         check_path("zfs.volumes_dir", &z.volumes_dir)?;
+        check_path("zfs.bases_dir", &z.bases_dir)?;
         check_interval("zfs.busy_retry_delay", z.busy_retry_delay)?;
 
         if self.jail.devfs_ruleset == DevfsRuleset::Number(0) {
@@ -1159,6 +1184,19 @@ fn check_host_port(key: &str, value: &str) -> Result<(), ConfigError> {
     }
 }
 
+/// A base mirror: what [`check_url`] accepts, or a `file://` URL of an
+/// absolute directory (a local copy of a mirror, and the tests' tarballs).
+fn check_mirror_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    match url.strip_prefix("file://") {
+        Some(path) if path.starts_with('/') && !path.contains(char::is_control) => Ok(()),
+        Some(_) => Err(invalid(
+            key,
+            format!("`{url}` is not a file:// URL of an absolute directory (file:///srv/mirror)"),
+        )),
+        None => check_url(key, url),
+    }
+}
+
 fn check_url(key: &str, url: &str) -> Result<(), ConfigError> {
     let rest = url
         .strip_prefix("https://")
@@ -1209,6 +1247,8 @@ pub struct CommandPaths {
     pub pfctl: PathBuf,
     /// sysctl(8)
     pub sysctl: PathBuf,
+    /// tar(1) (bsdtar), extracting a base's `base.txz`
+    pub tar: PathBuf,
 }
 
 impl Default for CommandPaths {
@@ -1228,6 +1268,7 @@ impl Default for CommandPaths {
             mkdir: "/bin/mkdir".into(),
             pfctl: "/sbin/pfctl".into(),
             sysctl: "/sbin/sysctl".into(),
+            tar: "/usr/bin/tar".into(),
         }
     }
 }
@@ -1252,13 +1293,14 @@ impl CommandPaths {
             mkdir: re(&d.mkdir),
             pfctl: re(&d.pfctl),
             sysctl: re(&d.sysctl),
+            tar: re(&d.tar),
         }
     }
 }
 
 impl CommandPaths {
     /// Every program as (`[commands]` key, path), in declaration order.
-    pub fn entries(&self) -> [(&'static str, &Path); 14] {
+    pub fn entries(&self) -> [(&'static str, &Path); 15] {
         [
             ("jail", &self.jail),
             ("jls", &self.jls),
@@ -1274,6 +1316,7 @@ impl CommandPaths {
             ("mkdir", &self.mkdir),
             ("pfctl", &self.pfctl),
             ("sysctl", &self.sysctl),
+            ("tar", &self.tar),
         ]
         .map(|(k, p)| (k, p.as_path()))
     }

@@ -35,6 +35,9 @@ pub const POINTS: &[&str] = &[
     "agent.worker.apply",
     // The control plane's worker, before it handles a register request.
     "controlplane.worker.register",
+    // The simulated host's base extraction, after tar ran and before the
+    // fetch may snapshot: a fetch cut short there leaves a partial base.
+    "sim.base.extract",
 ];
 
 /// What happens at a point.

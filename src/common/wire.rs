@@ -505,6 +505,60 @@ pub struct NodeRemoval {
     pub volumes: Vec<String>,
 }
 
+/// Where one base stands on a node (`GET /bases`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BaseState {
+    /// Extracted and snapshotted (`@keel`): jails can be cloned from it.
+    Ready,
+    /// A fetch is downloading (or checking the cached copy of) `base.txz`.
+    Downloading,
+    /// A fetch is extracting the verified `base.txz` into the dataset.
+    Extracting,
+    /// The dataset exists without its snapshot: an extraction was cut
+    /// short (the agent stopped). The next fetch destroys and redoes it.
+    Partial,
+    /// The last fetch failed (`error` says why); nothing of it is left
+    /// but what `Partial` would show.
+    Failed,
+}
+
+impl fmt::Display for BaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BaseState::Ready => "Ready",
+            BaseState::Downloading => "Downloading",
+            BaseState::Extracting => "Extracting",
+            BaseState::Partial => "Partial",
+            BaseState::Failed => "Failed",
+        })
+    }
+}
+
+/// One base on a node, as `GET /bases` and `GET /bases/{release}` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BaseStatus {
+    /// The release (`{pool}/keel/bases/{release}`).
+    pub release: String,
+    /// Where it stands.
+    pub state: BaseState,
+    /// Bytes its dataset uses, `None` while it has no dataset.
+    pub used: Option<u64>,
+    /// True when `@keel` exists.
+    pub snapshot: bool,
+    /// Bytes of `base.txz` downloaded so far (while fetching).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downloaded: Option<u64>,
+    /// Size of `base.txz` when the mirror said it (while fetching).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<u64>,
+    /// The URL `base.txz` comes from (while fetching, and after a failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Why the last fetch failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 #[cfg(test)]
 mod volume_query_tests {
     use super::*;

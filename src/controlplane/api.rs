@@ -14,6 +14,7 @@
 //! | `GET /nodes/{id}/volumes`, `GET/DELETE /nodes/{id}/volumes/{name}` | operator | forwarded to that node |
 //! | `GET /volumes` | operator | every registered node's volumes, each tagged with its node |
 //! | `GET /nodes/{id}/ingresses`, `PUT/GET/DELETE /nodes/{id}/ingresses/{name}` | operator | forwarded to that node |
+//! | `GET /nodes/{id}/bases`, `PUT/GET /nodes/{id}/bases/{release}` | operator | forwarded to that node (a `PUT` starts a base fetch there) |
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs |
 //! | `GET /metrics` | operator | Prometheus text |
@@ -266,9 +267,24 @@ impl ControlPlaneApi {
                     }
                 }
             }
-            (_, ["volumes"]) | (_, ["nodes", _, "volumes"]) | (_, ["nodes", _, "ingresses"]) => {
-                method_not_allowed("GET")
+            ("GET", ["nodes", id, "bases"]) => match self.worker.resolve_node(id)? {
+                Err(r) => refused(&r),
+                Ok(addr) => self.forwarder.forward(id, addr, req, "/bases", None),
+            },
+            ("PUT" | "GET", ["nodes", id, "bases", release]) => {
+                match self.worker.resolve_node(id)? {
+                    Err(r) => refused(&r),
+                    Ok(addr) => {
+                        self.forwarder
+                            .forward(id, addr, req, &format!("/bases/{release}"), None)
+                    }
+                }
             }
+            (_, ["nodes", _, "bases", _]) => method_not_allowed("GET, PUT"),
+            (_, ["volumes"])
+            | (_, ["nodes", _, "volumes"])
+            | (_, ["nodes", _, "ingresses"])
+            | (_, ["nodes", _, "bases"]) => method_not_allowed("GET"),
             (_, ["volumes", _]) | (_, ["nodes", _, "volumes", _]) => {
                 method_not_allowed("GET, DELETE")
             }

@@ -10,7 +10,8 @@
 //! Ingresses are bound to a node (its public address, its replicas), so
 //! through the control plane they have only the named routes
 //! `/nodes/{id}/ingresses/{name}`: `commands.rs` refuses an ingress command
-//! without `--node` before calling here. The agent's own routes are the same
+//! without `--node` before calling here. Bases too (`/bases/{release}`,
+//! `/nodes/{id}/bases/{release}`). The agent's own routes are the same
 //! without a prefix, so one [`Route`] decides every path. Services exist only on the
 //! control plane (`/services/{name}`): keelctl describes each one in a
 //! [`ServiceApply`] ([`service_apply`]) because the control plane never
@@ -31,8 +32,8 @@ use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
-    ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceApply, ServiceStatus,
-    VolumeStatus, volumes_query,
+    BaseStatus, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceApply,
+    ServiceStatus, VolumeStatus, volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -374,6 +375,43 @@ impl Api {
         match name {
             Some(name) => format!("{prefix}/ingresses/{name}"),
             None => format!("{prefix}/ingresses"),
+        }
+    }
+
+    /// `PUT /bases/{release}`: starts a fetch on the node, or finds the base
+    /// there; true when it was already there (200), false when a fetch runs
+    /// (202).
+    pub fn fetch_base(&self, release: &str) -> Result<(bool, BaseStatus), ApiError> {
+        let response = self.call("PUT", &self.base_path(Some(release)), &[], b"")?;
+        let present = response.status == 200;
+        Ok((present, decode(response, &self.client)?))
+    }
+
+    /// `GET /bases`: the node's bases and running fetches.
+    pub fn list_bases(&self) -> Result<Vec<BaseStatus>, ApiError> {
+        decode(
+            self.call("GET", &self.base_path(None), &[], b"")?,
+            &self.client,
+        )
+    }
+
+    /// One base; unknown is a 404.
+    pub fn get_base(&self, release: &str) -> Result<BaseStatus, ApiError> {
+        decode(
+            self.call("GET", &self.base_path(Some(release)), &[], b"")?,
+            &self.client,
+        )
+    }
+
+    /// Like [`Api::ingress_path`]: bases belong to one node.
+    fn base_path(&self, release: Option<&str>) -> String {
+        let prefix = match &self.route {
+            Route::Agent | Route::Scheduled => String::new(),
+            Route::Node(id) => format!("/nodes/{id}"),
+        };
+        match release {
+            Some(release) => format!("{prefix}/bases/{release}"),
+            None => format!("{prefix}/bases"),
         }
     }
 

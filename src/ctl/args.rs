@@ -163,6 +163,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "get ingresses [NAME]",
         "list the ingresses (of every node, or the --node's), or show one (with --controlplane: of the --node)",
     ),
+    (
+        "get bases [RELEASE]",
+        "list the node's release bases and running fetches, or show one (with --controlplane: of the --node)",
+    ),
     ("delete jail NAME...", "delete jails by name"),
     (
         "delete service NAME...",
@@ -196,6 +200,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "delete -f FILE|-",
         "delete the jails, services and ingresses of FILE, last one first",
     ),
+    (
+        "base fetch RELEASE",
+        "download, verify and install a FreeBSD release base, waiting until it is ready (with --controlplane: on the --node)",
+    ),
     ("validate -f FILE|-", "check FILE without sending anything"),
     (
         "key generate [--id ID] PATH",
@@ -227,6 +235,9 @@ pub enum Resource {
     /// `get ingresses` (also `get ingress`, `get ing`): public HTTPS hosts,
     /// each served by one node.
     Ingresses,
+    /// `get bases` (also `get base`): a node's release bases and the
+    /// fetches running there.
+    Bases,
 }
 
 /// How `get` prints.
@@ -334,6 +345,12 @@ pub enum Command {
     Validate {
         /// The spec file.
         input: Input,
+    },
+    /// `base fetch RELEASE`: download, verify and install a release base on
+    /// one node, waiting until it is ready.
+    BaseFetch {
+        /// The release (`14.5-RELEASE`).
+        release: String,
     },
     /// `key generate [--id ID] PATH`.
     KeyGenerate {
@@ -532,7 +549,7 @@ fn utf8_value(parser: &mut lexopt::Parser, flag: &Flag) -> Result<String, UsageE
 fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let Some((verb, rest)) = words.split_first() else {
         return Err(usage(
-            "no command given; use apply, get, logs, delete, delete-volume, cordon, uncordon, validate or key",
+            "no command given; use apply, get, logs, delete, delete-volume, cordon, uncordon, base, validate or key",
         ));
     };
     let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
@@ -576,7 +593,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
             let Some((kind, names)) = rest.split_first() else {
                 return Err(usage(
-                    "`get` needs what to list: get jails [NAME], get services [NAME], get volumes [NAME], get ingresses [NAME] or get nodes",
+                    "`get` needs what to list: get jails [NAME], get services [NAME], get volumes [NAME], get ingresses [NAME], get bases [RELEASE] or get nodes",
                 ));
             };
             let resource = resource(kind)?;
@@ -604,6 +621,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     .first()
                     .map(|n| object_name("ingress", n))
                     .transpose()?,
+                Resource::Bases => names.first().map(|n| release_name(n)).transpose()?,
                 Resource::Nodes => {
                     if let Some(word) = names.first() {
                         return Err(usage(format!(
@@ -691,6 +709,9 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     Resource::Volumes => Err(usage(
                         "volumes are deleted one at a time with `delete-volume NAME`: their data goes with them",
                     )),
+                    Resource::Bases => Err(usage(
+                        "keelctl does not delete bases: jails are clones of them; `zfs destroy -r` one by hand once no jail uses it",
+                    )),
                 }
             }
         },
@@ -737,6 +758,21 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 [_, word, ..] => Err(extra(word)),
             }
         }
+        "base" => {
+            if filename.is_some() {
+                return Err(not_for("--filename"));
+            }
+            match rest {
+                [sub, release] if sub == "fetch" => Ok(Command::BaseFetch {
+                    release: release_name(release)?,
+                }),
+                [sub] if sub == "fetch" => Err(usage(
+                    "`base fetch` needs the RELEASE to fetch (e.g. 14.5-RELEASE)",
+                )),
+                [sub, _, word, ..] if sub == "fetch" => Err(extra(word)),
+                _ => Err(usage("`base` knows one command: base fetch RELEASE")),
+            }
+        }
         "key" => {
             if filename.is_some() {
                 return Err(not_for("--filename"));
@@ -764,7 +800,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
         }
         other => Err(usage(format!(
-            "unknown command {other:?}; use apply, get, logs, delete, delete-volume, cordon, uncordon, validate or key"
+            "unknown command {other:?}; use apply, get, logs, delete, delete-volume, cordon, uncordon, base, validate or key"
         ))),
     }
 }
@@ -784,10 +820,19 @@ fn resource(word: &str) -> Result<Resource, UsageError> {
         "services" | "service" | "svc" => Ok(Resource::Services),
         "volumes" | "volume" | "vol" => Ok(Resource::Volumes),
         "ingresses" | "ingress" | "ing" => Ok(Resource::Ingresses),
+        "bases" | "base" => Ok(Resource::Bases),
         other => Err(usage(format!(
-            "unknown resource {other:?}; keelctl knows jails, services, nodes, volumes and ingresses"
+            "unknown resource {other:?}; keelctl knows jails, services, nodes, volumes, ingresses and bases"
         ))),
     }
+}
+
+/// A release name, checked here because it becomes a request path and the
+/// dataset `{pool}/keel/bases/RELEASE`.
+fn release_name(release: &str) -> Result<String, UsageError> {
+    spec::validate_base(release)
+        .map(|()| release.to_string())
+        .map_err(|why| usage(format!("release {release:?}: {why}")))
 }
 
 /// The name of a `kind` of object (jail, service, volume, ingress, node),
@@ -1059,6 +1104,32 @@ mod tests {
         assert!(err(&["delete", "service"]).contains("`delete service` needs at least one NAME"));
         assert!(err(&["get", "services", "--node", "n1"]).contains("--node does not apply"));
         assert!(err(&["delete", "service", "a", "--node", "n1"]).contains("--node does not"));
+    }
+
+    #[test]
+    fn bases_are_fetched_and_listed_by_release_names() {
+        assert_eq!(
+            cmd(&["base", "fetch", "14.5-RELEASE"]),
+            Command::BaseFetch {
+                release: "14.5-RELEASE".into()
+            }
+        );
+        let inv = run(&["get", "base", "14.5-RELEASE", "-o", "json", "--node", "n1"]);
+        assert_eq!(
+            inv.command,
+            Command::Get {
+                resource: Resource::Bases,
+                name: Some("14.5-RELEASE".into()),
+                output: OutputFormat::Json
+            }
+        );
+        assert_eq!(inv.global.node.as_deref(), Some("n1"));
+        assert!(err(&["base", "fetch"]).contains("needs the RELEASE"));
+        assert!(err(&["base", "fetch", "../etc"]).contains("release \"../etc\""));
+        assert!(err(&["base", "fetch", "a", "b"]).contains("\"b\""));
+        assert!(err(&["base", "pull", "a"]).contains("base fetch RELEASE"));
+        assert!(err(&["base", "fetch", "a", "-f", "x"]).contains("--filename does not apply"));
+        assert!(err(&["delete", "base", "a"]).contains("does not delete bases"));
     }
 
     #[test]

@@ -22,18 +22,25 @@
 //! 1). `get volumes` does the same with the entries the control plane marks
 //! unreachable.
 //!
+//! Bases belong to one node, like ingresses: `base fetch` and `get bases`
+//! through the control plane need `--node`. `base fetch` asks the node to
+//! start the fetch, then follows it with `GET /bases/{release}` (the node
+//! answers at once; the download runs there on its own thread), printing
+//! the progress on stderr whenever it changes, until the base is Ready (exit
+//! 0) or the fetch failed (exit 1 with the node's reason).
+//!
 //! This file decides what happens and in which order; it never formats (that
 //! is `output.rs`), never builds a request path (`api.rs`) and never chooses an
 //! exit status (`CtlError::exit_code`).
 
 use std::io::{self, Read, Write};
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::auth::{self, KeyFilePolicy, Signer};
 use crate::common::http::Endpoint;
 use crate::common::spec::{self, Document, Ingress, Jail, Service};
-use crate::common::wire::{Liveness, VolumeStatus};
+use crate::common::wire::{BaseState, Liveness, VolumeStatus};
 
 use super::api::ApiError;
 use super::api::{Api, Route};
@@ -330,6 +337,39 @@ pub fn execute(
                 })?;
             }
         },
+        Command::Get {
+            resource: Resource::Bases,
+            name,
+            output: format,
+        } => {
+            let api = node_api(invocation, env, "`get bases`", BASES_ON_A_NODE)?;
+            match name {
+                None => {
+                    let list = api.list_bases().map_err(|error| CtlError::Request {
+                        action: "get bases".into(),
+                        error,
+                    })?;
+                    if *format == OutputFormat::Table && list.is_empty() {
+                        let _ = writeln!(stderr, "No bases found.");
+                    } else {
+                        show(out, *format, &list, || output::base_table(&list))?;
+                    }
+                }
+                Some(release) => {
+                    let one = api.get_base(release).map_err(|error| CtlError::Request {
+                        action: format!("get base/{release}"),
+                        error,
+                    })?;
+                    show(out, *format, &one, || {
+                        output::base_table(std::slice::from_ref(&one))
+                    })?;
+                }
+            }
+        }
+        Command::BaseFetch { release } => {
+            let api = node_api(invocation, env, "`base fetch`", BASES_ON_A_NODE)?;
+            fetch_base(&api, release, out, stderr)?;
+        }
         Command::DeleteIngresses { names } => {
             let api = ingress_api(invocation, env, "`delete ingress`")?;
             for name in names {
@@ -444,14 +484,80 @@ fn controlplane_only(invocation: &Invocation, env: &Env, what: &str) -> Result<A
 /// serves on one node's public address. (Listing them all is
 /// [`cluster_ingresses`].)
 fn ingress_api(invocation: &Invocation, env: &Env, what: &str) -> Result<Api, CtlError> {
+    node_api(
+        invocation,
+        env,
+        what,
+        "an Ingress lives on one node (its public address, its Service's replicas there)",
+    )
+}
+
+/// The client for a command on something that lives on one node (`what`
+/// names the command, `why` says why it needs a node): the agent's own
+/// routes, or the control plane's `/nodes/{id}/...` with `--node`, refused
+/// without it before anything is sent.
+fn node_api(invocation: &Invocation, env: &Env, what: &str, why: &str) -> Result<Api, CtlError> {
     let target = target(&invocation.global, env)?;
     if let Target::ControlPlane(Remote { node: None, .. }) = &target {
         return Err(CtlError::Usage(format!(
-            "{what} through the control plane needs --node ID: an Ingress lives on one node \
-             (its public address, its Service's replicas there); nothing was sent"
+            "{what} through the control plane needs --node ID: {why}; nothing was sent"
         )));
     }
     connect(&target)
+}
+
+/// Why base commands through the control plane need `--node`.
+const BASES_ON_A_NODE: &str = "a base is a dataset on one node's pool";
+
+/// How often `base fetch` asks how its fetch is doing.
+const BASE_POLL: Duration = Duration::from_millis(500);
+
+/// `base fetch RELEASE`: start (or join) the node's fetch and follow it.
+fn fetch_base(
+    api: &Api,
+    release: &str,
+    out: &mut Out<'_>,
+    stderr: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let action = format!("base fetch {release}");
+    let failed = |error| CtlError::Request {
+        action: action.clone(),
+        error,
+    };
+    let (present, mut status) = api.fetch_base(release).map_err(failed)?;
+    let node = named_node(api);
+    if present {
+        out.line(&output::base_fetched_line(release, node, true));
+        return Ok(());
+    }
+    let mut shown = String::new();
+    loop {
+        match status.state {
+            BaseState::Ready => {
+                out.line(&output::base_fetched_line(release, node, false));
+                return Ok(());
+            }
+            BaseState::Failed | BaseState::Partial => {
+                return Err(CtlError::BaseFetch {
+                    release: release.to_string(),
+                    reason: status.error.unwrap_or_else(|| {
+                        "the fetch stopped before the base was complete (the agent restarted?); \
+                         run the same command again"
+                            .into()
+                    }),
+                });
+            }
+            BaseState::Downloading | BaseState::Extracting => {
+                let line = format!("{} {}", status.state, output::base_progress(&status));
+                if line != shown {
+                    let _ = writeln!(stderr, "base/{release}: {line}");
+                    shown = line;
+                }
+            }
+        }
+        std::thread::sleep(BASE_POLL);
+        status = api.get_base(release).map_err(failed)?;
+    }
 }
 
 /// Refuses, before anything is sent, a file with an Ingress when requests

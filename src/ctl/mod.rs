@@ -154,6 +154,13 @@ pub enum CtlError {
         /// Each node left out, and why.
         unreached: Vec<Unreached>,
     },
+    /// A base fetch ran on the node and failed there.
+    BaseFetch {
+        /// The release.
+        release: String,
+        /// The node's reason.
+        reason: String,
+    },
     /// An answer could not be encoded for printing.
     Encode {
         /// The format asked for.
@@ -183,6 +190,7 @@ impl CtlError {
             } => 2,
             CtlError::Request { .. }
             | CtlError::Incomplete { .. }
+            | CtlError::BaseFetch { .. }
             | CtlError::KeyGenerate { .. }
             | CtlError::Encode { .. }
             | CtlError::Output(_) => 1,
@@ -246,6 +254,9 @@ impl fmt::Display for CtlError {
                     write!(f, "{sep}node {} {}", u.node, u.why)?;
                 }
                 Ok(())
+            }
+            CtlError::BaseFetch { release, reason } => {
+                write!(f, "base fetch {release} failed: {reason}")
             }
             CtlError::Encode { format, reason } => {
                 write!(f, "cannot print the answer as {format}: {reason}")
@@ -662,7 +673,7 @@ mod tests {
         assert_eq!(code, 2);
         assert_eq!(
             err,
-            "keelctl: unknown command \"frobnicate\"; use apply, get, logs, delete, delete-volume, cordon, uncordon, validate or key\n  try 'keelctl --help'\n"
+            "keelctl: unknown command \"frobnicate\"; use apply, get, logs, delete, delete-volume, cordon, uncordon, base, validate or key\n  try 'keelctl --help'\n"
         );
         let (code, _, err) = run_with(&["apply", "-f", "/nonexistent/web.yaml"], "");
         assert_eq!(code, 2);

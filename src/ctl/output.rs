@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 use crate::common::wire::{
-    IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceStatus, VolumeStatus,
+    BaseStatus, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceStatus, VolumeStatus,
 };
 
 use super::args::OutputFormat;
@@ -62,6 +62,9 @@ pub const REPLICA_COLUMNS: [&str; 4] = ["NAME", "NODE", "ADDRESS", "STATE"];
 
 /// Columns of `get volumes`.
 pub const VOLUME_COLUMNS: [&str; 5] = ["NAME", "NODE", "QUOTA", "USED", "MOUNTED BY"];
+
+/// Columns of `get bases`.
+pub const BASE_COLUMNS: [&str; 5] = ["RELEASE", "STATE", "SIZE", "SNAPSHOT", "PROGRESS"];
 
 /// Columns of `get ingresses`.
 pub const INGRESS_COLUMNS: [&str; 6] = [
@@ -306,6 +309,49 @@ pub fn volume_table(volumes: &[VolumeStatus]) -> String {
         ]
     }));
     table(&rows)
+}
+
+/// The `get bases` table, or `""` when there is none. SIZE is the
+/// dataset's, `-` before it exists; PROGRESS is a running fetch's download
+/// (`12.5MiB/190.2MiB`), or a failed one's error.
+pub fn base_table(bases: &[BaseStatus]) -> String {
+    if bases.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![BASE_COLUMNS.iter().map(|h| h.to_string()).collect()];
+    rows.extend(bases.iter().map(|b| {
+        vec![
+            one_line(&b.release),
+            b.state.to_string(),
+            b.used.map_or_else(|| "-".into(), approx_size),
+            if b.snapshot { "@keel" } else { "-" }.to_string(),
+            base_progress(b),
+        ]
+    }));
+    table(&rows)
+}
+
+/// A base's PROGRESS cell, also the line `base fetch` prints while it waits.
+pub fn base_progress(b: &BaseStatus) -> String {
+    match (&b.error, b.downloaded, b.total) {
+        (Some(e), _, _) => one_line(e),
+        (None, Some(done), Some(total)) => format!("{}/{}", approx_size(done), approx_size(total)),
+        (None, Some(done), None) => approx_size(done),
+        (None, None, _) => "-".into(),
+    }
+}
+
+/// `base/RELEASE fetched` (or `… already present`), with the node when one
+/// was named.
+pub fn base_fetched_line(release: &str, node: Option<&str>, already: bool) -> String {
+    let on = node
+        .map(|n| format!(" on node {}", one_line(n)))
+        .unwrap_or_default();
+    if already {
+        format!("base/{} already present{on}", one_line(release))
+    } else {
+        format!("base/{} fetched{on}", one_line(release))
+    }
 }
 
 /// The `get ingresses` table, or `""` when there is none. CERT EXPIRES is

@@ -8,6 +8,7 @@
 //! | [`MountManager`] | [`mount`] | mount(8), mount_nullfs(8), umount(8) |
 //! | [`Firewall`] | [`pf`] | pfctl(8) |
 //! | [`Capacity`] | [`capacity`] | sysctl(8) |
+//! | [`BaseStore`] | [`base`] | zfs(8), tar(1) |
 //!
 //! Each module holds its trait, its error enum, an in-memory `Fake*` (tests and
 //! `--simulate`, any OS; it can be told to fail) and a `FreeBsd*` implementation
@@ -27,6 +28,7 @@
 //!
 //! [`sim`] is the simulated host of `keel-agentd --simulate`.
 
+pub mod base;
 pub mod beneath;
 pub mod capacity;
 pub mod fake;
@@ -37,6 +39,7 @@ pub mod pf;
 pub mod sim;
 pub mod zfs;
 
+pub use base::BaseStore;
 pub use capacity::Capacity;
 pub use jail::JailRuntime;
 pub use mount::MountManager;

@@ -2,7 +2,8 @@
 //! quota-scoped volume datasets that outlive every jail.
 //!
 //! Layout under the configured pool:
-//! - `{pool}/keel/bases/{base}@keel`: base snapshots the admin prepares;
+//! - `{pool}/keel/bases/{base}@keel`: base snapshots `keelctl base fetch`
+//!   installs (`host::base`), or the admin prepares;
 //! - `{pool}/keel/jails/{jail}`: a jail's rootfs, mounted at `{jails_dir}/{jail}`;
 //! - `{pool}/keel/volumes/{volume}`: a volume, mounted at `{volumes_dir}/{volume}`.
 //!
@@ -120,10 +121,13 @@ impl fmt::Display for ZfsError {
                 "{dataset} is still busy after {attempts} attempts ({stderr}); something still uses it"
             ),
             ZfsError::NotFound(d) => match d.split_once('@') {
-                Some((dataset, _)) => write!(
-                    f,
-                    "base snapshot {d} does not exist; prepare the base once: `zfs create -p -o mountpoint=/some/dir {dataset}`, extract a FreeBSD release into /some/dir (e.g. base.txz), then `zfs snapshot {d}`"
-                ),
+                Some((dataset, _)) => {
+                    let release = dataset.rsplit('/').next().unwrap_or(dataset);
+                    write!(
+                        f,
+                        "base snapshot {d} does not exist; fetch the base once with `keelctl base fetch {release}` (or prepare it by hand: `zfs create -p -o mountpoint=/some/dir {dataset}`, extract the release's base.txz into /some/dir, then `zfs snapshot {d}`)"
+                    )
+                }
                 None if d.ends_with("/keel") && d.matches('/').count() == 1 => write!(
                     f,
                     "dataset {d} does not exist; Keel keeps all its datasets under it: create it once with `zfs create -o mountpoint=none {d}`"
@@ -737,6 +741,7 @@ mod tests {
             base.contains("zfs snapshot zroot/keel/bases/14.2-RELEASE@keel"),
             "{base}"
         );
+        assert!(base.contains("`keelctl base fetch 14.2-RELEASE`"), "{base}");
         let vol = ZfsError::NotFound("zroot/keel/volumes/keel".into()).to_string();
         assert_eq!(vol, "dataset zroot/keel/volumes/keel does not exist");
     }

@@ -10,6 +10,8 @@
 //! - [`SimMounts`]: a nullfs mount is a symlink from the target to the source.
 //!
 //! - [`SimNet`]: the bridge, epairs, routes and aliases as a table on disk.
+//! - [`SimBases`]: a base is a directory the system's tar(1) extracts into;
+//!   built apart from [`SimHost`], it serves the agent's base fetches.
 //!
 //! The firewall and capacity come from the in-memory Fakes.
 //!
@@ -22,6 +24,7 @@
 //! and never delete through a symlink: a destroyed rootfs must leave the data
 //! of the volumes that were mounted into it untouched.
 
+mod bases;
 mod jails;
 mod mounts;
 mod net;
@@ -37,6 +40,7 @@ use serde::de::DeserializeOwned;
 
 use crate::host::zfs::ZfsLayout;
 
+pub use bases::SimBases;
 pub use jails::SimJails;
 pub use mounts::SimMounts;
 pub use net::SimNet;

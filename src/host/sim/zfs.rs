@@ -123,7 +123,7 @@ fn exists(path: &Path) -> bool {
 /// symlinks (a volume linked into a rootfs counts for the volume only).
 /// Entries that vanish or cannot be read while walking are skipped: sizes are
 /// advisory in simulate mode and a workload may be writing as we count.
-fn used_bytes(dir: &Path) -> u64 {
+pub(super) fn used_bytes(dir: &Path) -> u64 {
     let mut total = 0;
     let mut pending = vec![dir.to_path_buf()];
     while let Some(d) = pending.pop() {
@@ -148,7 +148,7 @@ fn used_bytes(dir: &Path) -> u64 {
 /// directory is removed with everything in it. std's `remove_dir_all` unlinks
 /// symlinks it meets rather than descending into them (tested in
 /// tests/sim.rs with a volume linked into a rootfs).
-fn remove_tree(path: &Path) -> std::io::Result<()> {
+pub(super) fn remove_tree(path: &Path) -> std::io::Result<()> {
     let meta = std::fs::symlink_metadata(path)?;
     if meta.is_dir() {
         std::fs::remove_dir_all(path)
