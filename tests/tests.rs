@@ -7,6 +7,7 @@ mod auth;
 mod cluster_agent;
 mod cluster_e2e;
 mod config_cli;
+mod conformance;
 mod controlplane;
 mod crash_campaign;
 mod ctl;
