@@ -23,6 +23,8 @@
 //!   ([`Backend::ZFS_SEES_MOUNTS`] is false); the refusal of
 //!   `agentd::volumes::delete`, which checks the mount table first, is
 //!   checked on all three;
+//! - the simulated host has no base images, so cloning a base that was
+//!   never prepared succeeds there ([`Backend::HAS_BASES`] is false);
 //! - the Fake has no process: its crash hook marks the jail not running.
 //!
 //! The sim backend removes every jail it started when dropped, so a failing
@@ -73,6 +75,8 @@ trait Backend: Sized {
     type F: Firewall;
     /// Whether destroying a volume dataset sees the mounts of it.
     const ZFS_SEES_MOUNTS: bool = true;
+    /// Whether cloning checks that the base snapshot exists.
+    const HAS_BASES: bool = true;
 
     /// A fresh host with base [`BASE`], keeping whatever it needs on disk
     /// in `dir`, datasets in `layout`.
@@ -160,6 +164,7 @@ impl Backend for SimBackend {
     type N = keel::host::sim::SimNet;
     type M = keel::host::sim::SimMounts;
     type F = FakeFirewall;
+    const HAS_BASES: bool = false;
 
     fn build(dir: &Path, layout: &ZfsLayout) -> (Self, Self::J, Self::Z, Self::N, Self::M) {
         let host = SimHost::new(&dir.join("sim-state"), layout.clone()).expect("sim host opens");
@@ -468,6 +473,41 @@ fn volumes_outlive_their_jail<B: Backend>() {
     assert!(!rig.datasets().contains(&dataset));
 }
 
+/// Creating a rootfs or a volume that exists is success (`zfs clone -p`,
+/// `zfs create -p`), so an interrupted provision can run again; an existing
+/// volume keeps its quota. A missing base is [`ZfsError::NotFound`] naming
+/// the snapshot.
+fn dataset_creation_is_idempotent<B: Backend>() {
+    let rig = Rig::<B>::new();
+    let (zfs, _) = rig.agent.volume_seams();
+    let root = zfs.clone_rootfs(BASE, "web").expect("cloned");
+    assert_eq!(root, rig.layout.rootfs_path("web"));
+    assert_eq!(zfs.clone_rootfs(BASE, "web"), Ok(root), "again is a no-op");
+    let volume = zfs
+        .create_volume("web-data", Some(1 << 30))
+        .expect("created");
+    assert_eq!(
+        zfs.create_volume("web-data", Some(2 << 30)),
+        Ok(volume),
+        "again is a no-op"
+    );
+    let dataset = rig.layout.volume_dataset("web-data");
+    let quota = zfs
+        .list()
+        .expect("zfs list")
+        .into_iter()
+        .find(|d| d.name == dataset)
+        .and_then(|d| d.quota);
+    assert_eq!(quota, Some(1 << 30), "an existing volume keeps its quota");
+    if B::HAS_BASES {
+        let missing = rig.layout.base_snapshot("13.0-RELEASE");
+        assert_eq!(
+            zfs.clone_rootfs("13.0-RELEASE", "old"),
+            Err(ZfsError::NotFound(missing))
+        );
+    }
+}
+
 /// Peer routes through `agentd::routes::sync_routes`: added, idempotent,
 /// withdrawn when the peer dies.
 fn routes_follow_peers<B: Backend>() {
@@ -631,6 +671,7 @@ macro_rules! conformance {
 conformance!(
     lifecycle,
     volumes_outlive_their_jail,
+    dataset_creation_is_idempotent,
     routes_follow_peers,
     vip_aliases_follow_services,
     pf_anchors,
