@@ -820,3 +820,31 @@ fn destroying_a_rootfs_whose_devfs_is_still_mounted_is_refused() {
     mounts.unmount(&root.join("dev")).expect("devfs unmounted");
     zfs.destroy_rootfs("web").expect("now it goes");
 }
+
+/// A restart after a crash while the dying jail's vnet still holds the
+/// epair's jail end (the scripted host's `linger_on_removal`): jail(8) cannot
+/// move `kj_web` into the new jail, so the restart must either reclaim the
+/// interface before removing the jail (`ifconfig kj_web -vnet web`) or
+/// re-create the epair when its jail end is missing on the host.
+///
+/// Ignored: the reconciler and `host/jail.rs` of this branch do neither, so
+/// every pass fails with `ifconfig: interface kj_web does not exist` and the
+/// jail never comes back. Run it with `--ignored` once that fix is merged,
+/// then drop the `#[ignore]`.
+#[test]
+#[ignore = "fails until removal reclaims the epair's jail end (ifconfig -vnet) or re-creates a missing one"]
+fn a_restart_survives_the_dying_jail_keeping_its_interface() {
+    let mut rig = Rig::<FreeBsdBackend>::new();
+    rig.agent
+        .apply(jail_spec("web", ""), None)
+        .expect("applied");
+    let first = rig.observed("web").expect("exists");
+    rig.backend.host.linger_on_removal("web");
+    rig.backend.crash(&first);
+    assert!(rig.agent.reconcile().failures.is_empty());
+    rig.clock.advance(Duration::from_secs(1));
+    let report = rig.agent.reconcile();
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_eq!(report.restarted, ["web"]);
+    assert!(rig.observed("web").is_some_and(|j| j.running));
+}

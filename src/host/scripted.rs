@@ -30,7 +30,8 @@
 //! one process. A crashed workload ([`ScriptedHost::crash`]) leaves a
 //! `persist` jail with no process: `jls` lists it, `ps -o jid=` shows none.
 //! `jail -f CONF -r` runs exec.stop, unmounts devfs and destroys the vnet,
-//! which returns its interfaces to the host; `jail -r NAME` without the conf
+//! which returns its interfaces to the host (or, for a dying jail, later:
+//! [`ScriptedHost::linger_on_removal`]); `jail -r NAME` without the conf
 //! and `jail -R NAME` skip exec.stop and leave devfs mounted, as jail(8)
 //! documents. rctl rules name jails by name and may exist before the jail.
 //!
@@ -82,6 +83,8 @@ struct HostState {
     anchors: BTreeMap<String, String>,
     pf_references_keel: bool,
     stop_fails: BTreeSet<String>,
+    /// Jails whose vnet outlives their removal for a while (dying).
+    lingering: BTreeSet<String>,
     ran: Vec<Exchange>,
 }
 
@@ -118,6 +121,9 @@ struct Interface {
     up: bool,
 }
 
+/// Prefix of the vnet of a dying jail; `:` never occurs in a jail name
+/// Keel makes (DNS labels), so no live jail's vnet can match it.
+const DYING: &str = "dying:";
 /// Host processes outside any jail that `ps -a -x -o jid=` always shows.
 const HOST_PROCESSES: usize = 3;
 /// What a base snapshot holds that Keel relies on: devfs goes on `dev`.
@@ -173,6 +179,25 @@ impl ScriptedHost {
     /// Makes every later `jail -f CONF -r name` fail in exec.stop (the jail stays).
     pub fn fail_exec_stop(&self, name: &str) {
         lock(&self.state).stop_fails.insert(name.to_string());
+    }
+
+    /// Makes the vnet of jail `name` linger after its removal, as a dying
+    /// VNET jail's does while sockets drain: its interfaces stay in it, on
+    /// no host and in no jail anyone can name (jls and jail_getid skip dying
+    /// jails), until [`ScriptedHost::release_dying`]. Reclaiming them with
+    /// `ifconfig IF -vnet NAME` before the removal, or destroying the epair
+    /// from its host end, gets them back.
+    pub fn linger_on_removal(&self, name: &str) {
+        lock(&self.state).lingering.insert(name.to_string());
+    }
+
+    /// Every dying vnet finally goes: its interfaces return to the host.
+    pub fn release_dying(&self) {
+        for i in lock(&self.state).interfaces.iter_mut() {
+            if i.vnet.as_deref().is_some_and(|v| v.starts_with(DYING)) {
+                i.vnet = None;
+            }
+        }
     }
 
     /// Simulates a kernel with RACCT disabled (rctl fails as it does then).
@@ -490,10 +515,15 @@ impl HostState {
                 self.mounts.remove(i);
             }
         }
-        // The vnet dies with the jail; its interfaces return to the host.
+        // The vnet dies with the jail; its interfaces return to the host,
+        // at once or, for a lingering one, when the dying jail goes.
+        let home = self
+            .lingering
+            .contains(name)
+            .then(|| format!("{DYING}{}", jail.jid));
         for i in self.interfaces.iter_mut() {
             if i.vnet.as_deref() == Some(name) {
-                i.vnet = None;
+                i.vnet = home.clone();
                 i.addresses.clear();
             }
         }
@@ -1443,6 +1473,53 @@ mod tests {
         );
         assert!(run(&h, &["/sbin/ifconfig", "kj_web-1", "-vnet", "web-1"]).success());
         assert!(h.interfaces().contains(&("kj_web-1".to_string(), None)));
+    }
+
+    #[test]
+    fn a_dying_vnet_keeps_the_jail_end_until_the_epair_is_destroyed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let h = host();
+        let conf = created(&h, dir.path());
+        h.linger_on_removal("web-1");
+        assert!(run(&h, &["/usr/sbin/jail", "-f", &conf, "-r", "web-1"]).success());
+        assert_eq!(
+            run(&h, &["/sbin/ifconfig", "-l"]).stdout,
+            "em0 lo0 pflog0 kh_web-1\n"
+        );
+        refused(
+            &h,
+            &["/sbin/ifconfig", "kj_web-1", "-vnet", "web-1"],
+            "jail \"web-1\" not found",
+        );
+        refused(
+            &h,
+            &["/usr/sbin/jail", "-f", &conf, "-c", "web-1"],
+            "ifconfig: interface kj_web-1 does not exist",
+        );
+        // Destroying the host end takes the jail end with it, wherever it is.
+        assert!(run(&h, &["/sbin/ifconfig", "kh_web-1", "destroy"]).success());
+        assert!(!h.interfaces().iter().any(|(n, _)| n == "kj_web-1"));
+        assert_eq!(
+            run(&h, &["/sbin/ifconfig", "epair", "create"]).stdout,
+            "epair1a\n"
+        );
+        assert!(run(&h, &["/sbin/ifconfig", "epair1a", "name", "kh_web-1"]).success());
+        assert!(run(&h, &["/sbin/ifconfig", "epair1b", "name", "kj_web-1"]).success());
+        assert!(run(&h, &["/usr/sbin/jail", "-f", &conf, "-c", "web-1"]).success());
+    }
+
+    #[test]
+    fn reclaiming_before_removal_beats_a_dying_vnet() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let h = host();
+        let conf = created(&h, dir.path());
+        h.linger_on_removal("web-1");
+        assert!(run(&h, &["/sbin/ifconfig", "kj_web-1", "-vnet", "web-1"]).success());
+        assert!(run(&h, &["/usr/sbin/jail", "-f", &conf, "-r", "web-1"]).success());
+        assert!(h.interfaces().contains(&("kj_web-1".to_string(), None)));
+        assert!(run(&h, &["/usr/sbin/jail", "-f", &conf, "-c", "web-1"]).success());
+        h.release_dying();
+        assert_eq!(h.jails(), ["web-1"]);
     }
 
     #[test]
