@@ -848,3 +848,50 @@ fn a_restart_survives_the_dying_jail_keeping_its_interface() {
     assert_eq!(report.restarted, ["web"]);
     assert!(rig.observed("web").is_some_and(|j| j.running));
 }
+
+/// A delete whose exec.stop fails: jail(8) keeps the jail when a command
+/// fails, so the removal must fall back to `jail -R` plus unmounting the
+/// jail's devfs, and the delete must still finish.
+///
+/// Ignored: on this branch `jail -f CONF -r` failing is the end of it, so
+/// every pass fails the same way and the jail is never removed (checked
+/// with `--ignored`: `jail: web: /bin/sh -c exec.stop: failed`). Run it with
+/// `--ignored` once the removal fallback is merged, then drop the `#[ignore]`.
+#[test]
+#[ignore = "fails until a failing exec.stop falls back to jail -R and umount <root>/dev"]
+fn a_delete_whose_exec_stop_fails_still_removes_everything() {
+    let mut rig = Rig::<FreeBsdBackend>::new();
+    let mut jail = jail_spec("web", "");
+    jail.spec.exec.stop = vec!["/bin/sh".into(), "/etc/rc.shutdown".into()];
+    rig.agent.apply(jail, None).expect("applied");
+    rig.backend.host.fail_exec_stop("web");
+    // The delete may report the stop failure; by the next pass it is done.
+    let deleted = rig.agent.delete("web");
+    let report = rig.agent.reconcile();
+    assert!(rig.agent.get("web").is_none(), "{deleted:?} {report:?}");
+    rig.assert_gone("web");
+}
+
+/// A delete after the jail's conf file was lost (a wiped state directory):
+/// `jail -r NAME` then knows no `mount.devfs`, so `<root>/dev` stays mounted
+/// and must be unmounted by Keel before `zfs destroy`.
+///
+/// Ignored: on this branch the destroy is refused busy on every pass
+/// (checked with `--ignored`: `cannot unmount '<root>': pool or dataset is
+/// busy`). Run it
+/// with `--ignored` once removal unmounts devfs itself, then drop the
+/// `#[ignore]`.
+#[test]
+#[ignore = "fails until removal without the conf file unmounts <root>/dev itself"]
+fn a_delete_without_the_conf_file_still_removes_the_rootfs() {
+    let mut rig = Rig::<FreeBsdBackend>::new();
+    rig.agent
+        .apply(jail_spec("web", ""), None)
+        .expect("applied");
+    let conf = rig.backend.conf_dir.join("web.conf");
+    std::fs::remove_file(&conf).expect("the conf file is lost");
+    let deleted = rig.agent.delete("web");
+    let report = rig.agent.reconcile();
+    assert!(rig.agent.get("web").is_none(), "{deleted:?} {report:?}");
+    rig.assert_gone("web");
+}
