@@ -85,6 +85,8 @@ struct HostState {
     stop_fails: BTreeSet<String>,
     /// Jails whose vnet outlives their removal for a while (dying).
     lingering: BTreeSet<String>,
+    /// Jails whose last `jail -c` started the workload with no rctl rule.
+    started_unlimited: BTreeSet<String>,
     ran: Vec<Exchange>,
 }
 
@@ -208,6 +210,12 @@ impl ScriptedHost {
     /// Whether pf.conf references `keel/*` (both anchors at once).
     pub fn set_pf_references_keel(&self, referenced: bool) {
         lock(&self.state).pf_references_keel = referenced;
+    }
+
+    /// True when the last `jail -c` of `name` started its workload while no
+    /// rctl rule named the jail: exec.start ran unlimited, however briefly.
+    pub fn started_without_limits(&self, name: &str) -> bool {
+        lock(&self.state).started_unlimited.contains(name)
     }
 
     /// Names of the jails that exist.
@@ -474,6 +482,15 @@ impl HostState {
             if let Some(i) = self.interfaces.iter_mut().find(|i| &i.name == iface) {
                 i.vnet = Some(name.to_string());
             }
+        }
+        let limited = self
+            .rctl
+            .get(&format!("jail:{name}"))
+            .is_some_and(|rules| !rules.is_empty());
+        if conf.workload && !limited {
+            self.started_unlimited.insert(name.to_string());
+        } else {
+            self.started_unlimited.remove(name);
         }
         self.jails.insert(
             name.to_string(),
@@ -1648,6 +1665,24 @@ mod tests {
             &["/usr/bin/rctl", "-r", "jail:web-1"],
             "RACCT/RCTL present, but disabled",
         );
+    }
+
+    #[test]
+    fn a_workload_started_before_its_rctl_rules_is_noted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let h = host();
+        let conf = created(&h, dir.path());
+        assert!(h.started_without_limits("web-1"));
+        assert!(run(&h, &["/usr/sbin/jail", "-f", &conf, "-r", "web-1"]).success());
+        assert!(
+            run(
+                &h,
+                &["/usr/bin/rctl", "-a", "jail:web-1:memoryuse:deny=1024"]
+            )
+            .success()
+        );
+        assert!(run(&h, &["/usr/sbin/jail", "-f", &conf, "-c", "web-1"]).success());
+        assert!(!h.started_without_limits("web-1"));
     }
 
     #[test]
