@@ -608,16 +608,18 @@ impl HostState {
                 }
             }
             ("-a", rules) if !rules.is_empty() => {
-                // jail:NAME:resource:action=amount; the jail need not exist
-                // yet (rctl(8) resolves jail subjects by name when they apply).
+                // subject:subject-id:resource:action=amount (rctl(8) RULE
+                // SYNTAX); a jail subject id is a jail name, which need not
+                // exist yet.
                 for rule in rules.iter() {
                     let parts: Vec<&str> = rule.split(':').collect();
                     let valid = parts.len() == 4
-                        && parts[0] == "jail"
+                        && ["jail", "user", "process", "loginclass"].contains(&parts[0])
                         && !parts[1].is_empty()
-                        && parts[3].split_once('=').is_some_and(|(a, n)| {
-                            a == "deny" && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
-                        });
+                        && !parts[2].is_empty()
+                        && parts[3]
+                            .split_once('=')
+                            .is_some_and(|(a, n)| !a.is_empty() && !n.is_empty());
                     if !valid {
                         return fail(format!(
                             "rctl: failed to add rule '{rule}': Invalid argument"
