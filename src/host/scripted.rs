@@ -266,12 +266,17 @@ impl ScriptedHost {
         lock(&self.state).ran.clone()
     }
 
-    fn answer(&self, st: &mut HostState, argv: &[String], stdin: Option<&str>) -> Option<Answer> {
+    fn answer(
+        &self,
+        st: &mut HostState,
+        argv: &[String],
+        stdin: Option<&str>,
+    ) -> Option<CmdOutput> {
         let (program, args) = argv.split_first()?;
         let program = Path::new(program);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let p = &self.paths;
-        let answer = if program == p.jail {
+        let output = if program == p.jail {
             st.jail(&args)?
         } else if program == p.jls {
             st.jls(&args)?
@@ -302,7 +307,7 @@ impl ScriptedHost {
         } else {
             return None;
         };
-        Some(answer)
+        Some(output)
     }
 }
 
@@ -315,13 +320,12 @@ impl CommandRunner for ScriptedHost {
     ) -> Result<CmdOutput, CmdError> {
         let stdin = stdin.map(|b| String::from_utf8_lossy(b).into_owned());
         let mut st = lock(&self.state);
-        let Some(answer) = self.answer(&mut st, argv, stdin.as_deref()) else {
+        let Some(output) = self.answer(&mut st, argv, stdin.as_deref()) else {
             return Err(CmdError::Unexpected {
                 command: render_argv(argv),
                 expected: "a command the scripted FreeBSD host models".into(),
             });
         };
-        let output = answer.0;
         st.ran.push(Exchange {
             argv: argv.to_vec(),
             stdin,
@@ -331,32 +335,29 @@ impl CommandRunner for ScriptedHost {
     }
 }
 
-/// One command's answer.
-struct Answer(CmdOutput);
-
-fn ok(stdout: impl Into<String>) -> Option<Answer> {
-    Some(Answer(CmdOutput {
+fn ok(stdout: impl Into<String>) -> Option<CmdOutput> {
+    Some(CmdOutput {
         status: 0,
         stdout: stdout.into(),
         stderr: String::new(),
-    }))
+    })
 }
 
-fn fail(stderr: impl Into<String>) -> Option<Answer> {
-    Some(Answer(CmdOutput {
+fn fail(stderr: impl Into<String>) -> Option<CmdOutput> {
+    Some(CmdOutput {
         status: 1,
         stdout: String::new(),
         stderr: format!("{}\n", stderr.into()),
-    }))
+    })
 }
 
 /// route(8) reports its results, failures included, on stdout.
-fn fail_stdout(stdout: impl Into<String>) -> Option<Answer> {
-    Some(Answer(CmdOutput {
+fn fail_stdout(stdout: impl Into<String>) -> Option<CmdOutput> {
+    Some(CmdOutput {
         status: 1,
         stdout: format!("{}\n", stdout.into()),
         stderr: String::new(),
-    }))
+    })
 }
 
 /// What `jail -f` reads of Keel's per-jail jail.conf.
@@ -422,7 +423,7 @@ fn netmask(prefix: u8) -> u32 {
 impl HostState {
     // ---- jail(8), jls(8), ps(1), jexec(8), rctl(8) ----
 
-    fn jail(&mut self, args: &[&str]) -> Option<Answer> {
+    fn jail(&mut self, args: &[&str]) -> Option<CmdOutput> {
         match args {
             ["-f", conf, "-c", name] => self.jail_create(Path::new(conf), name),
             ["-f", conf, "-r", name] => self.jail_remove(name, Some(Path::new(conf))),
@@ -431,7 +432,7 @@ impl HostState {
         }
     }
 
-    fn jail_create(&mut self, conf_path: &Path, name: &str) -> Option<Answer> {
+    fn jail_create(&mut self, conf_path: &Path, name: &str) -> Option<CmdOutput> {
         let conf = match read_conf(conf_path) {
             Ok(c) => c,
             Err(e) => return fail(format!("jail: {e}")),
@@ -503,7 +504,7 @@ impl HostState {
         ok(format!("{name}: created\n"))
     }
 
-    fn jail_remove(&mut self, name: &str, conf_path: Option<&Path>) -> Option<Answer> {
+    fn jail_remove(&mut self, name: &str, conf_path: Option<&Path>) -> Option<CmdOutput> {
         let Some(jail) = self.jails.get(name).cloned() else {
             return fail(format!("jail: \"{name}\" not found"));
         };
@@ -552,7 +553,7 @@ impl HostState {
         }
     }
 
-    fn jls(&self, args: &[&str]) -> Option<Answer> {
+    fn jls(&self, args: &[&str]) -> Option<CmdOutput> {
         if args != ["-h", "name", "jid", "path"] {
             return None;
         }
@@ -565,7 +566,7 @@ impl HostState {
         ok(out)
     }
 
-    fn ps(&self, args: &[&str]) -> Option<Answer> {
+    fn ps(&self, args: &[&str]) -> Option<CmdOutput> {
         if args != ["-a", "-x", "-o", "jid="] {
             return None;
         }
@@ -578,7 +579,7 @@ impl HostState {
         ok(out)
     }
 
-    fn jexec(&self, args: &[&str]) -> Option<Answer> {
+    fn jexec(&self, args: &[&str]) -> Option<CmdOutput> {
         let (name, command) = args.split_first()?;
         if command.is_empty() {
             return None;
@@ -589,7 +590,7 @@ impl HostState {
         ok("")
     }
 
-    fn rctl(&mut self, args: &[&str]) -> Option<Answer> {
+    fn rctl(&mut self, args: &[&str]) -> Option<CmdOutput> {
         let (flag, rules) = args.split_first()?;
         if !self.racct {
             return fail(
@@ -659,7 +660,7 @@ impl HostState {
         );
     }
 
-    fn zfs(&mut self, args: &[&str]) -> Option<Answer> {
+    fn zfs(&mut self, args: &[&str]) -> Option<CmdOutput> {
         match args {
             [
                 "list",
@@ -739,7 +740,7 @@ impl HostState {
         }
     }
 
-    fn zfs_list(&self, root: &str) -> Option<Answer> {
+    fn zfs_list(&self, root: &str) -> Option<CmdOutput> {
         if !self.datasets.contains_key(root) {
             return missing(root);
         }
@@ -763,7 +764,7 @@ impl HostState {
         ok(out)
     }
 
-    fn zfs_destroy(&mut self, dataset: &str, recursive: bool) -> Option<Answer> {
+    fn zfs_destroy(&mut self, dataset: &str, recursive: bool) -> Option<CmdOutput> {
         if !self.datasets.contains_key(dataset) {
             return missing(dataset);
         }
@@ -830,13 +831,13 @@ impl HostState {
                 .any(|m| m.starts_with(path))
     }
 
-    fn mkdir(&mut self, args: &[&str]) -> Option<Answer> {
+    fn mkdir(&mut self, args: &[&str]) -> Option<CmdOutput> {
         let ["-p", path] = args else { return None };
         self.dirs.insert(PathBuf::from(path));
         ok("")
     }
 
-    fn mount(&mut self, args: &[&str]) -> Option<Answer> {
+    fn mount(&mut self, args: &[&str]) -> Option<CmdOutput> {
         match args {
             ["-p", "-t", "nullfs"] => {
                 let mut out = String::new();
@@ -867,7 +868,7 @@ impl HostState {
         }
     }
 
-    fn umount(&mut self, args: &[&str]) -> Option<Answer> {
+    fn umount(&mut self, args: &[&str]) -> Option<CmdOutput> {
         let [target] = args else { return None };
         let path = Path::new(target);
         let Some(i) = self.mounts.iter().rposition(|m| m.target == path) else {
@@ -907,7 +908,7 @@ impl HostState {
         });
     }
 
-    fn ifconfig(&mut self, args: &[&str]) -> Option<Answer> {
+    fn ifconfig(&mut self, args: &[&str]) -> Option<CmdOutput> {
         match args {
             ["-l"] => {
                 let names: Vec<&str> = self
@@ -943,7 +944,7 @@ impl HostState {
         }
     }
 
-    fn ifconfig_on(&mut self, i: usize, args: &[&str]) -> Option<Answer> {
+    fn ifconfig_on(&mut self, i: usize, args: &[&str]) -> Option<CmdOutput> {
         let iface = self.interfaces[i].name.clone();
         match args {
             ["name", new] => {
@@ -1023,7 +1024,7 @@ impl HostState {
 
     /// `ifconfig IF -vnet JAIL` (setifrvnet in ifconfig.c): the jail must
     /// exist, and the kernel finds IF in that jail's vnet or answers ENXIO.
-    fn reclaim_from_vnet(&mut self, iface: &str, jail: &str) -> Option<Answer> {
+    fn reclaim_from_vnet(&mut self, iface: &str, jail: &str) -> Option<CmdOutput> {
         let Some(jid) = self.jails.get(jail).map(|j| j.jid) else {
             return fail(format!("ifconfig: jail \"{jail}\" not found"));
         };
@@ -1060,7 +1061,7 @@ impl HostState {
         out
     }
 
-    fn route(&mut self, args: &[&str]) -> Option<Answer> {
+    fn route(&mut self, args: &[&str]) -> Option<CmdOutput> {
         match args {
             ["-n", "add", "-net", dest, gateway] => {
                 let net: Ipv4Net = dest.parse().ok()?;
@@ -1086,7 +1087,7 @@ impl HostState {
         }
     }
 
-    fn netstat(&self, args: &[&str]) -> Option<Answer> {
+    fn netstat(&self, args: &[&str]) -> Option<CmdOutput> {
         if args != ["-rn", "-4", "--libxo", "json"] {
             return None;
         }
@@ -1126,7 +1127,7 @@ impl HostState {
 
     // ---- pfctl(8), sysctl(8) ----
 
-    fn pfctl(&mut self, args: &[&str], stdin: Option<&str>) -> Option<Answer> {
+    fn pfctl(&mut self, args: &[&str], stdin: Option<&str>) -> Option<CmdOutput> {
         match args {
             ["-a", anchor, "-f", "-"] => {
                 self.anchors
@@ -1135,11 +1136,11 @@ impl HostState {
             }
             ["-a", anchor, "-F", "all"] => {
                 self.anchors.remove(*anchor);
-                Some(Answer(CmdOutput {
+                Some(CmdOutput {
                     status: 0,
                     stdout: String::new(),
                     stderr: "rules cleared\nnat cleared\n0 tables deleted.\n".into(),
-                }))
+                })
             }
             ["-s", "nat"] => ok(if self.pf_references_keel {
                 "rdr-anchor \"keel/*\" all\n"
@@ -1155,7 +1156,7 @@ impl HostState {
         }
     }
 
-    fn sysctl(&self, args: &[&str]) -> Option<Answer> {
+    fn sysctl(&self, args: &[&str]) -> Option<CmdOutput> {
         match args {
             ["-n", "hw.ncpu", "hw.physmem"] => ok("8\n17083187200\n"),
             ["-n", "kern.features.vimage", "kern.racct.enable"] => {
@@ -1166,7 +1167,7 @@ impl HostState {
     }
 }
 
-fn missing(dataset: &str) -> Option<Answer> {
+fn missing(dataset: &str) -> Option<CmdOutput> {
     fail(format!("cannot open '{dataset}': dataset does not exist"))
 }
 
