@@ -25,7 +25,8 @@
 //!   checked on all three;
 //! - the simulated host has no base images, so cloning a base that was
 //!   never prepared succeeds there ([`Backend::HAS_BASES`] is false);
-//! - the Fake has no process: its crash hook marks the jail not running.
+//! - the Fake has no process: its crash hook marks the jail not running
+//!   (the simulated host's kills the `/bin/sleep` workload).
 //!
 //! The sim backend removes every jail it started when dropped, so a failing
 //! check leaves no `sleep` behind.
@@ -179,16 +180,10 @@ impl Backend for SimBackend {
         self.jails.list().expect("sim jls")
     }
 
-    #[allow(unsafe_code)]
     fn crash(&self, jail: &ObservedJail) {
-        let pgid = i32::try_from(jail.jid).expect("a pid");
-        assert!(pgid > 1, "a simulated jail's jid is its workload's pid");
-        // SAFETY: kill(2) takes plain integers and touches no memory of ours;
-        // the negative pid is the process group the simulated runtime made
-        // for this jail (its leader's pid, > 1, so never "every process").
-        unsafe {
-            libc::kill(-pgid, libc::SIGKILL);
-        }
+        // The workload is `/bin/sleep` itself (spawned without a shell), and
+        // a simulated jail's jid is its pid.
+        crate::util::agent::signal(jail.jid, libc::SIGKILL).expect("workload killed");
         poll_until("the killed workload to be seen as crashed", || {
             self.jails()
                 .iter()
