@@ -468,6 +468,38 @@ fn volumes_outlive_their_jail<B: Backend>() {
     assert!(!rig.datasets().contains(&dataset));
 }
 
+/// A new volume size is a quota change in place: the jail keeps running
+/// (same jid), the volume keeps its data, the quota follows the spec.
+fn volume_quota_changes_in_place<B: Backend>() {
+    let mut rig = Rig::<B>::new();
+    let sized = |size: &str| {
+        jail_spec(
+            "db",
+            &format!(
+                "\x20 volumes:\n\x20   - {{name: db-data, mountPath: /var/db/data, size: {size}}}\n"
+            ),
+        )
+    };
+    rig.agent.apply(sized("1G"), None).expect("applied");
+    let before = rig.observed("db").expect("exists");
+    let status = rig.agent.apply(sized("2G"), None).expect("re-applied");
+    assert_eq!(status.state, Phase::Running);
+    let after = rig.observed("db").expect("exists");
+    assert_eq!(after.jid, before.jid, "not replaced");
+    assert!(after.running);
+    let dataset = rig.layout.volume_dataset("db-data");
+    let (zfs, _) = rig.agent.volume_seams();
+    let quota = zfs
+        .list()
+        .expect("zfs list")
+        .into_iter()
+        .find(|d| d.name == dataset)
+        .and_then(|d| d.quota);
+    assert_eq!(quota, Some(2 << 30));
+    rig.agent.delete("db").expect("deleted");
+    rig.assert_gone("db");
+}
+
 /// Creating a rootfs or a volume that exists is success (`zfs clone -p`,
 /// `zfs create -p`), so an interrupted provision can run again; an existing
 /// volume keeps its quota. A missing base is [`ZfsError::NotFound`] naming
@@ -666,6 +698,7 @@ macro_rules! conformance {
 conformance!(
     lifecycle,
     volumes_outlive_their_jail,
+    volume_quota_changes_in_place,
     dataset_creation_is_idempotent,
     routes_follow_peers,
     vip_aliases_follow_services,
