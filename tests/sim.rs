@@ -583,13 +583,23 @@ fn list_names_datasets_and_counts_their_bytes() {
         .map(|d| d.quota)
         .collect();
     assert_eq!(quotas, vec![None, None, None]);
+    // As with `zfs clone -p` and `zfs create -p`, creating again is success
+    // and changes nothing: the data and the (now unset) quota stay.
+    assert_eq!(zfs.clone_rootfs("14.2-RELEASE", "web"), Ok(web.clone()));
+    assert_eq!(zfs.create_volume("pgdata", Some(1 << 30)), Ok(pg.clone()));
+    assert!(web.join("index.html").is_file() && pg.join("pg_hba.conf").is_file());
+    let pg_quota = zfs
+        .list()
+        .expect("lists")
+        .into_iter()
+        .find(|d| d.name == "zroot/keel/volumes/pgdata")
+        .map(|d| d.quota);
+    assert_eq!(pg_quota, Some(None), "an existing volume keeps its quota");
+    // Something other than a directory in a dataset's place is refused.
+    std::os::unix::fs::symlink(&pg, s.host.zfs.layout().rootfs_path("planted")).expect("link");
     assert!(
-        zfs.clone_rootfs("14.2-RELEASE", "web").is_err(),
-        "an existing rootfs is refused"
-    );
-    assert!(
-        zfs.create_volume("pgdata", None).is_err(),
-        "an existing volume is refused"
+        zfs.clone_rootfs("14.2-RELEASE", "planted").is_err(),
+        "a link in a rootfs's place is refused"
     );
 }
 

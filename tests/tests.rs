@@ -8,6 +8,7 @@ mod bases_e2e;
 mod cluster_agent;
 mod cluster_e2e;
 mod config_cli;
+mod conformance;
 mod controlplane;
 mod crash_campaign;
 mod ctl;

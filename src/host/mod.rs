@@ -26,7 +26,9 @@
 //! - Whatever Keel itself reads or writes inside a jail's root (which the
 //!   jail's root user controls) is resolved with [`beneath`], never by path.
 //!
-//! [`sim`] is the simulated host of `keel-agentd --simulate`.
+//! [`sim`] is the simulated host of `keel-agentd --simulate`; [`scripted`] is
+//! a test double for the `FreeBsd*` implementations: a command runner that
+//! keeps a FreeBSD host's state and refuses what FreeBSD refuses.
 
 pub mod base;
 pub mod beneath;
@@ -36,6 +38,7 @@ pub mod jail;
 pub mod mount;
 pub mod net;
 pub mod pf;
+pub mod scripted;
 pub mod sim;
 pub mod zfs;
 

@@ -119,6 +119,23 @@ fn exists(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok()
 }
 
+/// True when the dataset's directory is already there (creating it again is
+/// success, as `zfs clone -p` and `zfs create -p` make it); anything but a
+/// plain directory in its place (a link, a file) is refused, never used.
+fn already_created(path: &Path, dataset: &str, what: &str) -> Result<bool, ZfsError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => Ok(true),
+        Ok(_) => Err(failed(
+            what,
+            format!(
+                "cannot create '{dataset}': {} exists and is not a directory",
+                path.display()
+            ),
+        )),
+        Err(_) => Ok(false),
+    }
+}
+
 /// Sum of the sizes of the regular files below `dir`, without following
 /// symlinks (a volume linked into a rootfs counts for the volume only).
 /// Entries that vanish or cannot be read while walking are skipped: sizes are
@@ -210,17 +227,14 @@ impl ZfsManager for SimZfs {
     }
 
     /// Creates an empty `{jails_dir}/{jail}`; `base` is not checked (no base
-    /// images here). An existing rootfs is refused, as `zfs clone` refuses.
+    /// images here). An existing rootfs is success, as with `zfs clone -p`.
     fn clone_rootfs(&self, base: &str, jail: &str) -> Result<PathBuf, ZfsError> {
         crate::common::faults::inject("sim.zfs.clone");
         let dataset = self.layout.rootfs_dataset(jail);
         let path = self.dataset_path(&self.layout.jails_dir, jail, &dataset)?;
         let what = format!("zfs clone {} {dataset}", self.layout.base_snapshot(base));
-        if exists(&path) {
-            return Err(failed(
-                &what,
-                format!("cannot create '{dataset}': dataset already exists"),
-            ));
+        if already_created(&path, &dataset, &what)? {
+            return Ok(path);
         }
         std::fs::create_dir_all(&path)
             .map_err(|e| failed(&what, format!("could not create {}: {e}", path.display())))?;
@@ -260,16 +274,13 @@ impl ZfsManager for SimZfs {
     }
 
     /// Creates `{volumes_dir}/{volume}` and records its quota. An existing
-    /// volume is refused, as `zfs create` refuses.
+    /// volume is success and keeps its quota, as with `zfs create -p`.
     fn create_volume(&self, volume: &str, quota: Option<u64>) -> Result<PathBuf, ZfsError> {
         let dataset = self.layout.volume_dataset(volume);
         let path = self.dataset_path(&self.layout.volumes_dir, volume, &dataset)?;
         let what = format!("zfs create {dataset}");
-        if exists(&path) {
-            return Err(failed(
-                &what,
-                format!("cannot create '{dataset}': dataset already exists"),
-            ));
+        if already_created(&path, &dataset, &what)? {
+            return Ok(path);
         }
         std::fs::create_dir_all(&path)
             .map_err(|e| failed(&what, format!("could not create {}: {e}", path.display())))?;
