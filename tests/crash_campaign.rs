@@ -497,6 +497,29 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// A control plane in `dir` (dead_after 1 h: nodes die only of what the
+    /// campaign does to them) with the three fake agents registered.
+    fn start(dir: &Path, seed: u64) -> Cluster {
+        let cp = ControlPlane::start(dir, &["--dead-after", "1h"]);
+        let keys = dir.join("keel-sim/keys");
+        let agents: Vec<FakeAgent> = NODES.iter().map(|_| FakeAgent::start(&keys)).collect();
+        let mut cluster = Cluster {
+            node: cp.signer("node.key"),
+            operator: cp.signer("operator.key"),
+            cp,
+            agents,
+            pod_cidrs: BTreeMap::new(),
+            seed,
+        };
+        for (i, id) in NODES.iter().enumerate() {
+            let cidr = cluster.agents[i]
+                .register(&cluster.cp, &cluster.node, id)
+                .expect("first registration");
+            cluster.pod_cidrs.insert(id.to_string(), cidr);
+        }
+        cluster
+    }
+
     /// Sends `change`; the status of a jail change's answer, if any. A
     /// registration that is answered must keep the node's pod_cidr.
     fn try_change(&self, change: &CpChange) -> Option<u16> {
@@ -641,23 +664,7 @@ fn controlplane_campaign(kills: usize) {
     let seed = seed("control plane crash campaign");
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().expect("tempdir");
-    let cp = ControlPlane::start(dir.path(), &["--dead-after", "1h"]);
-    let keys = dir.path().join("keel-sim/keys");
-    let agents: Vec<FakeAgent> = NODES.iter().map(|_| FakeAgent::start(&keys)).collect();
-    let mut cluster = Cluster {
-        node: cp.signer("node.key"),
-        operator: cp.signer("operator.key"),
-        cp,
-        agents,
-        pod_cidrs: BTreeMap::new(),
-        seed,
-    };
-    for (i, id) in NODES.iter().enumerate() {
-        let cidr = cluster.agents[i]
-            .register(&cluster.cp, &cluster.node, id)
-            .expect("first registration");
-        cluster.pod_cidrs.insert(id.to_string(), cidr);
-    }
+    let mut cluster = Cluster::start(dir.path(), seed);
     let mut model = Model::new();
     let (mut changes, mut unanswered, mut dangling) = (0, 0, 0);
     for kill in 1..=kills {
@@ -816,23 +823,7 @@ fn service_healing_campaign(kills: usize) {
     let seed = seed("service healing crash campaign");
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().expect("tempdir");
-    let cp = ControlPlane::start(dir.path(), &["--dead-after", "1h"]);
-    let keys = dir.path().join("keel-sim/keys");
-    let agents: Vec<FakeAgent> = NODES.iter().map(|_| FakeAgent::start(&keys)).collect();
-    let mut cluster = Cluster {
-        node: cp.signer("node.key"),
-        operator: cp.signer("operator.key"),
-        cp,
-        agents,
-        pod_cidrs: BTreeMap::new(),
-        seed,
-    };
-    for (i, id) in NODES.iter().enumerate() {
-        let cidr = cluster.agents[i]
-            .register(&cluster.cp, &cluster.node, id)
-            .expect("first registration");
-        cluster.pod_cidrs.insert(id.to_string(), cidr);
-    }
+    let mut cluster = Cluster::start(dir.path(), seed);
     let put = |c: &Cluster, replicas: u32| {
         c.cp.call(
             Some(&c.operator),

@@ -214,12 +214,7 @@ impl SteadyClient {
 #[test]
 fn requests_to_the_vip_rotate_over_replicas_and_survive_a_lost_node() {
     let mut cluster = Cluster::standard(3);
-    cluster.wait_for("three Alive nodes", || {
-        let nodes: Vec<NodeStatus> =
-            serde_json::from_str(&ok(&cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
-        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
-        (alive == 3).then_some(())
-    });
+    wait_three_alive(&cluster);
     let port = port_free_everywhere();
 
     // Three replicas, one per node; every node's proxy rotates over all three.
@@ -328,6 +323,15 @@ fn requests_to_the_vip_rotate_over_replicas_and_survive_a_lost_node() {
     );
 }
 
+fn wait_three_alive(cluster: &Cluster) {
+    cluster.wait_for("three Alive nodes", || {
+        let nodes: Vec<NodeStatus> =
+            serde_json::from_str(&ok(cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
+        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
+        (alive == 3).then_some(())
+    });
+}
+
 /// Watches `get nodes` for longer than the cluster's dead_after (2 s),
 /// failing at the first node seen Dead after `what`.
 fn watch_no_death(cluster: &Cluster, what: &str) {
@@ -359,12 +363,7 @@ fn replica_homes(cluster: &Cluster) -> BTreeMap<String, (String, u32)> {
 #[test]
 fn control_plane_restarts_and_stalls_move_nothing_fence_nothing_and_the_vip_keeps_serving() {
     let mut cluster = Cluster::standard(3);
-    cluster.wait_for("three Alive nodes", || {
-        let nodes: Vec<NodeStatus> =
-            serde_json::from_str(&ok(&cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
-        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
-        (alive == 3).then_some(())
-    });
+    wait_three_alive(&cluster);
     let port = port_free_everywhere();
     apply(&cluster, 3, port);
     cluster.wait_for("3/3 ready", || status(&cluster).filter(|s| s.ready == 3));

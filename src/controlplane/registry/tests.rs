@@ -914,24 +914,7 @@ fn carry_out(c: &mut Cluster, actions: Vec<HealAction>, now: Instant) {
         if c.liveness(&node, now) != Some(Liveness::Alive) {
             continue;
         }
-        let placed: Vec<PlacedJail> = c
-            .state()
-            .placements
-            .iter()
-            .filter(|(_, p)| p.node == node)
-            .map(|(n, p)| PlacedJail {
-                name: n.clone(),
-                epoch: p.epoch,
-                running: true,
-                address: Some(Ipv4Addr::new(10, 20, 0, 2)),
-            })
-            .collect();
-        let req = HeartbeatRequest {
-            committed: Resources::default(),
-            jails: 0,
-            placed,
-            peers_version: None,
-        };
+        let req = reported_by(c, &node);
         c.heartbeat(&node, &req, now).expect("heartbeat");
     }
 }
