@@ -151,18 +151,24 @@ impl std::fmt::Debug for Backends {
 impl Backends {
     /// A rotation over `replicas`, starting at the first, on the system clock.
     pub fn new(replicas: &[SocketAddrV4]) -> Backends {
-        Backends::with_clock(replicas, Arc::new(SystemClock))
+        Backends::with_clock(replicas, Arc::new(SystemClock), EJECT_INITIAL)
     }
 
-    /// A rotation whose ejections are timed by `clock` (tests step it).
-    pub fn with_clock(replicas: &[SocketAddrV4], clock: Arc<dyn Clock>) -> Backends {
+    /// A rotation whose ejections are timed by `clock` (tests step it) and
+    /// start at `eject_initial`.
+    pub fn with_clock(
+        replicas: &[SocketAddrV4],
+        clock: Arc<dyn Clock>,
+        eject_initial: Duration,
+    ) -> Backends {
         let list: Vec<Arc<Replica>> = replicas.iter().map(|a| new_replica(*a)).collect();
         Backends {
             replicas: Mutex::new(list.into()),
             draining: Mutex::new(Vec::new()),
             next: AtomicUsize::new(0),
             ejections: Mutex::new(Backoff::with_policy(Policy {
-                initial: EJECT_INITIAL,
+                initial: eject_initial,
+                // Raised to `eject_initial` when that is longer.
                 cap: EJECT_CAP,
                 // Never reached: a success forgets the record outright.
                 stable_after: Duration::MAX,
@@ -340,7 +346,7 @@ mod tests {
     fn on_clock(replicas: &[SocketAddrV4]) -> (Backends, ManualClock) {
         let clock = ManualClock::new();
         (
-            Backends::with_clock(replicas, Arc::new(clock.clone())),
+            Backends::with_clock(replicas, Arc::new(clock.clone()), EJECT_INITIAL),
             clock,
         )
     }

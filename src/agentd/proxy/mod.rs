@@ -84,6 +84,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle as TaskHandle;
 
+use crate::common::backoff::SystemClock;
 use crate::common::config::AgentConfig;
 use crate::common::wire::ServiceEndpoints;
 
@@ -129,6 +130,11 @@ pub struct ProxyConfig {
     /// tests, on hosts whose loopback answers only 127.0.0.1). Port 0 then picks a free port, which
     /// [`Proxy::services`] reports.
     pub bind_ip_override: Option<Ipv4Addr>,
+    /// How long a replica that failed once stays out of the rotation
+    /// ([`balance::EJECT_INITIAL`]; doubling from there to
+    /// [`balance::EJECT_CAP`]). Not an agent setting: tests shorten or
+    /// lengthen it so that what they assert does not depend on timing.
+    pub eject_initial: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -150,6 +156,7 @@ impl ProxyConfig {
             connect_timeout: agent.proxy_connect_timeout.0,
             threads,
             bind_ip_override: agent.proxy_listen,
+            eject_initial: balance::EJECT_INITIAL,
         }
     }
 }
@@ -524,7 +531,11 @@ fn open(
     for _ in 1..loops.len() {
         listeners.push(bind(bound).map_err(err)?);
     }
-    let backends = Arc::new(Backends::new(&service.replicas));
+    let backends = Arc::new(Backends::with_clock(
+        &service.replicas,
+        Arc::new(SystemClock),
+        config.eject_initial,
+    ));
     let mut accepts = Vec::with_capacity(loops.len());
     for (listener, event_loop) in listeners.into_iter().zip(loops) {
         // Registered with the reactor of the loop that will accept on it.
