@@ -3,8 +3,11 @@
 //! before its first byte), then relay bytes both ways until both sides closed.
 //!
 //! It owns the two sockets of that connection and nothing else; it never
-//! looks at the service table (it got its [`Backends`] at accept time) and
-//! never blocks its thread.
+//! looks at the service table (it got its [`Backends`] at accept time, and
+//! only tells it how each replica it tried did) and never blocks its thread.
+//! It decides what counts as a failed replica: a refused or timed-out
+//! connect, a reset before the first byte. A replica that closes cleanly
+//! before sending anything has answered (some protocols end that way).
 //!
 //! Memory is the constraint that shaped the relay loop: 10,000 idle relayed
 //! connections must cost less than HAProxy's. A connection's state holds no
