@@ -14,7 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use keel::agentd::proxy::balance::EJECT_INITIAL;
-use keel::agentd::proxy::{Proxy, ProxyConfig, ProxyError, ReplicaLoad};
+use keel::agentd::proxy::{LISTEN_BACKLOG, Proxy, ProxyConfig, ProxyError, ReplicaLoad};
 use keel::common::wire::ServiceEndpoints;
 
 use crate::util::{poll_until, raise_nofile};
@@ -433,7 +433,17 @@ fn a_connect_timeout_moves_on_to_the_next_replica() {
 /// connection would be 10,000 threads) counting its open connections.
 fn start_counting_echo(ip: Ipv4Addr) -> (SocketAddrV4, Arc<AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = TcpListener::bind((ip, 0)).expect("bind");
+    // The proxy's backlog, not std's 128: connections arrive faster than one
+    // accepting thread takes them, and a full queue drops SYNs, whose
+    // retransmission (1 s later) outlasts the proxy's connect timeout and
+    // moves those connections to the other backend.
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket
+        .bind(&SocketAddr::from((ip, 0)).into())
+        .expect("bind");
+    socket.listen(LISTEN_BACKLOG).expect("listen");
+    let listener: TcpListener = socket.into();
     listener.set_nonblocking(true).expect("nonblocking");
     let SocketAddr::V4(addr) = listener.local_addr().expect("addr") else {
         unreachable!()
