@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use keel::agentd::proxy::{Proxy, ProxyConfig, ProxyError};
+use keel::agentd::proxy::balance::EJECT_INITIAL;
+use keel::agentd::proxy::{LISTEN_BACKLOG, Proxy, ProxyConfig, ProxyError, ReplicaLoad};
 use keel::common::wire::ServiceEndpoints;
 
-use crate::util::raise_nofile;
+use crate::util::{poll_until, raise_nofile};
 
 /// Guard against a hang: far above anything a passing test waits, far below
 /// the OS connect timeout (about two minutes) a missing bound would fall to.
@@ -38,7 +39,13 @@ struct Backend {
 
 impl Backend {
     fn start(id: &str, ip: Ipv4Addr) -> Backend {
-        let listener = TcpListener::bind((ip, 0)).expect("bind backend");
+        Backend::start_on(id, SocketAddrV4::new(ip, 0))
+    }
+
+    /// A backend on `addr` (a port the proxy already knows, to bring a
+    /// replica back).
+    fn start_on(id: &str, addr: SocketAddrV4) -> Backend {
+        let listener = TcpListener::bind(addr).expect("bind backend");
         let addr = match listener.local_addr().expect("backend addr") {
             SocketAddr::V4(a) => a,
             SocketAddr::V6(_) => unreachable!("bound an IPv4 address"),
@@ -124,6 +131,7 @@ fn start_with(connect_timeout: Duration, threads: usize) -> Proxy {
         connect_timeout,
         threads,
         bind_ip_override: None,
+        eject_initial: EJECT_INITIAL,
     })
     .expect("start proxy")
 }
@@ -295,6 +303,7 @@ fn removing_a_service_closes_its_listener_but_not_its_connections() {
         connect_timeout: Duration::from_secs(1),
         threads: 2,
         bind_ip_override: Some(ip(5, 2)),
+        eject_initial: EJECT_INITIAL,
     })
     .expect("start proxy");
     let keep = service("keep", ip(5, 1), &[a.addr]);
@@ -424,7 +433,17 @@ fn a_connect_timeout_moves_on_to_the_next_replica() {
 /// connection would be 10,000 threads) counting its open connections.
 fn start_counting_echo(ip: Ipv4Addr) -> (SocketAddrV4, Arc<AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = TcpListener::bind((ip, 0)).expect("bind");
+    // The proxy's backlog, not std's 128: connections arrive faster than one
+    // accepting thread takes them, and a full queue drops SYNs, whose
+    // retransmission (1 s later) outlasts the proxy's connect timeout and
+    // moves those connections to the other backend.
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket
+        .bind(&SocketAddr::from((ip, 0)).into())
+        .expect("bind");
+    socket.listen(LISTEN_BACKLOG).expect("listen");
+    let listener: TcpListener = socket.into();
     listener.set_nonblocking(true).expect("nonblocking");
     let SocketAddr::V4(addr) = listener.local_addr().expect("addr") else {
         unreachable!()
@@ -548,6 +567,7 @@ fn two_services_on_one_address_are_refused_not_shared() {
         connect_timeout: Duration::from_secs(1),
         threads: 2,
         bind_ip_override: Some(shared_ip),
+        eject_initial: EJECT_INITIAL,
     })
     .expect("start proxy");
     let port = TcpListener::bind((shared_ip, 0))
@@ -582,4 +602,265 @@ fn two_services_on_one_address_are_refused_not_shared() {
         let (_, id) = connect(SocketAddrV4::new(shared_ip, port));
         assert_eq!(id, "a", "every connection belongs to the first service");
     }
+}
+
+/// A replica that accepts every connection and resets it at once, before
+/// sending anything (`SO_LINGER` 0, then close): a workload going down, or
+/// one whose listener is up before it can serve. Counts what it accepted.
+struct Resetter {
+    addr: SocketAddrV4,
+    accepted: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    accepts: Option<thread::JoinHandle<()>>,
+}
+
+impl Resetter {
+    fn start(ip: Ipv4Addr) -> Resetter {
+        let listener = TcpListener::bind((ip, 0)).expect("bind resetter");
+        let SocketAddr::V4(addr) = listener.local_addr().expect("addr") else {
+            unreachable!()
+        };
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (counter, stopping) = (Arc::clone(&accepted), Arc::clone(&stop));
+        let accepts = thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                counter.fetch_add(1, Ordering::SeqCst);
+                socket2::SockRef::from(&conn)
+                    .set_linger(Some(Duration::ZERO))
+                    .expect("SO_LINGER 0");
+                drop(conn);
+            }
+        });
+        Resetter {
+            addr,
+            accepted,
+            stop,
+            accepts: Some(accepts),
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Resetter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+        if let Some(t) = self.accepts.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A proxy whose replicas stay ejected for `eject_initial` after failing.
+fn start_ejecting(eject_initial: Duration) -> Proxy {
+    Proxy::start(ProxyConfig {
+        connect_timeout: Duration::from_secs(1),
+        threads: 2,
+        bind_ip_override: None,
+        eject_initial,
+    })
+    .expect("start proxy")
+}
+
+/// `(replica, open connections, listed, ejected)` of service `name`.
+fn loads(proxy: &Proxy, name: &str) -> Vec<(SocketAddrV4, usize, bool, bool)> {
+    proxy
+        .loads()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, l)| {
+            l.into_iter()
+                .map(
+                    |ReplicaLoad {
+                         addr,
+                         open,
+                         listed,
+                         ejected,
+                     }| (addr, open, listed, ejected),
+                )
+                .collect()
+        })
+        .unwrap_or_else(|| panic!("service {name} is not served"))
+}
+
+/// Reads what is left until the proxy closes the connection: a client
+/// whose connection no replica took sees an empty stream.
+fn read_rest(s: &mut TcpStream) -> Vec<u8> {
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    rest
+}
+
+#[test]
+fn refusing_and_resetting_replicas_are_ejected_and_no_client_connection_fails() {
+    let a = Backend::start("a", ip(20, 10));
+    let refusing = closed_port(ip(20, 11));
+    let resetter = Resetter::start(ip(20, 12));
+    let c = Backend::start("c", ip(20, 13));
+    // Ejections outlast the test, so which replica gets a turn does not
+    // depend on how fast the machine is.
+    let proxy = start_ejecting(HANG);
+    update_ok(
+        &proxy,
+        &[service(
+            "flaky",
+            ip(20, 1),
+            &[a.addr, refusing, resetter.addr, c.addr],
+        )],
+    );
+    let listen = listen_addr(&proxy, "flaky");
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        let mut s = TcpStream::connect(listen).expect("connect to the proxy");
+        s.set_read_timeout(Some(HANG)).expect("timeout");
+        // The request goes out before any answer: the proxy keeps it for the
+        // next replica when one resets before its first byte.
+        let msg = format!("request {i}");
+        s.write_all(msg.as_bytes())
+            .expect("write through the proxy");
+        ids.push(read_line(&mut s));
+        let mut back = vec![0u8; msg.len()];
+        s.read_exact(&mut back).expect("echo through the proxy");
+        assert_eq!(back, msg.as_bytes());
+    }
+    // Turn 1 is the refusing replica: it and then the resetter fail, c
+    // serves. From then on both are skipped and their turns go to c.
+    assert_eq!(
+        ids,
+        ["a", "c", "c", "c", "a", "c", "c", "c", "a", "c", "c", "c"]
+    );
+    assert_eq!(resetter.accepted(), 1, "the resetter was tried once");
+    let ejected: Vec<_> = loads(&proxy, "flaky")
+        .into_iter()
+        .map(|(addr, _, _, ejected)| (addr, ejected))
+        .collect();
+    assert_eq!(
+        ejected,
+        [
+            (a.addr, false),
+            (refusing, true),
+            (resetter.addr, true),
+            (c.addr, false)
+        ]
+    );
+}
+
+#[test]
+fn an_ejected_replica_comes_back_once_its_back_off_ended_and_it_serves_again() {
+    let a = Backend::start("a", ip(21, 10));
+    let down = closed_port(ip(21, 11));
+    let proxy = start_ejecting(Duration::from_millis(200));
+    update_ok(&proxy, &[service("back", ip(21, 1), &[a.addr, down])]);
+    let listen = listen_addr(&proxy, "back");
+    // Turn 1 is the replica that is down: it fails, a serves.
+    assert_eq!(connect(listen).1, "a");
+    assert_eq!(connect(listen).1, "a");
+    let b = Backend::start_on("b", down);
+    poll_until("the replica back up gets connections again", || {
+        let (mut s, id) = connect(listen);
+        assert_echoes(&mut s, b"no failure meanwhile");
+        id == "b"
+    });
+    let ejected: Vec<_> = loads(&proxy, "back").iter().map(|l| l.3).collect();
+    assert_eq!(ejected, [false, false], "its answer cleared its record");
+    drop(b);
+}
+
+#[test]
+fn a_connection_tries_at_most_three_replicas_and_ejected_ones_last() {
+    let dead: Vec<SocketAddrV4> = (0..4).map(|i| closed_port(ip(22, 10 + i))).collect();
+    let good = Backend::start("good", ip(22, 20));
+    let proxy = start_ejecting(HANG);
+    let mut replicas = dead.clone();
+    replicas.push(good.addr);
+    update_ok(&proxy, &[service("bound", ip(22, 1), &replicas)]);
+    let listen = listen_addr(&proxy, "bound");
+    // Turn 0 is three dead replicas: the bound stops there, before the good
+    // one, and the client's connection is closed.
+    let mut s = TcpStream::connect(listen).expect("connect to the proxy");
+    s.set_read_timeout(Some(HANG)).expect("timeout");
+    assert_eq!(
+        read_rest(&mut s),
+        b"",
+        "no replica answered within the bound"
+    );
+    // Turn 1 starts at an ejected replica: the ready ones go first, so the
+    // fourth dead one and then the good one are tried.
+    for _ in 0..5 {
+        let (mut s, id) = connect(listen);
+        assert_eq!(id, "good");
+        assert_echoes(&mut s, b"within the bound");
+    }
+    let ejected: Vec<bool> = loads(&proxy, "bound").iter().map(|l| l.3).collect();
+    assert_eq!(ejected, [true, true, true, true, false]);
+}
+
+#[test]
+fn when_every_replica_is_ejected_they_are_still_tried() {
+    let first = closed_port(ip(23, 10));
+    let second = closed_port(ip(23, 11));
+    let proxy = start_ejecting(HANG);
+    update_ok(&proxy, &[service("all", ip(23, 1), &[first, second])]);
+    let listen = listen_addr(&proxy, "all");
+    let mut s = TcpStream::connect(listen).expect("connect to the proxy");
+    s.set_read_timeout(Some(HANG)).expect("timeout");
+    assert_eq!(read_rest(&mut s), b"", "both replicas are down");
+    assert!(loads(&proxy, "all").iter().all(|l| l.3), "both ejected");
+    // Ejected replicas are a last resort, not a closed door.
+    let back = Backend::start_on("back", second);
+    let (mut s, id) = connect(listen);
+    assert_eq!(id, "back");
+    assert_echoes(&mut s, b"tried although ejected");
+    drop(back);
+}
+
+#[test]
+fn a_replica_dropped_from_the_table_drains_its_connections_and_gets_no_new_one() {
+    let a = Backend::start("a", ip(24, 10));
+    let b = Backend::start("b", ip(24, 11));
+    let proxy = start(Duration::from_secs(1));
+    update_ok(&proxy, &[service("drain", ip(24, 1), &[a.addr, b.addr])]);
+    let listen = listen_addr(&proxy, "drain");
+    let (mut established, id) = connect(listen);
+    assert_eq!(id, "a");
+    assert_eq!(
+        loads(&proxy, "drain"),
+        [(a.addr, 1, true, false), (b.addr, 0, true, false)]
+    );
+
+    update_ok(&proxy, &[service("drain", ip(24, 1), &[b.addr])]);
+    let mut new = Vec::new();
+    for _ in 0..4 {
+        let (mut s, id) = connect(listen);
+        assert_eq!(
+            id, "b",
+            "a replica leaving the table gets no new connection"
+        );
+        assert_echoes(&mut s, b"new");
+        new.push(s);
+    }
+    assert_echoes(&mut established, b"still relaying");
+    assert_eq!(
+        loads(&proxy, "drain"),
+        [(b.addr, 4, true, false), (a.addr, 1, false, false)],
+        "the dropped replica is reported while it drains"
+    );
+
+    established
+        .shutdown(Shutdown::Write)
+        .expect("the client ends its request");
+    assert!(read_rest(&mut established).ends_with(b"end 14\n"));
+    drop(established);
+    drop(new);
+    poll_until("the dropped replica drained", || {
+        loads(&proxy, "drain") == [(b.addr, 0, true, false)]
+    });
 }

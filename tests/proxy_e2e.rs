@@ -290,6 +290,22 @@ fn requests_to_the_vip_rotate_over_replicas_and_survive_a_lost_node() {
         serde_json::json!([{"name": "echo", "listen": proxy(1, port).to_string(), "replicas": 3}]),
         "n1's proxy table"
     );
+    // Per replica: the three listed, none ejected; n3's lost replica, which
+    // the table dropped, is not shown once its connections are gone.
+    cluster.wait_for(
+        "n1's GET /proxy/replicas to list the three replicas",
+        || {
+            let r = Client::new(Endpoint::Unix(cluster.socket("n1")))
+                .request("GET", "/proxy/replicas", &[], b"")
+                .ok()?;
+            let rows: Vec<serde_json::Value> = serde_json::from_slice(&r.body).ok()?;
+            (rows.len() == 3
+                && rows.iter().all(|row| {
+                    row["service"] == "echo" && row["listed"] == true && row["ejected"] == false
+                }))
+            .then_some(())
+        },
+    );
     let (served, failures) = client.finish();
     eprintln!(
         "failover: full replica count {:.2} s after kill -9 of n3 (dead_after 2 s, heartbeats every 200 ms); {served} requests during it",

@@ -45,6 +45,16 @@ struct Served<'a> {
     replicas: usize,
 }
 
+/// One replica as `GET /proxy/replicas` shows it.
+#[derive(Debug, Serialize)]
+struct ReplicaRow<'a> {
+    service: &'a str,
+    replica: SocketAddrV4,
+    open: usize,
+    listed: bool,
+    ejected: bool,
+}
+
 impl AgentApi {
     /// Routes requests to `worker`.
     pub fn new(worker: WorkerHandle) -> AgentApi {
@@ -126,6 +136,27 @@ impl AgentApi {
         Response::json(200, &table)
     }
 
+    /// Per replica of every served service: open connections, whether the
+    /// table still lists it (a dropped one is shown until it drained) and
+    /// whether passive health ejected it. Kept apart from `GET /proxy`, which
+    /// shows the table alone and so stays the same while traffic flows.
+    fn proxy_replicas(&self) -> Response {
+        let loads = self.proxy.as_ref().map(|p| p.loads()).unwrap_or_default();
+        let rows: Vec<ReplicaRow> = loads
+            .iter()
+            .flat_map(|(service, replicas)| {
+                replicas.iter().map(move |r| ReplicaRow {
+                    service,
+                    replica: r.addr,
+                    open: r.open,
+                    listed: r.listed,
+                    ejected: r.ejected,
+                })
+            })
+            .collect();
+        Response::json(200, &rows)
+    }
+
     /// `GET /jails/{name}/log?tail=N`: the last N lines of what the
     /// workload printed (from at most the last [`LOG_BYTES_MAX`] bytes), as
     /// text.
@@ -155,6 +186,7 @@ impl AgentApi {
                 .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
             ("GET", ["proxy"]) => self.proxy_table(),
+            ("GET", ["proxy", "replicas"]) => self.proxy_replicas(),
             ("GET", ["jails", name, "log"]) => match check_name(name) {
                 Err(r) => r,
                 Ok(()) => self.workload_log(name, req)?,
@@ -222,7 +254,8 @@ impl AgentApi {
             | (_, ["jails"])
             | (_, ["volumes"])
             | (_, ["ingresses"])
-            | (_, ["proxy"]) => method_not_allowed("GET"),
+            | (_, ["proxy"])
+            | (_, ["proxy", "replicas"]) => method_not_allowed("GET"),
             (_, ["ingresses", _]) => method_not_allowed("GET, PUT, DELETE"),
             (_, ["volumes", _]) => method_not_allowed("GET, DELETE"),
             (_, ["jails", _]) => method_not_allowed("GET, PUT, DELETE"),

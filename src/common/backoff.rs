@@ -210,6 +210,17 @@ impl<K: Ord + Clone> Backoff<K> {
         self.entries.remove(key);
     }
 
+    /// Number of keys with a record (failed, started or restored, and not
+    /// forgotten since).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no key has a record.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// How many failures `key` has had since it was first seen or forgotten.
     pub fn restarts(&self, key: &K) -> u32 {
         self.entries.get(key).map_or(0, |e| e.restarts)

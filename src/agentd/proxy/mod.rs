@@ -18,8 +18,8 @@
 //! |---|---|
 //! | `mod.rs` | [`Proxy`], the handle: start, update, list, shut down; the control loop |
 //! | [`table`] | the pure diff between the services served and a new table |
-//! | [`balance`] | one service's replica list and its round-robin cursor |
-//! | [`relay`] | one connection: connect with timeout and retry, relay with half-close |
+//! | [`balance`] | one service's replica list, its round-robin cursor, ejections and connection counts |
+//! | [`relay`] | one connection: connect with timeout and retries, replay until the first answer, relay with half-close |
 //!
 //! Behaviour:
 //! - [`Proxy::update`] is the whole interface to the heartbeat: a new service
@@ -29,8 +29,16 @@
 //!   nothing else. When the control plane is unreachable nobody calls
 //!   `update`, so the last list keeps serving.
 //! - Each accepted connection takes the next replica in rotation, connects
-//!   within `connect_timeout` and, on failure, tries the next replica exactly
-//!   once. A service with no replica accepts and closes at once.
+//!   within `connect_timeout` and, when the replica refuses, times out or
+//!   resets before its first byte, tries the next ones: at most
+//!   [`balance::MAX_ATTEMPTS`] replicas, each once. A replica that failed is
+//!   ejected from the rotation for a back-off (1 s doubling to 30 s while it
+//!   keeps failing, forgotten on its first success) and only tried when no
+//!   ready replica is left. A service with no replica accepts and closes at
+//!   once.
+//! - A replica dropped from a service's list gets no new connection while its
+//!   established ones keep relaying; [`Proxy::loads`] counts them per
+//!   replica so that a replica can be stopped once it drained.
 //! - The proxy runs `agent.proxy_threads` event loops (default: one per
 //!   CPU, at most [`AUTO_THREADS_MAX`]), each a current-thread tokio runtime
 //!   on its own thread: the model of HAProxy's threads and nginx's workers.
@@ -76,10 +84,12 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle as TaskHandle;
 
+use crate::common::backoff::SystemClock;
 use crate::common::config::AgentConfig;
 use crate::common::wire::ServiceEndpoints;
 
 use self::balance::Backends;
+pub use self::balance::ReplicaLoad;
 use self::table::Change;
 
 /// Listen backlog of each service: connections arriving faster than the loop
@@ -120,6 +130,11 @@ pub struct ProxyConfig {
     /// tests, on hosts whose loopback answers only 127.0.0.1). Port 0 then picks a free port, which
     /// [`Proxy::services`] reports.
     pub bind_ip_override: Option<Ipv4Addr>,
+    /// How long a replica that failed once stays out of the rotation
+    /// ([`balance::EJECT_INITIAL`]; doubling from there to
+    /// [`balance::EJECT_CAP`]). Not an agent setting: tests shorten or
+    /// lengthen it so that what they assert does not depend on timing.
+    pub eject_initial: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -141,6 +156,7 @@ impl ProxyConfig {
             connect_timeout: agent.proxy_connect_timeout.0,
             threads,
             bind_ip_override: agent.proxy_listen,
+            eject_initial: balance::EJECT_INITIAL,
         }
     }
 }
@@ -223,10 +239,16 @@ impl std::error::Error for ProxyError {
 /// actually listened on, number of replicas.
 pub type ServedService = (String, SocketAddrV4, usize);
 
+/// One served service's replicas with their open connections, as
+/// [`Proxy::loads`] reports them: the listed replicas, then the dropped ones
+/// still draining.
+pub type ServiceLoads = (String, Vec<ReplicaLoad>);
+
 /// What the handle asks the control loop.
 enum Request {
     Update(Vec<ServiceEndpoints>, std_mpsc::SyncSender<Vec<ProxyError>>),
     Services(std_mpsc::SyncSender<Vec<ServedService>>),
+    Loads(std_mpsc::SyncSender<Vec<ServiceLoads>>),
 }
 
 /// The running proxy. Dropping it (or [`Proxy::shutdown`]) closes every
@@ -303,6 +325,20 @@ impl Proxy {
     pub fn services(&self) -> Vec<ServedService> {
         let (tx, rx) = std_mpsc::sync_channel(1);
         if !self.ask(Request::Services(tx)) {
+            return Vec::new();
+        }
+        rx.recv().unwrap_or_default()
+    }
+
+    /// Every served service's replicas with the connections open to each,
+    /// whether the table still lists it and whether it is ejected: a replica
+    /// the table dropped is reported until its last connection closed, so
+    /// whoever stops it can wait until it drained. Empty when the proxy has
+    /// stopped. (A removed service's connections are not counted: its
+    /// listener and its counts are gone with it.)
+    pub fn loads(&self) -> Vec<ServiceLoads> {
+        let (tx, rx) = std_mpsc::sync_channel(1);
+        if !self.ask(Request::Loads(tx)) {
             return Vec::new();
         }
         rx.recv().unwrap_or_default()
@@ -400,6 +436,13 @@ async fn control(
                     .collect();
                 let _ = reply.send(list);
             }
+            Request::Loads(reply) => {
+                let list = served
+                    .iter()
+                    .map(|(name, s)| (name.clone(), s.backends.loads()))
+                    .collect();
+                let _ = reply.send(list);
+            }
         }
     }
     ticking.abort();
@@ -488,7 +531,11 @@ fn open(
     for _ in 1..loops.len() {
         listeners.push(bind(bound).map_err(err)?);
     }
-    let backends = Arc::new(Backends::new(&service.replicas));
+    let backends = Arc::new(Backends::with_clock(
+        &service.replicas,
+        Arc::new(SystemClock),
+        config.eject_initial,
+    ));
     let mut accepts = Vec::with_capacity(loops.len());
     for (listener, event_loop) in listeners.into_iter().zip(loops) {
         // Registered with the reactor of the loop that will accept on it.

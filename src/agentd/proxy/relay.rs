@@ -1,9 +1,13 @@
-//! One accepted connection: choose a replica, connect (bounded, retried once
-//! on the next replica), then relay bytes both ways until both sides closed.
+//! One accepted connection: choose replicas, connect (bounded, retried on
+//! the next replicas of its turn while a replica refuses, times out or resets
+//! before its first byte), then relay bytes both ways until both sides closed.
 //!
 //! It owns the two sockets of that connection and nothing else; it never
-//! looks at the service table (it got its [`Backends`] at accept time) and
-//! never blocks its thread.
+//! looks at the service table (it got its [`Backends`] at accept time, and
+//! only tells it how each replica it tried did) and never blocks its thread.
+//! It decides what counts as a failed replica: a refused or timed-out
+//! connect, a reset before the first byte. A replica that closes cleanly
+//! before sending anything has answered (some protocols end that way).
 //!
 //! Memory is the constraint that shaped the relay loop: 10,000 idle relayed
 //! connections must cost less than HAProxy's. A connection's state holds no
@@ -13,6 +17,11 @@
 //! freed as soon as it drained. An idle connection is its task, its two
 //! sockets and a few hundred bytes of state.
 //!
+//! Until the replica's first byte, what the client sends is also kept (at
+//! most [`REPLAY_MAX`]) so that a replica resetting before it answered is
+//! replaced by the next one without the client noticing; the copy is freed
+//! as soon as the replica answers.
+//!
 //! Half-close: end of stream from one side becomes `shutdown(SHUT_WR)` on the
 //! other, and the opposite direction keeps flowing. An error on either
 //! direction (a reset, a broken pipe) ends both and closes both sockets.
@@ -20,13 +29,14 @@
 use std::cell::RefCell;
 use std::future::poll_fn;
 use std::io;
-use std::net::SocketAddrV4;
+use std::net::{Shutdown, SocketAddrV4};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
@@ -42,44 +52,162 @@ thread_local! {
     static BUF: RefCell<Box<[u8]>> = RefCell::new(vec![0; RELAY_BUF].into_boxed_slice());
 }
 
-/// Serves one accepted client connection to the end.
+/// Most client bytes kept for a replay while the replica has not answered:
+/// a request larger than this is committed to its replica once sent.
+pub const REPLAY_MAX: usize = 64 * 1024;
+
+/// Serves one accepted client connection to the end: tries the replicas of
+/// its turn in order (see [`Backends::pick`]) until one connects and does not
+/// reset before its first byte, reporting each outcome to `backends`, then
+/// relays.
 pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: Duration) {
     let Some(attempts) = backends.pick() else {
-        // No healthy replica: the listener stays up, the client learns at once.
+        // No replica: the listener stays up, the client learns at once.
         return;
     };
-    drop(backends);
-    let backend = match connect(attempts.first, connect_timeout).await {
-        Ok(s) => s,
-        Err(first_err) => {
-            let Some(next) = attempts.retry else {
-                log::warn!(
-                    "proxy: replica {} unreachable ({first_err}) and no other replica; closing the client connection",
-                    attempts.first
-                );
+    let mut replay = Replay::default();
+    let mut failures = Vec::new();
+    for replica in attempts.iter() {
+        let addr = replica.addr();
+        let backend = match connect(addr, connect_timeout).await {
+            Ok(s) => s,
+            Err(e) => {
+                backends.failed(addr);
+                log::debug!("proxy: replica {addr} unreachable ({e})");
+                failures.push(format!("{addr} ({e})"));
+                continue;
+            }
+        };
+        let open = replica.open();
+        match opening(&client, &backend, &mut replay).await {
+            Ok(Opening::Answered) => backends.succeeded(addr),
+            Ok(Opening::Committed) => {}
+            Ok(Opening::Reset(e)) => {
+                backends.failed(addr);
+                log::debug!("proxy: replica {addr} reset before answering ({e})");
+                failures.push(format!("{addr} (reset before answering: {e})"));
+                continue;
+            }
+            Err(e) => {
+                log::debug!("proxy: client left before replica {addr} answered ({e})");
                 return;
-            };
-            log::debug!(
-                "proxy: replica {} unreachable ({first_err}); trying {next}",
-                attempts.first
-            );
-            match connect(next, connect_timeout).await {
-                Ok(s) => s,
-                Err(e) => {
-                    log::warn!(
-                        "proxy: replicas {} ({first_err}) and {next} ({e}) unreachable; closing the client connection",
-                        attempts.first
-                    );
-                    return;
+            }
+        }
+        // Answered or committed: nothing will be replayed, and an idle
+        // relayed connection must hold no buffer.
+        drop(replay);
+        drop(backends);
+        // TCP_NODELAY: the client socket inherited it from the listener, the
+        // backend's was set before connecting.
+        if let Err(e) = relay(client, backend).await {
+            log::debug!("proxy: connection ended with {e}");
+        }
+        drop(open);
+        return;
+    }
+    log::warn!(
+        "proxy: no replica answered: {}; closing the client connection",
+        failures.join(", ")
+    );
+}
+
+/// How the start of a connection to a replica went.
+#[derive(Debug)]
+enum Opening {
+    /// The replica sent its first byte or closed cleanly: it is serving.
+    Answered,
+    /// The client sent more than [`REPLAY_MAX`] before any answer: the rest
+    /// goes to this replica whatever happens.
+    Committed,
+    /// The replica reset (or its socket broke) before its first byte; the
+    /// client's bytes are kept for the next replica.
+    Reset(io::Error),
+}
+
+/// What the client sent before any replica answered, to send again to the
+/// next replica when one resets.
+#[derive(Debug, Default)]
+struct Replay {
+    data: Vec<u8>,
+    client_ended: bool,
+}
+
+/// Forwards the client's bytes to `backend` (keeping a copy in `replay`) until
+/// the replica answers, resets or the copy grows past [`REPLAY_MAX`]. The
+/// answer is peeked, not read: [`relay`] forwards it. Starts by sending what
+/// `replay` already holds (an earlier replica reset). An `Err` is the
+/// client's: nothing is left to serve.
+async fn opening(
+    client: &TcpStream,
+    backend: &TcpStream,
+    replay: &mut Replay,
+) -> io::Result<Opening> {
+    let broke = |e: io::Error| match e.kind() {
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe => Ok(Opening::Reset(e)),
+        _ => Err(e),
+    };
+    if let Err(e) = send_all(backend, &replay.data).await {
+        return broke(e);
+    }
+    if replay.client_ended
+        && let Err(e) = SockRef::from(backend).shutdown(Shutdown::Write)
+    {
+        return broke(e);
+    }
+    let mut first = [0u8; 1];
+    loop {
+        if replay.data.len() >= REPLAY_MAX {
+            return Ok(Opening::Committed);
+        }
+        tokio::select! {
+            biased;
+            answer = backend.peek(&mut first) => return match answer {
+                Ok(_) => Ok(Opening::Answered),
+                Err(e) => broke(e),
+            },
+            readable = client.readable(), if !replay.client_ended => {
+                readable?;
+                let before = replay.data.len();
+                let read = BUF.with_borrow_mut(|buf| {
+                    let n = client.try_read(buf)?;
+                    replay.data.extend_from_slice(&buf[..n]);
+                    Ok::<_, io::Error>(n)
+                });
+                match read {
+                    Ok(0) => {
+                        replay.client_ended = true;
+                        if let Err(e) = SockRef::from(backend).shutdown(Shutdown::Write) {
+                            return broke(e);
+                        }
+                    }
+                    Ok(_) => {
+                        if let Err(e) = send_all(backend, &replay.data[before..]).await {
+                            return broke(e);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
                 }
             }
         }
-    };
-    // TCP_NODELAY: the client socket inherited it from the listener, the
-    // backend's was set before connecting.
-    if let Err(e) = relay(client, backend).await {
-        log::debug!("proxy: connection ended with {e}");
     }
+}
+
+/// Writes all of `data` to `dst` through a shared reference (the opening
+/// phase holds both sockets by reference).
+async fn send_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        dst.writable().await?;
+        match dst.try_write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Connects to `addr` within `timeout` (`agent.proxy_connect_timeout`) instead
