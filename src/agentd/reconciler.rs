@@ -1329,6 +1329,9 @@ fn identity(name: &str, spec: &JailSpec, address: Ipv4Addr) -> (JailSpec, Ipv4Ad
         s.hostname = None;
     }
     s.resources = Resources::default();
+    // Probes are read by the health checker, never by the jail: a new one
+    // applies to the running workload.
+    s.health = None;
     s.network = Default::default();
     for v in &mut s.volumes {
         v.size = None;
