@@ -374,10 +374,13 @@ struct Runtime {
     /// The health checker said this incarnation passed its probe (and has
     /// not failed it `failureThreshold` times in a row since).
     probe_passed: bool,
-    /// Why the health checker last took the jail out of rotation or
-    /// restarted it; shown as the last error while nothing newer failed,
-    /// until its probe passes again.
+    /// Why the health checker took the jail out of rotation; shown as the
+    /// last error while nothing newer failed, until its probe passes again.
     health_failure: Option<String>,
+    /// Why the health checker last had the jail restarted; kept as the last
+    /// error (after anything newer) so a jail back in rotation still says why
+    /// it restarted.
+    health_restart: Option<String>,
 }
 
 /// The reconciler; see the module docs.
@@ -1320,7 +1323,11 @@ where
             ready: rt.phase == Some(Phase::Running)
                 && (rec.spec.spec.health.is_none() || rt.probe_passed),
             created_unix: rec.created_unix,
-            last_error: rt.last_error.or(rt.forced_removal).or(rt.health_failure),
+            last_error: rt
+                .last_error
+                .or(rt.forced_removal)
+                .or(rt.health_failure)
+                .or(rt.health_restart),
             retry_in_secs,
             epoch: rec.epoch,
             cpu: rec.spec.spec.resources.cpu,
@@ -1557,7 +1564,8 @@ where
         rt.phase = Some(Phase::CrashLoop);
         rt.probe_passed = false;
         rt.forced_removal = stop_failure.map(|e| e.to_string());
-        rt.health_failure = Some(format!("restarted: its health check failed: {reason}"));
+        rt.health_failure = None;
+        rt.health_restart = Some(format!("restarted: its health check failed: {reason}"));
         self.save_bookkeeping()?;
         Ok(true)
     }
