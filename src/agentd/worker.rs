@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::agentd::health::Reports;
-use crate::agentd::health::probe::ExecSeam;
+use crate::agentd::health::probe::{ExecSeam, exec_outcome};
 use crate::agentd::ingress::controller::{IngressApiError, IngressController};
 use crate::agentd::metrics::Metrics;
 use crate::agentd::reconciler::{HealthTarget, JailStatus, Phase, ReconcileError, Reconciler};
@@ -608,12 +608,7 @@ fn run<J, Z, N, M>(
                 }
             },
             Command::HealthExec { name, argv, reply } => {
-                let result = match reconciler.exec_in(&name, &argv) {
-                    Ok(out) if out.status == 0 => Ok(()),
-                    Ok(out) => Err(format!("exited {}: {}", out.status, out.stderr.trim())),
-                    Err(e) => Err(e.to_string()),
-                };
-                let _ = reply.send(result);
+                let _ = reply.send(exec_outcome(reconciler.exec_in(&name, &argv)));
             }
             Command::Shutdown => break,
         }

@@ -9,7 +9,9 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
+use crate::common::cmd::CmdOutput;
 use crate::common::spec::Probe;
+use crate::host::jail::JailError;
 
 /// Most bytes of an answer read to find its status line.
 const MAX_STATUS_LINE: usize = 1024;
@@ -20,6 +22,17 @@ const MAX_STATUS_LINE: usize = 1024;
 pub trait ExecSeam: Send + Sync {
     /// See the trait docs.
     fn exec(&self, name: &str, argv: &[String], timeout: Duration) -> Result<(), String>;
+}
+
+/// An exec probe's verdict from what `jexec` (`JailRuntime::exec`) answered:
+/// exit status 0 passes; otherwise the status and the command's stderr.
+pub fn exec_outcome(ran: Result<CmdOutput, JailError>) -> Result<(), String> {
+    match ran {
+        Ok(out) if out.status == 0 => Ok(()),
+        Ok(out) if out.stderr.trim().is_empty() => Err(format!("exited {}", out.status)),
+        Ok(out) => Err(format!("exited {}: {}", out.status, out.stderr.trim())),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Runs `probe` once against jail `name` at `address`, giving up after
