@@ -307,10 +307,11 @@ pub struct ReplicaStatus {
     pub node: String,
     /// Its address, once its node reported it.
     pub address: Option<std::net::Ipv4Addr>,
-    /// `Running`, `NotRunning` (its node reports the workload down),
-    /// `Pending` (not reported yet) or `NodeDead`.
+    /// `Running`, `NotReady` (its workload runs but fails its health
+    /// check), `NotRunning` (its node reports the workload down), `Pending`
+    /// (not reported yet), `NodeUnknown` or `NodeDead`.
     pub state: String,
-    /// Counts towards the VIP's replica list (Alive node, running).
+    /// Counts towards the VIP's replica list (Alive node, ready).
     pub ready: bool,
 }
 
