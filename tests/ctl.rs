@@ -114,6 +114,7 @@ fn apply_get_and_delete_a_jail() {
     for (column, cell) in [
         ("NAME", "web-1"),
         ("STATE", "Running"),
+        ("READY", "yes"),
         ("ADDRESS", "127.64.0.2"),
         ("RESTARTS", "0"),
     ] {

@@ -411,3 +411,13 @@ fn hostile_values_reach_the_workload_unchanged() {
     .collect();
     assert_eq!(out.stdout, expected);
 }
+
+#[test]
+fn an_exec_health_probe_is_one_jexec_and_fails_on_a_non_zero_status() {
+    golden::check("jail_exec_health_probe", |runner| {
+        let ran = jails(runner, "jail_exec_health_probe")
+            .exec("db-0", &argv(&["/usr/local/bin/pg_isready", "-q"]));
+        let verdict = keel::agentd::health::probe::exec_outcome(ran);
+        assert_eq!(verdict, Err("exited 2".to_string()));
+    });
+}

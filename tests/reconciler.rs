@@ -1380,3 +1380,103 @@ fn a_jail_on_a_base_never_fetched_fails_naming_the_fetch_command() {
         "no jail is created without its base"
     );
 }
+
+/// `jail(name)` with a tcp health check.
+fn jail_with_health(name: &str) -> Jail {
+    parse_jail(&format!(
+        "kind: Jail\n\
+         metadata: {{name: {name}}}\n\
+         spec:\n\
+         \x20 base: 14.2-RELEASE\n\
+         \x20 resources: {{cpu: 1, memory: 256M}}\n\
+         \x20 exec: {{start: [/usr/local/bin/app, --port, '8080']}}\n\
+         \x20 health: {{tcp: {{port: 8080}}}}\n"
+    ))
+    .expect("valid jail spec")
+}
+
+#[test]
+fn a_jail_with_health_is_ready_only_after_its_probe_passed_and_restarts_through_the_backoff() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    agent.apply(jail("plain"), None).expect("applied");
+    agent.apply(jail_with_health("web"), None).expect("applied");
+    assert!(
+        agent.get("plain").expect("plain").ready,
+        "no health: running is ready"
+    );
+    let web = agent.get("web").expect("web");
+    assert_eq!((web.state, web.ready), (Phase::Running, false));
+
+    let targets = agent.health_targets();
+    assert_eq!(
+        targets.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["web"],
+        "only jails with a probe are checked"
+    );
+    let first = targets[0].incarnation;
+    assert!(agent.set_readiness("web", first, true, None));
+    assert!(agent.get("web").expect("web").ready);
+    assert!(
+        !agent.set_readiness("web", first + 1, false, None),
+        "a verdict about another start of the workload is dropped"
+    );
+    assert!(agent.get("web").expect("web").ready);
+    agent.set_readiness("web", first, false, Some("connection refused".into()));
+    let web = agent.get("web").expect("web");
+    assert!(!web.ready && web.state == Phase::Running, "{web:?}");
+    assert!(
+        web.last_error
+            .unwrap_or_default()
+            .contains("connection refused")
+    );
+
+    host.take();
+    assert_eq!(
+        agent.restart_unhealthy("web", first, "connection refused"),
+        Ok(true)
+    );
+    assert_eq!(
+        host.take(),
+        ["jail.remove web"],
+        "stopped with its exec.stop"
+    );
+    let web = agent.get("web").expect("web");
+    assert_eq!(
+        (web.state, web.restarts, web.ready),
+        (Phase::CrashLoop, 1, false)
+    );
+    assert_eq!(web.retry_in_secs, Some(1));
+    assert!(
+        agent.health_targets().is_empty(),
+        "nothing to probe while it is down"
+    );
+
+    // The crash-loop backoff decides when it starts again.
+    host.clock.advance(Duration::from_millis(999));
+    agent.reconcile();
+    assert!(!host.jails.is_running("web"), "not before the 1 s delay");
+    host.clock.advance(Duration::from_millis(1));
+    agent.reconcile();
+    assert!(host.jails.is_running("web"));
+    let web = agent.get("web").expect("web");
+    assert_eq!(
+        (web.state, web.ready, web.restarts),
+        (Phase::Running, false, 1)
+    );
+    assert!(
+        web.last_error
+            .unwrap_or_default()
+            .contains("health check failed"),
+        "the reason is kept"
+    );
+    let second = agent.health_targets()[0].incarnation;
+    assert_ne!(second, first, "a new start of the workload");
+    assert_eq!(
+        agent.restart_unhealthy("web", first, "late"),
+        Ok(false),
+        "a restart asked for the old start is dropped"
+    );
+    assert!(agent.set_readiness("web", second, true, None));
+    assert!(agent.get("web").expect("web").ready);
+}

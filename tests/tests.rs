@@ -25,6 +25,7 @@ mod golden_net;
 mod golden_pf;
 mod golden_routes;
 mod golden_zfs;
+mod health_e2e;
 mod heartbeat_path;
 mod hostile;
 mod http;

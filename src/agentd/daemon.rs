@@ -1,6 +1,6 @@
 //! Running keel-agentd: build the host seams (FreeBSD or simulated), open the
 //! state, start the worker, the API (with the base fetcher beside the worker,
-//! never on it) and the reconcile timer, and stop cleanly on SIGTERM or SIGINT.
+//! never on it), the health checker and the reconcile timer, and stop cleanly on SIGTERM or SIGINT.
 //!
 //! With `agent.controlplane` set the agent also joins a cluster: it serves the
 //! same route table on a TCP listener bound to `agent.advertise_addr` and runs
@@ -40,6 +40,7 @@ use crate::agentd::cluster::error::ClusterError;
 use crate::agentd::cluster::identity;
 use crate::agentd::cluster::membership::Membership;
 use crate::agentd::cluster::signed::{self, SignedApi};
+use crate::agentd::health;
 use crate::agentd::ingress::CertManager;
 use crate::agentd::ingress::acme::AcmeSettings;
 use crate::agentd::ingress::controller::{IngressController, IngressSettings};
@@ -529,6 +530,10 @@ where
     let (worker, worker_thread) =
         worker::spawn_with_ingress(reconciler, Some(ingress)).map_err(setup)?;
     let watcher = signals.watch(worker_thread).map_err(setup)?;
+    // Off the worker: it reads the targets the worker publishes and ends
+    // when the worker does.
+    let health_thread =
+        health::spawn(worker.health_targets(), Arc::new(worker.clone())).map_err(setup)?;
     let shutdown = ShutdownSignal::new();
     let proxy = membership
         .as_ref()
@@ -595,6 +600,8 @@ where
         let _ = t.join();
     }
     let worker_end = watcher.join();
+    // At most one probe timeout once the worker is gone.
+    let _ = health_thread.join();
     remove_quietly(socket);
     worker_end.map_err(RunError::Worker)
 }

@@ -6,6 +6,7 @@
 //! | [`worker`] | the one thread that owns the reconciler, and the channel to it |
 //! | [`snapshot`] | what the worker publishes for readers that must not wait for it (the heartbeat) |
 //! | [`api`] | the route table served on the Unix socket (and TCP when clustered) |
+//! | [`health`] | `spec.health` probes on threads of their own; readiness and restarts reported to the worker |
 //! | [`cluster`] | registration and heartbeats when clustered, off the worker |
 //! | [`routes`] | what the worker does with a heartbeat answer: subnet, peer routes, VIP aliases, fencing |
 //! | [`bases`] | `keelctl base fetch`: download, verify and install release bases, on threads of their own |
@@ -26,6 +27,7 @@ pub mod cluster;
 pub mod daemon;
 #[cfg(test)]
 mod fixtures;
+pub mod health;
 pub mod ingress;
 pub mod metrics;
 pub mod proxy;

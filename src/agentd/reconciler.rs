@@ -68,6 +68,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::agentd::health::Target as HealthTarget;
 use crate::common::backoff::{Backoff, Clock, Policy, Snapshot};
 use crate::common::cidr::Ipv4Net;
 use crate::common::cmd::CmdOutput;
@@ -367,6 +368,19 @@ struct Runtime {
     /// shown as the last error while nothing newer failed, until a removal
     /// goes through cleanly.
     forced_removal: Option<String>,
+    /// Which start of the workload is running (0: none seen yet); the health
+    /// checker's reports name it, so one about an older start is dropped.
+    incarnation: u64,
+    /// The health checker said this incarnation passed its probe (and has
+    /// not failed it `failureThreshold` times in a row since).
+    probe_passed: bool,
+    /// Why the health checker took the jail out of rotation; shown as the
+    /// last error while nothing newer failed, until its probe passes again.
+    health_failure: Option<String>,
+    /// Why the health checker last had the jail restarted; kept as the last
+    /// error (after anything newer) so a jail back in rotation still says why
+    /// it restarted.
+    health_restart: Option<String>,
 }
 
 /// The reconciler; see the module docs.
@@ -387,6 +401,8 @@ pub struct Reconciler<J, Z, N, M> {
     /// (see [`Reconciler::seed_root`]); not persisted, registered again by
     /// their owner after a restart.
     seeds: BTreeMap<String, RootSeed>,
+    /// The last incarnation handed out (see `Runtime::incarnation`).
+    incarnations: u64,
 }
 
 /// Puts what a jail's workload needs into its root filesystem (the path on
@@ -431,6 +447,7 @@ where
             clock,
             runtime: BTreeMap::new(),
             seeds: BTreeMap::new(),
+            incarnations: 0,
         }
     }
 
@@ -683,6 +700,7 @@ where
                 state: Phase::Deleting,
                 address: spec.spec.network.address.unwrap_or(Ipv4Addr::UNSPECIFIED),
                 restarts: 0,
+                ready: false,
                 created_unix: 0,
                 last_error: self.runtime.get(name).and_then(|r| r.last_error.clone()),
                 retry_in_secs: None,
@@ -870,8 +888,11 @@ where
         let now = self.clock.now();
         let key = name.to_string();
         let phase = self.runtime.get(name).and_then(|r| r.phase);
-        if !force && phase == Some(Phase::Failed) && !self.backoff.ready(&key, now) {
-            // The last attempt failed; the next one waits for its delay.
+        let waiting = matches!(phase, Some(Phase::Failed) | Some(Phase::CrashLoop));
+        if !force && waiting && !self.backoff.ready(&key, now) {
+            // The last attempt failed, or the workload crashed or was
+            // restarted for failing its health check: the next start waits
+            // for its delay.
             return Ok(());
         }
 
@@ -990,8 +1011,11 @@ where
             self.set_deployed(name, rec, Some(resources.clone()));
         }
         let key = name.to_string();
+        let first_sight = self.runtime.get(name).and_then(|r| r.phase) != Some(Phase::Running);
+        if first_sight {
+            self.new_incarnation(name);
+        }
         let rt = self.runtime.entry(key.clone()).or_default();
-        let first_sight = rt.phase != Some(Phase::Running);
         rt.phase = Some(Phase::Running);
         rt.last_error = None;
         rt.crash_counted = false;
@@ -1117,6 +1141,7 @@ where
 
         let key = name.to_string();
         self.backoff.record_started(&key, self.clock.now());
+        self.new_incarnation(name);
         let rt = self.runtime.entry(key).or_default();
         rt.phase = Some(Phase::Running);
         rt.last_error = None;
@@ -1255,6 +1280,14 @@ where
         Ok(())
     }
 
+    /// A new start of `name`'s workload: not ready until its probe passes.
+    fn new_incarnation(&mut self, name: &str) {
+        self.incarnations += 1;
+        let rt = self.runtime.entry(name.to_string()).or_default();
+        rt.incarnation = self.incarnations;
+        rt.probe_passed = false;
+    }
+
     fn note_failure(&mut self, name: &str, error: &HostError) {
         let now = self.clock.now();
         let key = name.to_string();
@@ -1287,8 +1320,14 @@ where
             state: rt.phase.unwrap_or(Phase::Pending),
             address: rec.address,
             restarts: rec.restarts,
+            ready: rt.phase == Some(Phase::Running)
+                && (rec.spec.spec.health.is_none() || rt.probe_passed),
             created_unix: rec.created_unix,
-            last_error: rt.last_error.or(rt.forced_removal),
+            last_error: rt
+                .last_error
+                .or(rt.forced_removal)
+                .or(rt.health_failure)
+                .or(rt.health_restart),
             retry_in_secs,
             epoch: rec.epoch,
             cpu: rec.spec.spec.resources.cpu,
@@ -1329,6 +1368,9 @@ fn identity(name: &str, spec: &JailSpec, address: Ipv4Addr) -> (JailSpec, Ipv4Ad
         s.hostname = None;
     }
     s.resources = Resources::default();
+    // Probes are read by the health checker, never by the jail: a new one
+    // applies to the running workload.
+    s.health = None;
     s.network = Default::default();
     for v in &mut s.volumes {
         v.size = None;
@@ -1436,5 +1478,101 @@ where
         let mut next = self.state.clone();
         next.service_vips = vips;
         self.commit(next)
+    }
+}
+
+/// Health checks (`agentd::health`): what the checker probes, and what its
+/// verdicts change. The checker runs elsewhere; these run on the worker.
+impl<J, Z, N, M> Reconciler<J, Z, N, M>
+where
+    J: JailRuntime,
+    Z: ZfsManager,
+    N: NetManager,
+    M: MountManager,
+{
+    /// The running jails whose spec has `health`, with their incarnations.
+    pub fn health_targets(&self) -> Vec<HealthTarget> {
+        self.state
+            .jails
+            .iter()
+            .filter_map(|(name, rec)| {
+                let rt = self.runtime.get(name)?;
+                let health = rec.spec.spec.health.clone()?;
+                (rt.phase == Some(Phase::Running)).then(|| HealthTarget {
+                    name: name.clone(),
+                    incarnation: rt.incarnation,
+                    address: rec.address,
+                    health,
+                })
+            })
+            .collect()
+    }
+
+    /// Records the checker's verdict about `name`'s workload `incarnation`;
+    /// false (nothing changed) when that workload is no longer the one running.
+    pub fn set_readiness(
+        &mut self,
+        name: &str,
+        incarnation: u64,
+        ready: bool,
+        reason: Option<String>,
+    ) -> bool {
+        let Some(rt) = self.current_incarnation(name, incarnation) else {
+            return false;
+        };
+        rt.probe_passed = ready;
+        rt.health_failure = match (ready, reason) {
+            (true, _) => None,
+            (false, Some(why)) => Some(format!("not ready: {why}")),
+            (false, None) => Some("not ready: its health check failed".into()),
+        };
+        true
+    }
+
+    /// Restarts `name`'s workload `incarnation` after it failed its health
+    /// check twice its threshold: the jail is removed now (with its
+    /// exec.stop) and started again by a later pass once the crash-loop
+    /// backoff allows, like a crashed one; `reason` stays its last error.
+    /// `Ok(false)` when that workload is no longer the one running.
+    pub fn restart_unhealthy(
+        &mut self,
+        name: &str,
+        incarnation: u64,
+        reason: &str,
+    ) -> Result<bool, ReconcileError> {
+        if self.current_incarnation(name, incarnation).is_none() {
+            return Ok(false);
+        }
+        let stop_failure = match self.remove_jail(name, false) {
+            Ok(stop) => stop,
+            Err(e) => {
+                self.note_failure(name, &e);
+                return Err(ReconcileError::Host {
+                    jail: name.to_string(),
+                    error: e,
+                });
+            }
+        };
+        if let Some(r) = self.state.jails.get_mut(name) {
+            r.restarts += 1;
+            self.dirty = true;
+        }
+        let now = self.clock.now();
+        let key = name.to_string();
+        self.backoff.record_failure(&key, now);
+        let rt = self.runtime.entry(key).or_default();
+        rt.phase = Some(Phase::CrashLoop);
+        rt.probe_passed = false;
+        rt.forced_removal = stop_failure.map(|e| e.to_string());
+        rt.health_failure = None;
+        rt.health_restart = Some(format!("restarted: its health check failed: {reason}"));
+        self.save_bookkeeping()?;
+        Ok(true)
+    }
+
+    fn current_incarnation(&mut self, name: &str, incarnation: u64) -> Option<&mut Runtime> {
+        self.runtime
+            .get_mut(name)
+            .filter(|rt| rt.incarnation == incarnation && rt.phase == Some(Phase::Running))
     }
 }

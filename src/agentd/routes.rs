@@ -473,6 +473,7 @@ mod tests {
                 name: "placed".into(),
                 epoch: 4,
                 running: true,
+                ready: None,
                 address: None,
             },
             // Reported with epoch 8, re-placed here with 9 since.
@@ -480,6 +481,7 @@ mod tests {
                 name: "moved-back".into(),
                 epoch: 8,
                 running: true,
+                ready: None,
                 address: None,
             },
             // The control plane cannot fence a local jail, whatever it says.
@@ -487,6 +489,7 @@ mod tests {
                 name: "local".into(),
                 epoch: 1,
                 running: true,
+                ready: None,
                 address: None,
             },
         ];

@@ -25,9 +25,11 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::agentd::health::Reports;
+use crate::agentd::health::probe::{ExecSeam, exec_outcome};
 use crate::agentd::ingress::controller::{IngressApiError, IngressController};
 use crate::agentd::metrics::Metrics;
-use crate::agentd::reconciler::{JailStatus, Phase, ReconcileError, Reconciler};
+use crate::agentd::reconciler::{HealthTarget, JailStatus, Phase, ReconcileError, Reconciler};
 use crate::agentd::routes::{self, HeartbeatOutcome};
 use crate::agentd::snapshot::{self, Publisher, Snapshot};
 use crate::agentd::volumes::{self, VolumeError};
@@ -134,6 +136,38 @@ pub enum Command {
     Ingress(IngressCommand),
     /// Answer at once (`/healthz`: the worker is alive and not stuck).
     Health(Sender<()>),
+    /// The health checker's verdict on a jail's workload: see
+    /// [`Reconciler::set_readiness`].
+    Readiness {
+        /// Jail name.
+        name: String,
+        /// The workload start the verdict is about.
+        incarnation: u64,
+        /// Whether it passes.
+        ready: bool,
+        /// Why not.
+        reason: Option<String>,
+    },
+    /// The health checker gave up on a jail's workload: see
+    /// [`Reconciler::restart_unhealthy`].
+    RestartUnhealthy {
+        /// Jail name.
+        name: String,
+        /// The workload start to restart.
+        incarnation: u64,
+        /// The last probe failure.
+        reason: String,
+    },
+    /// An exec health probe: run argv inside the jail (jexec), answer
+    /// whether it exited 0.
+    HealthExec {
+        /// Jail name.
+        name: String,
+        /// The probe's argv.
+        argv: Vec<String>,
+        /// Where the answer goes.
+        reply: Sender<Result<(), String>>,
+    },
     /// Stop the worker loop.
     Shutdown,
 }
@@ -186,6 +220,7 @@ impl std::error::Error for WorkerGone {}
 pub struct WorkerHandle {
     tx: Sender<Command>,
     jails: Snapshot<Vec<JailStatus>>,
+    health_targets: Snapshot<Vec<HealthTarget>>,
 }
 
 impl WorkerHandle {
@@ -247,6 +282,12 @@ impl WorkerHandle {
     /// or pass), read without waiting for the worker: see the module docs.
     pub fn published_jails(&self) -> Result<Arc<Vec<JailStatus>>, WorkerGone> {
         self.jails.latest().ok_or(WorkerGone)
+    }
+
+    /// The running jails with a health probe, as the worker published them
+    /// last, for the health checker (`agentd::health`).
+    pub fn health_targets(&self) -> Snapshot<Vec<HealthTarget>> {
+        self.health_targets.clone()
     }
 
     /// See [`IngressCommand::Put`]; `Ok(None)` when this agent runs no
@@ -391,18 +432,30 @@ where
 {
     let (tx, rx) = mpsc::channel();
     let (publisher, jails) = snapshot::channel(reconciler.list());
+    let (targets_publisher, health_targets) = snapshot::channel(reconciler.health_targets());
+    let published = Published {
+        jails: publisher,
+        health_targets: targets_publisher,
+    };
     let handle = std::thread::Builder::new()
         .name("keel-worker".into())
-        .spawn(move || run(reconciler, ingress, rx, publisher))?;
-    Ok((WorkerHandle { tx, jails }, handle))
+        .spawn(move || run(reconciler, ingress, rx, published))?;
+    Ok((
+        WorkerHandle {
+            tx,
+            jails,
+            health_targets,
+        },
+        handle,
+    ))
 }
 
 fn run<J, Z, N, M>(
     mut reconciler: Reconciler<J, Z, N, M>,
     mut ingress: Option<IngressController>,
     rx: Receiver<Command>,
-    // Dropped with this frame, also when it unwinds: that closes the snapshot.
-    published: Publisher<Vec<JailStatus>>,
+    // Dropped with this frame, also when it unwinds: that closes the snapshots.
+    published: Published,
 ) where
     J: JailRuntime,
     Z: ZfsManager,
@@ -417,7 +470,7 @@ fn run<J, Z, N, M>(
     }
     pass(&mut reconciler, &mut metrics);
     ingress_pass(&mut ingress, &mut reconciler);
-    published.publish(reconciler.list());
+    published.publish(&reconciler);
     // Replies go to callers that may have given up (a closed connection); a
     // failed send is theirs to lose, never a reason to stop the worker.
     while let Ok(cmd) = rx.recv() {
@@ -534,11 +587,101 @@ fn run<J, Z, N, M>(
             Command::Health(reply) => {
                 let _ = reply.send(());
             }
+            Command::Readiness {
+                name,
+                incarnation,
+                ready,
+                reason,
+            } => {
+                reconciler.set_readiness(&name, incarnation, ready, reason);
+            }
+            Command::RestartUnhealthy {
+                name,
+                incarnation,
+                reason,
+            } => match reconciler.restart_unhealthy(&name, incarnation, &reason) {
+                Ok(true) => log::info!("stopped unhealthy jail {name}; it restarts with backoff"),
+                Ok(false) => {}
+                Err(e) => {
+                    metrics.record_failure();
+                    log::warn!("restart of unhealthy jail {name}: {e}");
+                }
+            },
+            Command::HealthExec { name, argv, reply } => {
+                let _ = reply.send(exec_outcome(reconciler.exec_in(&name, &argv)));
+            }
             Command::Shutdown => break,
         }
         // After every command, read-only ones too: cheaper than knowing
         // which ones changed a status (the list is built from memory).
-        published.publish(reconciler.list());
+        published.publish(&reconciler);
+    }
+}
+
+/// What the worker publishes after every command: the jail statuses (the
+/// heartbeat) and the health checker's targets.
+struct Published {
+    jails: Publisher<Vec<JailStatus>>,
+    health_targets: Publisher<Vec<HealthTarget>>,
+}
+
+impl Published {
+    fn publish<J, Z, N, M>(&self, reconciler: &Reconciler<J, Z, N, M>)
+    where
+        J: JailRuntime,
+        Z: ZfsManager,
+        N: NetManager,
+        M: MountManager,
+    {
+        self.jails.publish(reconciler.list());
+        self.health_targets.publish(reconciler.health_targets());
+    }
+}
+
+/// The health checker reports to the worker without waiting for it: a
+/// verdict is a command like any other, and the snapshot published after it
+/// carries the new readiness to the heartbeat.
+impl Reports for WorkerHandle {
+    fn readiness(&self, name: &str, incarnation: u64, ready: bool, reason: Option<String>) {
+        let _ = self.tx.send(Command::Readiness {
+            name: name.to_string(),
+            incarnation,
+            ready,
+            reason,
+        });
+    }
+
+    fn restart(&self, name: &str, incarnation: u64, reason: String) {
+        let _ = self.tx.send(Command::RestartUnhealthy {
+            name: name.to_string(),
+            incarnation,
+            reason,
+        });
+    }
+}
+
+/// Exec probes need the jail runtime, which only the worker holds (jexec is
+/// a host command like `jail -c`): the probe is a command, and the probe's
+/// thread waits for its answer at most `timeout`, so a busy worker makes an
+/// exec probe fail, never hang. The worker itself runs jexec with the
+/// runtime's own exec timeout.
+impl ExecSeam for WorkerHandle {
+    fn exec(&self, name: &str, argv: &[String], timeout: Duration) -> Result<(), String> {
+        let (reply, rx) = mpsc::channel();
+        self.tx
+            .send(Command::HealthExec {
+                name: name.to_string(),
+                argv: argv.to_vec(),
+                reply,
+            })
+            .map_err(|_| WorkerGone.to_string())?;
+        match rx.recv_timeout(timeout) {
+            Ok(result) => result,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(format!(
+                "no answer within {timeout:?} (the agent's worker was busy or the command hung)"
+            )),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(WorkerGone.to_string()),
+        }
     }
 }
 

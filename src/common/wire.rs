@@ -45,8 +45,13 @@ pub struct JailStatus {
     pub state: Phase,
     /// The jail's address.
     pub address: Ipv4Addr,
-    /// Restarts after crashes.
+    /// Restarts after crashes and failed health checks.
     pub restarts: u32,
+    /// Whether it serves: Running and, when its spec has `health`, its probe
+    /// passed since the workload last started and has not failed
+    /// `failureThreshold` times in a row since. Absent from older agents.
+    #[serde(default)]
+    pub ready: bool,
     /// When it was first applied (Unix seconds).
     pub created_unix: u64,
     /// The last error, if the last attempt failed.
@@ -114,6 +119,10 @@ pub struct PlacedJail {
     pub epoch: u64,
     /// Whether its workload was running at the agent's last pass.
     pub running: bool,
+    /// Whether it is ready ([`JailStatus::ready`]); `None` from an agent
+    /// older than health checks, where running means ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
     /// The jail's address (the proxy routes a service's traffic to it).
     #[serde(default)]
     pub address: Option<std::net::Ipv4Addr>,
@@ -298,10 +307,11 @@ pub struct ReplicaStatus {
     pub node: String,
     /// Its address, once its node reported it.
     pub address: Option<std::net::Ipv4Addr>,
-    /// `Running`, `NotRunning` (its node reports the workload down),
-    /// `Pending` (not reported yet) or `NodeDead`.
+    /// `Running`, `NotReady` (its workload runs but fails its health
+    /// check), `NotRunning` (its node reports the workload down), `Pending`
+    /// (not reported yet), `NodeUnknown` or `NodeDead`.
     pub state: String,
-    /// Counts towards the VIP's replica list (Alive node, running).
+    /// Counts towards the VIP's replica list (Alive node, ready).
     pub ready: bool,
 }
 

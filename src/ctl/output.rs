@@ -29,13 +29,22 @@ use super::args::OutputFormat;
 const COLUMN_GAP: usize = 3;
 
 /// Column headers of `get jails`.
-pub const JAIL_COLUMNS: [&str; 6] = ["NAME", "STATE", "ADDRESS", "RESTARTS", "AGE", "LAST ERROR"];
+pub const JAIL_COLUMNS: [&str; 7] = [
+    "NAME",
+    "STATE",
+    "READY",
+    "ADDRESS",
+    "RESTARTS",
+    "AGE",
+    "LAST ERROR",
+];
 
 /// Column headers of `get jails` through the control plane: NODE follows NAME.
-pub const CLUSTER_JAIL_COLUMNS: [&str; 7] = [
+pub const CLUSTER_JAIL_COLUMNS: [&str; 8] = [
     "NAME",
     "NODE",
     "STATE",
+    "READY",
     "ADDRESS",
     "RESTARTS",
     "AGE",
@@ -191,6 +200,7 @@ fn jail_row(j: &JailStatus, node: Option<&str>, now_unix: u64) -> Vec<String> {
     row.extend(node.map(one_line));
     row.extend([
         j.state.to_string(),
+        if j.ready { "yes" } else { "no" }.to_string(),
         j.address.to_string(),
         j.restarts.to_string(),
         format_age(j.created_unix, now_unix),
@@ -578,6 +588,7 @@ mod tests {
     fn status(name: &str, state: Phase, addr: [u8; 4], restarts: u32, created: u64) -> JailStatus {
         JailStatus {
             name: name.into(),
+            ready: state == Phase::Running,
             state,
             address: addr.into(),
             restarts,
@@ -634,9 +645,9 @@ mod tests {
         ];
         let got = jail_table(&jails, now);
         let want = "\
-NAME               STATE       ADDRESS      RESTARTS   AGE   LAST ERROR
-web-1              Running     10.20.0.2    0          45s
-database-primary   CrashLoop   10.20.0.12   12         2h    jail -c failed: exit 1 bad
+NAME               STATE       READY   ADDRESS      RESTARTS   AGE   LAST ERROR
+web-1              Running     yes     10.20.0.2    0          45s
+database-primary   CrashLoop   no      10.20.0.12   12         2h    jail -c failed: exit 1 bad
 ";
         assert_eq!(got, want);
     }
@@ -860,9 +871,9 @@ blog   blog.example.com   web       -                      BackingOff   DNS-01 c
             },
         ];
         let want = "\
-NAME   NODE   STATE     ADDRESS      RESTARTS   AGE   LAST ERROR
-a      n2     Running   127.64.7.2   0          5s
-bb     -      Pending   127.64.9.2   1          0s
+NAME   NODE   STATE     READY   ADDRESS      RESTARTS   AGE   LAST ERROR
+a      n2     Running   yes     127.64.7.2   0          5s
+bb     -      Pending   no      127.64.9.2   1          0s
 ";
         assert_eq!(cluster_jail_table(&jails, now), want);
         let json = encode(OutputFormat::Json, &jails).expect("json");

@@ -326,6 +326,7 @@ impl FakeAgent {
                     name,
                     epoch: epoch?,
                     running: true,
+                    ready: None,
                     address: None,
                 })
             })

@@ -28,6 +28,7 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
                 name: s.name.clone(),
                 epoch: s.epoch?,
                 running: s.state == Phase::Running,
+                ready: Some(s.ready),
                 address: Some(s.address),
             })
         })
@@ -101,6 +102,7 @@ mod tests {
 
     fn status(name: &str, state: Phase, epoch: Option<u64>, cpu: f64, mem: u64) -> JailStatus {
         JailStatus {
+            ready: state == Phase::Running,
             name: name.into(),
             state,
             address: Ipv4Addr::new(10, 20, 3, 2),

@@ -518,6 +518,7 @@ impl IngressController {
                 resources: Resources::default(),
                 env: BTreeMap::new(),
                 volumes: Vec::new(),
+                health: None,
             },
         }
     }

@@ -3,6 +3,7 @@
 //! round trips, replica derivation).
 
 use super::*;
+use crate::common::config::Interval;
 
 const JAIL: &str = r#"kind: Jail
 metadata:
@@ -949,6 +950,7 @@ mod props {
                         exec: ExecSpec { start, stop },
                         env,
                         volumes,
+                        health: None,
                     }
                 },
             )
@@ -976,6 +978,7 @@ mod props {
                             exec: t.exec,
                             env: t.env,
                             volumes: t.volumes,
+                            health: t.health,
                         },
                     },
                 })
@@ -1055,5 +1058,157 @@ fn names_keel_reserves_for_its_own_jails_are_refused() {
             "kind: Ingress\nmetadata: {name: keel-site}\nspec: {host: a.example.org, service: web}\n"
         )
         .is_ok()
+    );
+}
+
+/// [`JAIL`] with `health:` on line 21 and `block` from line 22 on.
+fn with_health(block: &str) -> String {
+    format!("{JAIL}  health:\n{block}")
+}
+
+#[test]
+fn health_parses_with_its_defaults() {
+    let j = parse_jail(&with_health("    http: {port: 8080, path: /healthz}\n")).expect("valid");
+    let h = j.spec.health.expect("health");
+    assert_eq!(
+        h.probe(),
+        Some(Probe::Http(&HttpProbe {
+            port: 8080,
+            path: "/healthz".into()
+        }))
+    );
+    assert_eq!(h.interval, Interval::secs(5));
+    assert_eq!(h.timeout, Interval::secs(2));
+    assert_eq!(h.failure_threshold, 3);
+    assert_eq!(h.start_period, Interval::secs(0));
+
+    let j = parse_jail(&with_health(
+        "    exec: [/bin/test, -f, /ok]\n    interval: 2s\n    timeout: 500ms\n    \
+         failureThreshold: 1\n    startPeriod: 10s\n",
+    ))
+    .expect("valid");
+    let h = j.spec.health.clone().expect("health");
+    assert_eq!(
+        (h.interval, h.timeout, h.failure_threshold, h.start_period),
+        (
+            Interval::secs(2),
+            Interval(std::time::Duration::from_millis(500)),
+            1,
+            Interval::secs(10)
+        )
+    );
+    let back = parse_jail(&Document::Jail(j.clone()).to_yaml()).expect("round trip");
+    assert_eq!(back, j);
+}
+
+#[test]
+fn a_service_template_carries_health_to_every_replica() {
+    let text = format!("{SERVICE}    health:\n      tcp: {{port: 8080}}\n");
+    let s = parse_service(&text).expect("valid");
+    let replica = s.spec.template.to_jail_spec("web-2");
+    assert_eq!(
+        replica.spec.health.and_then(|h| h.tcp),
+        Some(TcpProbe { port: 8080 })
+    );
+    refused(
+        &format!("{SERVICE}    health:\n      tcp: {{port: 8080}}\n      interval: 0s\n"),
+        1,
+        "spec.template.health.interval",
+        16,
+        "greater than 0s",
+    );
+}
+
+#[test]
+fn every_bad_health_field_is_named_with_its_line() {
+    let cases: [(&str, &str, usize, &str); 13] = [
+        (
+            "    interval: 2s\n",
+            "spec.health",
+            21,
+            "must set one probe",
+        ),
+        (
+            "    http: {port: 80}\n    tcp: {port: 81}\n",
+            "spec.health.tcp",
+            23,
+            "only one probe",
+        ),
+        (
+            "    http: {port: 0}\n",
+            "spec.health.http.port",
+            22,
+            "between 1 and 65535",
+        ),
+        (
+            "    http: {port: 70000}\n",
+            "spec.health.http.port",
+            22,
+            "between 1 and 65535",
+        ),
+        (
+            "    http: {port: 80, path: healthz}\n",
+            "spec.health.http.path",
+            22,
+            "absolute",
+        ),
+        (
+            "    http: {port: 80, path: \"/a b\"}\n",
+            "spec.health.http.path",
+            22,
+            "without spaces",
+        ),
+        (
+            "    tcp: {port: 0}\n",
+            "spec.health.tcp.port",
+            22,
+            "between 1 and 65535",
+        ),
+        (
+            "    exec: []\n",
+            "spec.health.exec",
+            22,
+            "at least the program",
+        ),
+        (
+            "    tcp: {port: 80}\n    interval: 5\n",
+            "spec.health.interval",
+            23,
+            "not a duration",
+        ),
+        (
+            "    tcp: {port: 80}\n    timeout: 0s\n",
+            "spec.health.timeout",
+            23,
+            "greater than 0s",
+        ),
+        (
+            "    tcp: {port: 80}\n    interval: 1s\n    timeout: 2s\n",
+            "spec.health.timeout",
+            24,
+            "not be longer than interval",
+        ),
+        (
+            "    tcp: {port: 80}\n    failureThreshold: 0\n",
+            "spec.health.failureThreshold",
+            23,
+            "between 1 and 100",
+        ),
+        (
+            "    tcp: {port: 80}\n    startPeriod: 2h\n",
+            "spec.health.startPeriod",
+            23,
+            "at most 1h",
+        ),
+    ];
+    for (block, field, line, fragment) in cases {
+        refused(&with_health(block), 1, field, line, fragment);
+    }
+    refused(
+        &with_health("    tcp: {port: 80, path: /x}\n"),
+        1,
+        "spec.health.tcp.path",
+        22,
+        "unknown field",
     );
 }

@@ -16,6 +16,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::quantity::deserialize_size;
+use crate::common::config::Interval;
 
 /// `metadata`: the object's name, a DNS label (see [`super::validate_name`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,6 +66,115 @@ pub struct JailSpec {
     /// Persistent volumes mounted into the jail.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeSpec>,
+    /// How the agent tells that the workload serves; `None` means the jail
+    /// is ready while its process runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthSpec>,
+}
+
+/// `spec.health`: one probe (exactly one of `http`, `tcp`, `exec`; validation
+/// refuses none or several) and its timing. A jail is ready after its first
+/// success, stops being ready after `failureThreshold` consecutive failures,
+/// and is restarted after as many more.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthSpec {
+    /// `GET path` on the jail's address and `port`; any 2xx or 3xx passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpProbe>,
+    /// A TCP connect to the jail's address and `port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<TcpProbe>,
+    /// An argv run inside the jail (jexec); exit status 0 passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<Vec<String>>,
+    /// Time between two probes; default 5s.
+    #[serde(
+        default = "default_health_interval",
+        deserialize_with = "deserialize_interval"
+    )]
+    pub interval: Interval,
+    /// How long one probe may take before it counts as failed; default 2s.
+    #[serde(
+        default = "default_health_timeout",
+        deserialize_with = "deserialize_interval"
+    )]
+    pub timeout: Interval,
+    /// Consecutive failures that make the jail not ready; default 3.
+    #[serde(
+        rename = "failureThreshold",
+        default = "default_failure_threshold",
+        deserialize_with = "deserialize_failure_threshold"
+    )]
+    pub failure_threshold: u32,
+    /// Failures this soon after the workload started do not count; default 0s.
+    #[serde(
+        rename = "startPeriod",
+        default,
+        deserialize_with = "deserialize_interval"
+    )]
+    pub start_period: Interval,
+}
+
+/// The probe kinds of [`HealthSpec`], once validation made sure there is one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Probe<'a> {
+    /// `health.http`.
+    Http(&'a HttpProbe),
+    /// `health.tcp`.
+    Tcp(&'a TcpProbe),
+    /// `health.exec`.
+    Exec(&'a [String]),
+}
+
+impl HealthSpec {
+    /// The one probe set (`http` first when validation was skipped).
+    pub fn probe(&self) -> Option<Probe<'_>> {
+        if let Some(h) = &self.http {
+            return Some(Probe::Http(h));
+        }
+        if let Some(t) = &self.tcp {
+            return Some(Probe::Tcp(t));
+        }
+        self.exec.as_deref().map(Probe::Exec)
+    }
+}
+
+/// `health.http`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpProbe {
+    /// Port on the jail's address.
+    #[serde(deserialize_with = "deserialize_port")]
+    pub port: u16,
+    /// Absolute request path; default `/`.
+    #[serde(default = "root_path")]
+    pub path: String,
+}
+
+/// `health.tcp`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcpProbe {
+    /// Port on the jail's address.
+    #[serde(deserialize_with = "deserialize_port")]
+    pub port: u16,
+}
+
+fn default_health_interval() -> Interval {
+    Interval::secs(5)
+}
+
+fn default_health_timeout() -> Interval {
+    Interval::secs(2)
+}
+
+fn default_failure_threshold() -> u32 {
+    3
+}
+
+fn root_path() -> String {
+    "/".to_string()
 }
 
 /// `spec.network`.
@@ -188,6 +298,9 @@ pub struct JailTemplate {
     /// Per-replica volumes: each is renamed `<replica>-<volume>`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeSpec>,
+    /// As [`JailSpec::health`]: every replica is probed on its own address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthSpec>,
 }
 
 impl JailTemplate {
@@ -213,6 +326,7 @@ impl JailTemplate {
                         ..v.clone()
                     })
                     .collect(),
+                health: self.health.clone(),
             },
         }
     }
@@ -317,6 +431,40 @@ fn deserialize_port<'de, D: Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
         what: super::validate::PORT_RANGE,
     })?;
     u16::try_from(v).map_err(de::Error::custom)
+}
+
+/// A duration with a unit (`"5s"`), as keel.toml writes them. Raised inside
+/// the visitor, like every scalar error here, so it carries the scalar's
+/// position and a bare number is told what to write.
+fn deserialize_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Interval, D::Error> {
+    struct IntervalVisitor;
+    impl Visitor<'_> for IntervalVisitor {
+        type Value = Interval;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a duration such as 500ms, 5s or 1m")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Interval, E> {
+            v.parse().map_err(E::custom)
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Interval, E> {
+            self.visit_str(&v.to_string())
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Interval, E> {
+            self.visit_str(&v.to_string())
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Interval, E> {
+            self.visit_str(&v.to_string())
+        }
+    }
+    d.deserialize_any(IntervalVisitor)
+}
+
+fn deserialize_failure_threshold<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let v = d.deserialize_any(BoundedInt {
+        max: u64::from(super::validate::MAX_FAILURE_THRESHOLD),
+        what: super::validate::FAILURE_THRESHOLD_RANGE,
+    })?;
+    u32::try_from(v).map_err(de::Error::custom)
 }
 
 fn deserialize_replicas<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {

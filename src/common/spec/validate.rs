@@ -8,9 +8,13 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::Path;
+use std::time::Duration;
 
 use super::error::FieldError;
-use super::types::{Document, ExecSpec, Ingress, Jail, JailSpec, Resources, Service, VolumeSpec};
+use super::types::{
+    Document, ExecSpec, HealthSpec, Ingress, Jail, JailSpec, Resources, Service, VolumeSpec,
+};
+use crate::common::config::Interval;
 
 /// Most replicas a Service may ask for. Replica names and VIP proxy tables stay
 /// small, and a typo such as `replicas: 30000` is refused instead of scheduled.
@@ -27,6 +31,15 @@ pub const MAX_MOUNT_PATH_LEN: usize = 512;
 
 pub(crate) const PORT_RANGE: &str = "a port must be between 1 and 65535";
 pub(crate) const REPLICAS_RANGE: &str = "replicas must be between 0 and 1000";
+/// Most consecutive failures `health.failureThreshold` may wait for: a jail
+/// is restarted after twice as many, and a larger number only hides a dead
+/// workload for longer.
+pub const MAX_FAILURE_THRESHOLD: u32 = 100;
+pub(crate) const FAILURE_THRESHOLD_RANGE: &str = "failureThreshold must be between 1 and 100";
+/// Longest `health.http.path`: it is one request line, not a document.
+pub const MAX_HEALTH_PATH_LEN: usize = 1024;
+/// Longest `health.interval`, `timeout` and `startPeriod`.
+pub const MAX_HEALTH_PERIOD: Duration = Duration::from_secs(3600);
 
 type Check = Result<(), FieldError>;
 
@@ -313,6 +326,109 @@ fn volumes(p: &str, vols: &[VolumeSpec]) -> Check {
     Ok(())
 }
 
+/// Checks `health.http.path`: absolute, printable ASCII without spaces (it is
+/// written into a request line as it stands), at most
+/// [`MAX_HEALTH_PATH_LEN`] bytes.
+pub fn validate_health_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!(
+            "must be an absolute request path such as /healthz, got {path:?}"
+        ));
+    }
+    if path.len() > MAX_HEALTH_PATH_LEN {
+        return Err(format!(
+            "must be at most {MAX_HEALTH_PATH_LEN} bytes, got {}",
+            path.len()
+        ));
+    }
+    if let Some(c) = path.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(format!(
+            "must be printable ASCII without spaces (found {c:?}); percent-encode it"
+        ));
+    }
+    Ok(())
+}
+
+fn period(field: String, value: Interval, zero_ok: bool) -> Check {
+    if !zero_ok && value.0.is_zero() {
+        return Err(FieldError::new(field, "must be greater than 0s, e.g. 5s"));
+    }
+    if value.0 > MAX_HEALTH_PERIOD {
+        return Err(FieldError::new(
+            field,
+            format!("must be at most 1h, got {value}"),
+        ));
+    }
+    Ok(())
+}
+
+fn health(p: &str, h: &HealthSpec) -> Check {
+    let f = format!("{p}.health");
+    let set: Vec<&str> = [
+        ("http", h.http.is_some()),
+        ("tcp", h.tcp.is_some()),
+        ("exec", h.exec.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect();
+    match set.as_slice() {
+        [] => {
+            return Err(FieldError::new(
+                f,
+                "must set one probe: http: {port, path}, tcp: {port} or exec: [argv]",
+            ));
+        }
+        [_] => {}
+        [_, second, ..] => {
+            return Err(FieldError::new(
+                format!("{f}.{second}"),
+                format!(
+                    "only one probe may be set, got {}; keep one",
+                    set.join(" and ")
+                ),
+            ));
+        }
+    }
+    if let Some(http) = &h.http {
+        if http.port == 0 {
+            return Err(FieldError::new(
+                format!("{f}.http.port"),
+                format!("0 is out of range: {PORT_RANGE}"),
+            ));
+        }
+        at(format!("{f}.http.path"), validate_health_path(&http.path))?;
+    }
+    if h.tcp.as_ref().is_some_and(|t| t.port == 0) {
+        return Err(FieldError::new(
+            format!("{f}.tcp.port"),
+            format!("0 is out of range: {PORT_RANGE}"),
+        ));
+    }
+    if let Some(argv_) = &h.exec {
+        argv(&format!("{f}.exec"), argv_, true)?;
+    }
+    period(format!("{f}.interval"), h.interval, false)?;
+    period(format!("{f}.timeout"), h.timeout, false)?;
+    period(format!("{f}.startPeriod"), h.start_period, true)?;
+    if h.timeout > h.interval {
+        return Err(FieldError::new(
+            format!("{f}.timeout"),
+            format!(
+                "must not be longer than interval ({}), got {}: a probe must end before the next one",
+                h.interval, h.timeout
+            ),
+        ));
+    }
+    if h.failure_threshold == 0 {
+        return Err(FieldError::new(
+            format!("{f}.failureThreshold"),
+            format!("0 is out of range: {FAILURE_THRESHOLD_RANGE}"),
+        ));
+    }
+    Ok(())
+}
+
 /// The rules shared by a Jail's spec and a Service's template; `p` is the path
 /// of the spec (`spec` or `spec.template`).
 fn jail_body(p: &str, s: &JailSpec) -> Check {
@@ -340,7 +456,11 @@ fn jail_body(p: &str, s: &JailSpec) -> Check {
             return Err(FieldError::new(f, "must not contain NUL bytes"));
         }
     }
-    volumes(p, &s.volumes)
+    volumes(p, &s.volumes)?;
+    match &s.health {
+        Some(h) => health(p, h),
+        None => Ok(()),
+    }
 }
 
 use crate::common::names::{MAX_NAME_LEN, RESERVED_PREFIX, replica_name, replica_volume_name};
@@ -409,6 +529,7 @@ pub(crate) fn service(s: &Service) -> Check {
         exec: t.exec.clone(),
         env: t.env.clone(),
         volumes: t.volumes.clone(),
+        health: t.health.clone(),
     };
     jail_body("spec.template", &as_spec)?;
     for (i, v) in t.volumes.iter().enumerate() {

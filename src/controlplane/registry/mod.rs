@@ -35,6 +35,17 @@ pub use peers::{HeartbeatAnswer, PeerListJson};
 use placements::Pending;
 pub use services::HealAction;
 
+/// One placed jail as its node last reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reported {
+    /// Its workload runs.
+    running: bool,
+    /// It serves (its health check passes, or it has none and runs).
+    ready: bool,
+    /// Its address.
+    address: Option<Ipv4Addr>,
+}
+
 /// A request the cluster refuses, with its HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -83,8 +94,8 @@ struct Live {
     lease_from: Option<Instant>,
     committed: Resources,
     jails: u32,
-    /// Placed jails as the node last reported them: running, address.
-    reported: BTreeMap<String, (bool, Option<Ipv4Addr>)>,
+    /// Placed jails as the node last reported them.
+    reported: BTreeMap<String, Reported>,
     /// The headroom the node is ranked under in `Cluster::ranked`, while Alive.
     rank: Option<Rank>,
 }

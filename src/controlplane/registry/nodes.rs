@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use super::{Cluster, HeartbeatAnswer, Refusal};
+use super::{Cluster, HeartbeatAnswer, Refusal, Reported};
 use crate::common::cidr::{Ipv4Net, derive_pod_cidr};
 use crate::common::wire::{
     HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, NodeStatus, RegisterRequest,
@@ -95,7 +95,15 @@ impl Cluster {
         live.reported = req
             .placed
             .iter()
-            .map(|j| (j.name.clone(), (j.running, j.address)))
+            .map(|j| {
+                let reported = Reported {
+                    running: j.running,
+                    // An agent older than health checks: running is ready.
+                    ready: j.running && j.ready.unwrap_or(true),
+                    address: j.address,
+                };
+                (j.name.clone(), reported)
+            })
             .collect();
         // After the committed resources, so the node is ranked by them.
         self.heard_from(id, now);

@@ -179,15 +179,19 @@ impl Cluster {
                     (Liveness::Dead, _) => ("NodeDead", false),
                     (Liveness::Unknown, _) => ("NodeUnknown", false),
                     (Liveness::Alive, None) => ("Pending", false),
-                    (Liveness::Alive, Some((true, _))) => ("Running", true),
-                    (Liveness::Alive, Some((false, _))) => ("NotRunning", false),
+                    // Only a ready replica takes traffic: one whose process
+                    // runs but whose health check fails is out of rotation.
+                    (Liveness::Alive, Some(r)) if r.ready => ("Running", true),
+                    (Liveness::Alive, Some(r)) if r.running => ("NotReady", false),
+                    (Liveness::Alive, Some(_)) => ("NotRunning", false),
                 };
+                let address = reported.and_then(|r| r.address);
                 ReplicaStatus {
                     name: replica,
                     node: p.node,
-                    address: reported.and_then(|(_, a)| a),
+                    address,
                     state: state.into(),
-                    ready: ready && reported.and_then(|(_, a)| a).is_some(),
+                    ready: ready && address.is_some(),
                 }
             })
             .collect()

@@ -284,6 +284,7 @@ fn placed_req(placed: &[(&str, u64)]) -> HeartbeatRequest {
                 name: n.to_string(),
                 epoch: *e,
                 running: true,
+                ready: None,
                 address: None,
             })
             .collect(),
@@ -1093,6 +1094,7 @@ fn reported_by(c: &Cluster, node: &str) -> HeartbeatRequest {
             name: n.clone(),
             epoch: p.epoch,
             running: true,
+            ready: None,
             address: Some(Ipv4Addr::new(10, 20, 0, 2)),
         })
         .collect();
@@ -1271,4 +1273,44 @@ fn a_jail_and_a_service_never_claim_one_name() {
         .expect_err("reserved");
     assert_eq!(err.status, 400);
     assert!(err.message.contains("\"keel-0\""), "{err}");
+}
+
+#[test]
+fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    c.put_service("web", &service(1, 80, "t1", false))
+        .expect("put");
+    let plan = c.plan_heal(Some("web"), t0);
+    carry_out(&mut c, plan, t0);
+    let epoch = c.state().placements["web-0"].epoch;
+    let report = |ready: Option<bool>| HeartbeatRequest {
+        committed: Resources::default(),
+        jails: 1,
+        placed: vec![PlacedJail {
+            name: "web-0".into(),
+            epoch,
+            running: true,
+            ready,
+            address: Some(Ipv4Addr::new(10, 20, 0, 2)),
+        }],
+        peers_version: None,
+    };
+    c.heartbeat("a", &report(Some(false)), t0)
+        .expect("heartbeat");
+    let status = c.service_status("web", t0).expect("status");
+    assert_eq!(status.ready, 0);
+    assert_eq!(status.replicas[0].state, "NotReady");
+    assert!(c.endpoints(t0)[0].replicas.is_empty(), "no traffic to it");
+
+    c.heartbeat("a", &report(Some(true)), t0)
+        .expect("heartbeat");
+    assert_eq!(c.endpoints(t0)[0].replicas.len(), 1, "back in rotation");
+    c.heartbeat("a", &report(None), t0).expect("heartbeat");
+    assert_eq!(
+        c.endpoints(t0)[0].replicas.len(),
+        1,
+        "an agent older than health checks: running is ready"
+    );
 }
