@@ -17,10 +17,10 @@
 //!    returned node holds none and another one two), and a client node that
 //!    survives; a client sends requests through the client node's proxy
 //!    every 10 ms for the whole trial;
-//! 2. waits for one of the victim's heartbeats to reach the control plane
-//!    (its `last_seen_secs` in `GET /nodes` drops back to 0, polled every
-//!    20 ms) and then for the trial's phase, a random fraction of the
-//!    heartbeat interval; then `kill -9` of the victim's agent and of every
+//! 2. waits for one of the victim's heartbeats to pass on its way to the
+//!    control plane (each agent reaches the control plane through a small
+//!    relay in this process, [`HeartbeatTap`], which notes when), and then
+//!    for the trial's phase, a random fraction of the heartbeat interval; then `kill -9` of the victim's agent and of every
 //!    jail it runs (the simulated host's own `SimJails::remove`), with the
 //!    client held between two requests (a connection already relayed to a
 //!    replica that dies is lost with any L4 proxy; what the proxy must
@@ -95,9 +95,6 @@ const START_DEADLINE: Duration = Duration::from_secs(30);
 /// Bound on any one wait for the cluster to converge.
 const CONVERGE_DEADLINE: Duration = Duration::from_secs(300);
 const POLL: Duration = Duration::from_millis(100);
-/// How often the victim's `last_seen_secs` is read while looking for its
-/// heartbeat: the precision of each trial's phase.
-const PHASE_POLL: Duration = Duration::from_millis(20);
 /// The client's pace: 100 requests a second, so with three replicas in
 /// rotation the replacement is reached within about 30 ms of the proxy
 /// knowing it.
@@ -198,8 +195,78 @@ impl Drop for Daemon {
     }
 }
 
+/// Carries one agent's connections to the control plane and notes when
+/// each of its heartbeats passes: the moment a trial's phase is measured
+/// from. `GET /nodes` gives `last_seen_secs` in whole seconds only, too
+/// coarse for a 1 s heartbeat in quick mode. The agent opens one connection
+/// per request and writes each request in one piece, so the first bytes of a
+/// connection name its request.
+struct HeartbeatTap {
+    addr: SocketAddr,
+    beats: Arc<Mutex<(u64, Option<Instant>)>>,
+}
+
+impl HeartbeatTap {
+    fn start(node_id: &str, controlplane: SocketAddr) -> Result<HeartbeatTap, String> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|e| format!("heartbeat tap for {node_id}: {e}"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("heartbeat tap for {node_id}: {e}"))?;
+        let beats = Arc::new(Mutex::new((0, None)));
+        let prefix = format!("POST /nodes/{node_id}/heartbeat").into_bytes();
+        let noted = Arc::clone(&beats);
+        // Lives as long as the bench process; it holds no daemon or jail.
+        std::thread::spawn(move || {
+            for agent in listener.incoming().flatten() {
+                let (noted, prefix) = (Arc::clone(&noted), prefix.clone());
+                std::thread::spawn(move || {
+                    let _ = relay(agent, controlplane, &prefix, &noted);
+                });
+            }
+        });
+        Ok(HeartbeatTap { addr, beats })
+    }
+
+    fn count(&self) -> u64 {
+        self.beats.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    fn last(&self) -> Option<Instant> {
+        self.beats.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
+}
+
+/// One connection through a [`HeartbeatTap`], both directions until each
+/// side closes.
+fn relay(
+    mut agent: TcpStream,
+    controlplane: SocketAddr,
+    prefix: &[u8],
+    noted: &Mutex<(u64, Option<Instant>)>,
+) -> std::io::Result<()> {
+    let mut upstream = TcpStream::connect_timeout(&controlplane, REQUEST_TIMEOUT)?;
+    let mut first = [0u8; 4096];
+    let n = agent.read(&mut first)?;
+    if first[..n].starts_with(prefix) {
+        let mut beats = noted.lock().unwrap_or_else(|e| e.into_inner());
+        *beats = (beats.0 + 1, Some(Instant::now()));
+    }
+    upstream.write_all(&first[..n])?;
+    let (mut agent_back, mut upstream_back) = (agent.try_clone()?, upstream.try_clone()?);
+    let answers = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut upstream_back, &mut agent_back);
+        let _ = agent_back.shutdown(std::net::Shutdown::Write);
+    });
+    let _ = std::io::copy(&mut agent, &mut upstream);
+    let _ = upstream.shutdown(std::net::Shutdown::Write);
+    let _ = answers.join();
+    Ok(())
+}
+
 struct Node {
     id: String,
+    tap: HeartbeatTap,
     daemon: Daemon,
     socket: PathBuf,
     state_dir: PathBuf,
@@ -311,7 +378,7 @@ impl Bench {
     }
 
     /// A signed `GET` straight to the control plane: polled every
-    /// [`PHASE_POLL`] and [`POLL`], where a keelctl process per poll would
+    /// [`POLL`], where a keelctl process per poll would
     /// cost more than the precision asked for.
     fn get<T: serde::de::DeserializeOwned>(&mut self, path: &str) -> Option<T> {
         if self.signer.is_none() {
@@ -343,22 +410,22 @@ impl Bench {
         self.nodes()?.into_iter().find(|n| n.node_id == id)
     }
 
-    /// The moment a heartbeat of `id` reached the control plane, to within
-    /// [`PHASE_POLL`] and one request: its `last_seen_secs` drops from 1 or
-    /// more back to 0 (a whole-second figure, so only that drop is exact).
-    fn next_heartbeat(&mut self, id: &str) -> Result<Instant, String> {
-        let mut seen_late = false;
+    /// The moment the next heartbeat of node `i` passed its tap on the way
+    /// to the control plane (to within a millisecond).
+    fn next_heartbeat(&self, i: usize) -> Result<Instant, String> {
+        let tap = &self.nodes[i].tap;
+        let seen = tap.count();
         let start = Instant::now();
         loop {
-            match self.node(id).and_then(|n| n.last_seen_secs) {
-                Some(0) if seen_late => return Ok(Instant::now()),
-                Some(s) if s >= 1 => seen_late = true,
-                _ => {}
+            if tap.count() > seen {
+                if let Some(at) = tap.last() {
+                    return Ok(at);
+                }
             }
             if start.elapsed() > CONVERGE_DEADLINE {
-                return Err(format!("no heartbeat of {id} seen"));
+                return Err(format!("no heartbeat of {} seen", self.nodes[i].id));
             }
-            std::thread::sleep(PHASE_POLL);
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -368,10 +435,11 @@ impl Bench {
         let sim = self.dir.path().join("keel-sim");
         let state_dir = sim.join(&id);
         let socket = sim.join(format!("{id}.sock"));
+        let tap = HeartbeatTap::start(&id, self.cp_addr)?;
         let mut args = vec![
             "--simulate".into(),
             "--controlplane".into(),
-            self.cp_addr.to_string(),
+            tap.addr.to_string(),
             "--node-id".into(),
             id.clone(),
             "--advertise-addr".into(),
@@ -393,6 +461,7 @@ impl Bench {
         let daemon = Daemon::spawn(AGENTD, args, log)?;
         self.nodes.push(Node {
             id,
+            tap,
             daemon,
             socket,
             state_dir,
@@ -740,7 +809,7 @@ fn run() -> Result<bool, String> {
         })?;
 
         let offset = timings.heartbeat.mul_f64(*phase);
-        let beat = bench.next_heartbeat(&id)?;
+        let beat = bench.next_heartbeat(victim)?;
         // The phase is the scenario itself: there is no condition to await.
         std::thread::sleep((beat + offset).saturating_duration_since(Instant::now()));
         client.hold()?;
