@@ -49,6 +49,7 @@ use keel::controlplane::worker::open_state;
 
 use crate::util::agent::Agent;
 use crate::util::controlplane::{ControlPlane, FakeAgent};
+use crate::util::seeded::SplitMix64 as Rng;
 
 /// Kills in a short run (part of `cargo test`).
 const SHORT_KILLS: usize = 20;
@@ -67,22 +68,8 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 // ------------------------------------------------------------------ seeds
 
-/// SplitMix64: a seeded stream, enough for picking operations.
-struct Rng(u64);
-
+/// The campaign's pickers on its seeded stream.
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
     fn name(&mut self) -> &'static str {
         NAMES[self.below(NAMES.len() as u64) as usize]
     }

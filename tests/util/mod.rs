@@ -15,6 +15,7 @@ pub mod golden;
 pub mod load;
 pub mod nginx;
 pub mod pki;
+pub mod seeded;
 
 /// Bound on waiting for a real peer (a daemon starting, a port opening, an
 /// order finishing): generous, since the machine may be busy with builds.
