@@ -103,9 +103,6 @@ struct Live {
 /// See the module docs.
 #[derive(Debug)]
 pub struct Cluster {
-    /// When this control plane started: every node known then got a lease
-    /// from this moment (see [`liveness`]).
-    started: Instant,
     state: ClusterState,
     live: BTreeMap<String, Live>,
     pending: BTreeMap<String, Pending>,
@@ -179,9 +176,8 @@ impl Cluster {
             entries: BTreeMap::new(),
             peer_list: None,
             ranked: BTreeSet::new(),
-            started: now,
         };
-        cluster.encode_every_peer(cluster.started);
+        cluster.encode_every_peer(now);
         cluster
     }
 

@@ -15,17 +15,28 @@ fn cluster() -> Cluster {
 }
 
 fn cluster_from(state: ClusterState) -> Cluster {
-    Cluster::new(
+    cluster_from_at(state, Instant::now())
+}
+
+/// A control plane over `state`, started at `now`.
+fn cluster_from_at(state: ClusterState, now: Instant) -> Cluster {
+    Cluster::started_at(
         state,
         "10.20.0.0/16".parse().expect("cidr"),
         "10.96.0.0/16".parse().expect("cidr"),
         DEAD_AFTER,
+        now,
     )
 }
 
 /// A control plane started again over `c`'s persisted state.
 fn restarted(c: &Cluster) -> Cluster {
     cluster_from(c.state().clone())
+}
+
+/// [`restarted`] at `now`.
+fn restarted_at(c: &Cluster, now: Instant) -> Cluster {
+    cluster_from_at(c.state().clone(), now)
 }
 
 fn register(c: &mut Cluster, id: &str, port: u16, now: Instant) -> Ipv4Net {
@@ -679,17 +690,14 @@ fn only_a_dead_node_is_deleted_and_it_takes_its_placements_and_volumes() {
     beat(&mut c, "a", 0.0, &[("api", api.epoch)], later);
     // A control plane that just restarted has heard from nobody: not
     // evidence enough, until dead_after has passed since its start.
-    let mut restarted = restarted(&c);
+    let start = Instant::now();
+    let mut restarted = restarted_at(&c, start);
     let soon = restarted
-        .remove_node("b", restarted.started + Duration::from_secs(1))
+        .remove_node("b", start + Duration::from_secs(1))
         .expect_err("too soon");
     assert_eq!(soon.status, 409);
     assert!(soon.message.contains("not been heard from"), "{soon}");
-    assert!(
-        restarted
-            .remove_node("b", restarted.started + DEAD_AFTER)
-            .is_ok()
-    );
+    assert!(restarted.remove_node("b", start + DEAD_AFTER).is_ok());
     let (ops, removal) = c.remove_node("b", later).expect("dead");
     assert_eq!(ops, [Op::RemoveNode { id: "b".into() }]);
     assert_eq!(
@@ -1124,8 +1132,8 @@ fn spread_web() -> (Cluster, Instant) {
 fn a_restart_moves_nothing_fences_nothing_and_keeps_every_route() {
     let (c, _) = spread_web();
     let placements = c.state().placements.clone();
-    let mut r = restarted(&c);
-    let t1 = r.started;
+    let t1 = Instant::now();
+    let mut r = restarted_at(&c, t1);
     for id in ["a", "b", "c"] {
         assert_eq!(r.liveness(id, t1), Some(Liveness::Unknown), "{id}");
     }
@@ -1163,8 +1171,8 @@ fn a_restart_moves_nothing_fences_nothing_and_keeps_every_route() {
 #[test]
 fn a_node_silent_after_a_restart_dies_one_lease_later_and_its_replica_moves() {
     let (c, _) = spread_web();
-    let mut r = restarted(&c);
-    let t1 = r.started;
+    let t1 = Instant::now();
+    let mut r = restarted_at(&c, t1);
     let almost = t1 + DEAD_AFTER - Duration::from_millis(1);
     for id in ["a", "b"] {
         let req = reported_by(&r, id);
