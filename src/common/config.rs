@@ -1902,6 +1902,20 @@ mod tests {
         let cases = [
             ("[agent]\nstate_dir = \"var/db/keel\"\n", "agent.state_dir"),
             ("[commands]\njail = \"jail\"\n", "commands.jail"),
+            ("[commands]\ntar = \"bin/tar\"\n", "commands.tar"),
+            (
+                "[agent]\nbase_mirror = \"ftp://mirror.example/releases\"\n",
+                "agent.base_mirror",
+            ),
+            (
+                "[agent]\nbase_mirror = \"file://relative/dir\"\n",
+                "agent.base_mirror",
+            ),
+            (
+                "[agent]\nbase_archive = \"https://\"\n",
+                "agent.base_archive",
+            ),
+            ("[zfs]\nbases_dir = \"keel-bases\"\n", "zfs.bases_dir"),
             (
                 "[auth]\nnode_keys = [\"/a.key\", \"b.key\"]\n",
                 "auth.node_keys[1]",
