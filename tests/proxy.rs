@@ -110,6 +110,20 @@ fn closed_port(ip: Ipv4Addr) -> SocketAddrV4 {
     }
 }
 
+/// Waits until `addr` refuses connections: the proxy has closed its
+/// listener. Waited for, not checked once, because the proxy's `close(2)`
+/// does not end the socket while a child forked at that moment by another
+/// test of this process still holds a copy of the descriptor (until its
+/// `exec` drops the close-on-exec ones): the kernel then completes a
+/// handshake into a backlog nobody accepts. A listener the proxy left open
+/// never refuses, so the wait still fails.
+fn assert_refuses(addr: SocketAddrV4, what: &str) {
+    poll_until(
+        what,
+        || matches!(TcpStream::connect(addr), Err(e) if e.kind() == io::ErrorKind::ConnectionRefused),
+    );
+}
+
 fn service(name: &str, vip: Ipv4Addr, replicas: &[SocketAddrV4]) -> ServiceEndpoints {
     ServiceEndpoints {
         name: name.into(),
@@ -316,8 +330,7 @@ fn removing_a_service_closes_its_listener_but_not_its_connections() {
     let (mut established, _) = connect(gone_addr);
 
     update_ok(&proxy, &[keep]);
-    let refused = TcpStream::connect(gone_addr).expect_err("the listener is closed");
-    assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
+    assert_refuses(gone_addr, "the removed service's listener to close");
     assert_echoes(&mut established, b"relaying on");
     let names: Vec<_> = proxy.services().into_iter().map(|(n, _, _)| n).collect();
     assert_eq!(names, ["keep"]);
@@ -550,8 +563,7 @@ fn shutdown_closes_listeners() {
     update_ok(&proxy, &[service("s", ip(10, 1), &[a.addr])]);
     let listen = listen_addr(&proxy, "s");
     proxy.shutdown();
-    let refused = TcpStream::connect(listen).expect_err("no listener after shutdown");
-    assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
+    assert_refuses(listen, "no listener after shutdown");
 }
 
 /// With `agent.proxy_listen` every service listens on one IP, so two
