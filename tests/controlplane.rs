@@ -19,6 +19,7 @@ use keel::common::wire::{
 };
 
 use crate::util::controlplane::node_verifier;
+use crate::util::poll_until;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -57,11 +58,9 @@ impl ControlPlane {
             dir: dir.to_path_buf(),
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
         };
-        let start = Instant::now();
-        while std::net::TcpStream::connect(cp.addr).is_err() {
-            assert!(start.elapsed() < DEADLINE, "control plane did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        poll_until("the control plane to listen", || {
+            std::net::TcpStream::connect(cp.addr).is_ok()
+        });
         cp
     }
 
@@ -480,11 +479,9 @@ fn key_rotation_under_continuous_traffic_loses_no_request() {
         dir: dir.path().to_path_buf(),
         addr: SocketAddr::from(([127, 0, 0, 1], port)),
     };
-    let start = Instant::now();
-    while std::net::TcpStream::connect(cp.addr).is_err() {
-        assert!(start.elapsed() < DEADLINE, "control plane did not listen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until("the control plane to listen", || {
+        std::net::TcpStream::connect(cp.addr).is_ok()
+    });
 
     let use_new = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
