@@ -58,6 +58,7 @@ impl Operator {
             stateful: false,
             template_digest: "template-of-web".into(),
             volumes: Vec::new(),
+            policy: Default::default(),
         };
         self.call(
             "PUT",
@@ -123,7 +124,7 @@ fn replicas_spread_scale_heal_and_are_fenced() {
             .contains(status.vip)
     );
 
-    // Port and template are immutable.
+    // The port is immutable.
     let body = ServiceApply {
         document: WEB.into(),
         replicas: 3,
@@ -131,6 +132,7 @@ fn replicas_spread_scale_heal_and_are_fenced() {
         stateful: false,
         template_digest: "template-of-web".into(),
         volumes: Vec::new(),
+        policy: Default::default(),
     };
     let r = op.call(
         "PUT",

@@ -296,6 +296,63 @@ pub struct ServiceApply {
     /// control plane pins the replica to the node that holds them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<String>,
+    /// `spec.update` and `spec.drainTimeout`; the defaults when a keelctl
+    /// from before rolling updates sent none.
+    #[serde(default)]
+    pub policy: RolloutPolicy,
+}
+
+/// How a Service's template change rolls out (`spec.update`) and how long a
+/// replica leaving the rotation drains (`spec.drainTimeout`), in the units
+/// the control plane computes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutPolicy {
+    /// Replicas that may be not ready because of the update.
+    pub max_unavailable: u32,
+    /// Replicas that may run above the desired count during the update.
+    pub max_surge: u32,
+    /// A new replica not ready this long (milliseconds) stops the rollout.
+    pub progress_deadline_ms: u64,
+    /// A leaving replica keeps its connections at most this long (milliseconds).
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for RolloutPolicy {
+    fn default() -> RolloutPolicy {
+        RolloutPolicy {
+            max_unavailable: 1,
+            max_surge: 0,
+            progress_deadline_ms: 600_000,
+            drain_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Where a service's rollout stands, as `GET /services/{name}` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutStatus {
+    /// The revision being rolled out (the service's current one).
+    pub revision: u64,
+    /// `Progressing`, `Complete` or `Stopped`.
+    pub state: String,
+    /// Why it stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One template revision of a service (`GET /services/{name}/revisions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceRevision {
+    /// 1 for the service's first template, one more for every change.
+    pub revision: u64,
+    /// When the control plane recorded it (seconds since the epoch).
+    pub created_unix: u64,
+    /// [`ServiceApply::template_digest`] of its template.
+    pub template_digest: String,
+    /// The Service document that introduced it.
+    pub document: String,
+    /// The service's current template.
+    pub current: bool,
 }
 
 /// One replica of a service, as `GET /services/{name}` shows it.
@@ -313,6 +370,13 @@ pub struct ReplicaStatus {
     pub state: String,
     /// Counts towards the VIP's replica list (Alive node, ready).
     pub ready: bool,
+    /// The template revision it was last applied with, when known (a
+    /// replica placed before revisions were kept has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// It runs the service's current template.
+    #[serde(default)]
+    pub updated: bool,
 }
 
 /// A service, as `GET /services` and `GET /services/{name}` show it.
@@ -330,6 +394,15 @@ pub struct ServiceStatus {
     pub ready: u32,
     /// Template has volumes: replicas are pinned to their nodes.
     pub stateful: bool,
+    /// The current template's revision.
+    #[serde(default)]
+    pub revision: u64,
+    /// Replicas below the desired count that run the current template.
+    #[serde(default)]
+    pub updated: u32,
+    /// The last rollout (none before the template first changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
     /// Every placed replica.
     pub replicas: Vec<ReplicaStatus>,
 }

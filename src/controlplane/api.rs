@@ -16,7 +16,8 @@
 //! | `GET /nodes/{id}/ingresses`, `PUT/GET/DELETE /nodes/{id}/ingresses/{name}` | operator | forwarded to that node |
 //! | `GET /nodes/{id}/bases`, `PUT/GET /nodes/{id}/bases/{release}` | operator | forwarded to that node (a `PUT` starts a base fetch there) |
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
-//! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs |
+//! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs; a new template rolls out |
+//! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions` | operator | the desired count; back to an earlier template; the templates kept |
 //! | `GET /metrics` | operator | Prometheus text |
 //! | `GET /healthz` | none | liveness of the control plane itself: its worker answers within [`HEALTH_WAIT`], else 503 |
 //!
@@ -150,8 +151,31 @@ impl ControlPlaneApi {
             },
             ("PUT", ["services", name]) => match parse_json::<ServiceApply>(req) {
                 Err(r) => r,
-                Ok(body) => self.put_service(name, body)?,
+                Ok(body) => {
+                    let planned = self.worker.put_service(name, body)?;
+                    self.carry_out(name, planned)?
+                }
             },
+            ("POST", ["services", name, "scale"]) => match parse_json::<ScaleRequest>(req) {
+                Err(r) => r,
+                Ok(body) => {
+                    let planned = self.worker.scale_service(name, body.replicas)?;
+                    self.carry_out(name, planned)?
+                }
+            },
+            ("POST", ["services", name, "undo"]) => match parse_json::<UndoRequest>(req) {
+                Err(r) => r,
+                Ok(body) => {
+                    let planned = self.worker.undo_service(name, body.revision)?;
+                    self.carry_out(name, planned.map(|(_, heal)| heal))?
+                }
+            },
+            ("GET", ["services", name, "revisions"]) => {
+                match self.worker.service_revisions(name)? {
+                    Some(list) => Response::json(200, &list),
+                    None => Response::error(404, &format!("no service named {name}"), None),
+                }
+            }
             ("DELETE", ["services", name]) => match self.worker.remove_service(name)? {
                 Err(r) => refused(&r),
                 Ok(removals) => {
@@ -300,7 +324,8 @@ impl ControlPlaneApi {
             | (_, ["nodes", _, "jails", _])
             | (_, ["nodes", _, "ingresses", _])
             | (_, ["services", _]) => method_not_allowed("GET, PUT, DELETE"),
-            (_, ["services"]) => method_not_allowed("GET"),
+            (_, ["services"]) | (_, ["services", _, "revisions"]) => method_not_allowed("GET"),
+            (_, ["services", _, "scale" | "undo"]) => method_not_allowed("POST"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
         };
         Ok(response.authenticated())
@@ -341,10 +366,16 @@ impl ControlPlaneApi {
         }
     }
 
-    /// Records the service, then places or removes replicas before answering,
-    /// so `keelctl apply` returns with the replicas placed.
-    fn put_service(&self, name: &str, body: ServiceApply) -> Result<Response, WorkerGone> {
-        let actions = match self.worker.put_service(name, body)? {
+    /// After a service change was recorded: carries out the first heal
+    /// (placements, removals, the first replacements of a rollout) before
+    /// answering, so `keelctl apply` returns with the replicas placed; the
+    /// rest follows on heartbeats.
+    fn carry_out(
+        &self,
+        name: &str,
+        planned: Result<Vec<HealAction>, Refusal>,
+    ) -> Result<Response, WorkerGone> {
+        let actions = match planned {
             Err(r) => return Ok(refused(&r)),
             Ok(a) => a,
         };
@@ -510,13 +541,17 @@ fn heal(worker: &WorkerHandle, forwarder: &Forwarder, actions: Vec<HealAction>) 
                 replica,
                 target,
                 volumes,
+                template,
             } => {
                 if !services.contains(&service) {
                     services.push(service.clone());
                 }
                 let mut reached = false;
                 let outcome = match worker.service_document(&service) {
-                    Ok(Some(doc)) => {
+                    Ok(Some((_, digest))) if digest != template => {
+                        Err("the service's template changed meanwhile; the next heal applies the new one".into())
+                    }
+                    Ok(Some((doc, _))) => {
                         let path = format!("/jails/{replica}");
                         let r = forwarder.send_with_query(
                             &target.node,
@@ -704,11 +739,31 @@ fn names_in<'a>(segments: &[&'a str]) -> Vec<&'a str> {
             }
             v
         }
-        ["jails", name] | ["jails", name, "log"] | ["services", name] | ["volumes", name] => {
+        ["jails", name]
+        | ["jails", name, "log"]
+        | ["services", name]
+        | ["services", name, _]
+        | ["volumes", name] => {
             vec![*name]
         }
         _ => vec![],
     }
+}
+
+/// `POST /services/{name}/scale`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScaleRequest {
+    replicas: u32,
+}
+
+/// `POST /services/{name}/undo`: the revision to go back to, else the one
+/// before the current.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UndoRequest {
+    #[serde(default)]
+    revision: Option<u64>,
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {

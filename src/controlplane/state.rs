@@ -43,8 +43,14 @@ pub struct NodeRecord {
 pub struct Placement {
     /// Node id.
     pub node: String,
-    /// Increases every time the placement of this name changes (fencing).
+    /// Increases every time the placement of this name changes (fencing),
+    /// and every time a service replica is applied with a new template.
     pub epoch: u64,
+    /// For a service replica: the digest of the template it was applied
+    /// with (`ServiceApply::template_digest`). `None` for jails, and for
+    /// replicas placed before templates could change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 /// Everything persisted.
@@ -85,6 +91,128 @@ pub struct ServiceRecord {
     pub applied: crate::common::wire::ServiceApply,
     /// Virtual IP from `service_cidr`; never changes.
     pub vip: std::net::Ipv4Addr,
+    /// The current template's revision: 1 for the first, one more for every
+    /// template change (an undo too, as in Kubernetes).
+    #[serde(default = "first_revision")]
+    pub revision: u64,
+    /// The last [`MAX_REVISIONS`] templates, oldest first, the current one
+    /// last. Empty in a journal from before revisions were kept: then the
+    /// current template is revision 1 (see [`ServiceRecord::revisions`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<RevisionRecord>,
+    /// The last rollout; none until the template first changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutRecord>,
+}
+
+/// Template revisions a service keeps (`keelctl rollout history`).
+pub const MAX_REVISIONS: usize = 10;
+
+fn first_revision() -> u64 {
+    1
+}
+
+/// One template a service had: enough to roll back to it without the
+/// control plane ever parsing a spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevisionRecord {
+    /// Its number.
+    pub revision: u64,
+    /// When it was recorded (seconds since the epoch).
+    pub created_unix: u64,
+    /// The Service document that introduced it, as applied.
+    pub document: String,
+    /// Its template digest.
+    pub template_digest: String,
+}
+
+/// A rollout: the service's replicas moving to `revision`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    /// The revision rolled out.
+    pub revision: u64,
+    /// Where it stands.
+    pub outcome: RolloutOutcome,
+}
+
+/// Where a rollout stands. Persisted so that a restarted control plane
+/// neither resumes a stopped rollout nor forgets a finished one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RolloutOutcome {
+    /// Replicas are being replaced.
+    Progressing,
+    /// Every desired replica runs the revision and is ready.
+    Complete,
+    /// A new replica was not ready within the progress deadline: nothing
+    /// more is replaced until the next template change (or an undo).
+    Stopped {
+        /// Which replica, and what it reported.
+        reason: String,
+    },
+}
+
+impl ServiceRecord {
+    /// A new service's record: revision 1, the applied template its history.
+    pub fn first(applied: crate::common::wire::ServiceApply, vip: std::net::Ipv4Addr) -> Self {
+        let history = vec![RevisionRecord {
+            revision: 1,
+            created_unix: crate::common::auth::unix_now(),
+            document: applied.document.clone(),
+            template_digest: applied.template_digest.clone(),
+        }];
+        ServiceRecord {
+            applied,
+            vip,
+            revision: 1,
+            history,
+            rollout: None,
+        }
+    }
+
+    /// The revisions kept, oldest first, the current one last. A record
+    /// from before revisions were kept has its current template as its only
+    /// revision.
+    pub fn revisions(&self) -> Vec<RevisionRecord> {
+        if self.history.is_empty() {
+            return vec![RevisionRecord {
+                revision: self.revision,
+                created_unix: 0,
+                document: self.applied.document.clone(),
+                template_digest: self.applied.template_digest.clone(),
+            }];
+        }
+        self.history.clone()
+    }
+
+    /// Whether a replica applied with `template` runs the current one. A
+    /// replica placed before templates could change (`None`) runs the
+    /// service's first template, the only one there was.
+    pub fn is_current(&self, template: Option<&str>) -> bool {
+        match template {
+            Some(digest) => digest == self.applied.template_digest,
+            None => self.revision == 1,
+        }
+    }
+
+    /// The revision a replica applied with `template` runs, when still kept.
+    pub fn revision_of(&self, template: Option<&str>) -> Option<u64> {
+        let digest = match template {
+            Some(d) => d,
+            None => {
+                return self
+                    .revisions()
+                    .first()
+                    .map(|r| r.revision)
+                    .filter(|r| *r == 1);
+            }
+        };
+        // Newest first: an undo records an older template again.
+        self.revisions()
+            .iter()
+            .rev()
+            .find(|r| r.template_digest == digest)
+            .map(|r| r.revision)
+    }
 }
 
 /// One change to [`ClusterState`].
@@ -236,6 +364,7 @@ mod tests {
                 placement: Placement {
                     node: "a".into(),
                     epoch: 3,
+                    template: None,
                 },
             },
             Op::RemovePlacement { name: "web".into() },
@@ -255,6 +384,7 @@ mod tests {
                 placement: Placement {
                     node: "a".into(),
                     epoch: 4,
+                    template: Some("ab12".into()),
                 },
             },
         ];

@@ -28,7 +28,7 @@ use crate::common::supervise::{self, WorkerHealth};
 use crate::common::wire::NodeRemoval;
 use crate::common::wire::{
     HeartbeatRequest, NodeStatus, RegisterRequest, RegisterResponse, Resources, ServiceApply,
-    ServiceStatus,
+    ServiceRevision, ServiceStatus,
 };
 use crate::controlplane::registry::{Cluster, HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::state::{ClusterState, Op, STATE_NAME};
@@ -105,6 +105,12 @@ pub enum Command {
         /// Answered once the record is durable.
         reply: Reply<Vec<HealAction>>,
     },
+    /// `POST /services/{name}/scale`: answers the heal to carry out.
+    ScaleService(String, u32, Reply<Vec<HealAction>>),
+    /// `POST /services/{name}/undo`: answers the new revision and the heal.
+    UndoService(String, Option<u64>, Reply<(u64, Vec<HealAction>)>),
+    /// `GET /services/{name}/revisions`.
+    ServiceRevisions(String, Sender<Option<Vec<ServiceRevision>>>),
     /// `DELETE /services/{name}`: answers the replicas to remove.
     RemoveService(String, Reply<Vec<HealAction>>),
     /// `DELETE /nodes/{id}`: forget a Dead node and what was placed on it.
@@ -115,8 +121,9 @@ pub enum Command {
     Service(String, Sender<Option<ServiceStatus>>),
     /// `GET /services`.
     Services(Sender<Vec<ServiceStatus>>),
-    /// The service document, to forward with a replica apply.
-    ServiceDocument(String, Sender<Option<String>>),
+    /// The service document and its template digest, to forward with a
+    /// replica apply.
+    ServiceDocument(String, Sender<Option<(String, String)>>),
     /// Where a volume is (`GET/DELETE /volumes/{name}`).
     ResolveVolume(String, Reply<Target>),
     /// The node destroyed a volume (or has none of that name): forget it.
@@ -301,6 +308,32 @@ impl WorkerHandle {
         })
     }
 
+    /// See [`Command::ScaleService`].
+    pub fn scale_service(
+        &self,
+        name: &str,
+        replicas: u32,
+    ) -> Result<Result<Vec<HealAction>, Refusal>, WorkerGone> {
+        self.ask(|r| Command::ScaleService(name.to_string(), replicas, r))
+    }
+
+    /// See [`Command::UndoService`].
+    pub fn undo_service(
+        &self,
+        name: &str,
+        to: Option<u64>,
+    ) -> Result<Result<(u64, Vec<HealAction>), Refusal>, WorkerGone> {
+        self.ask(|r| Command::UndoService(name.to_string(), to, r))
+    }
+
+    /// See [`Command::ServiceRevisions`].
+    pub fn service_revisions(
+        &self,
+        name: &str,
+    ) -> Result<Option<Vec<ServiceRevision>>, WorkerGone> {
+        self.get(|r| Command::ServiceRevisions(name.to_string(), r))
+    }
+
     /// See [`Command::RemoveService`].
     pub fn remove_service(
         &self,
@@ -340,7 +373,7 @@ impl WorkerHandle {
     }
 
     /// See [`Command::ServiceDocument`].
-    pub fn service_document(&self, name: &str) -> Result<Option<String>, WorkerGone> {
+    pub fn service_document(&self, name: &str) -> Result<Option<(String, String)>, WorkerGone> {
         self.get(|r| Command::ServiceDocument(name.to_string(), r))
     }
 
@@ -496,6 +529,31 @@ impl Worker {
         }
     }
 
+    /// Answers a service change with the heal it calls for, once its ops
+    /// are durable; a refusal at once.
+    fn answer_with_heal(
+        &mut self,
+        name: &str,
+        changed: Result<Vec<Op>, Refusal>,
+        ops: &mut Vec<Op>,
+        deferred: &mut Vec<Deferred>,
+        now: Instant,
+        reply: Reply<Vec<HealAction>>,
+    ) {
+        match changed {
+            Ok(new_ops) => {
+                ops.extend(new_ops);
+                let heal = self.cluster.plan_heal(Some(name), now);
+                deferred.push(Box::new(move |r| {
+                    let _ = reply.send(r.map(|()| heal));
+                }));
+            }
+            Err(refusal) => {
+                let _ = reply.send(Err(refusal));
+            }
+        }
+    }
+
     fn handle(&mut self, cmd: Command, ops: &mut Vec<Op>, deferred: &mut Vec<Deferred>) {
         let now = Instant::now();
         if matches!(cmd, Command::Register(..)) {
@@ -580,18 +638,29 @@ impl Worker {
                 }));
             }
             Command::PutService { name, apply, reply } => {
-                match self.cluster.put_service(&name, &apply) {
-                    Ok(new_ops) => {
+                let changed = self.cluster.put_service(&name, &apply, now);
+                self.answer_with_heal(&name, changed, ops, deferred, now, reply);
+            }
+            Command::ScaleService(name, replicas, reply) => {
+                let changed = self.cluster.scale_service(&name, replicas, now);
+                self.answer_with_heal(&name, changed, ops, deferred, now, reply);
+            }
+            Command::UndoService(name, to, reply) => {
+                match self.cluster.undo_service(&name, to, now) {
+                    Ok((revision, new_ops)) => {
                         ops.extend(new_ops);
                         let heal = self.cluster.plan_heal(Some(&name), now);
                         deferred.push(Box::new(move |r| {
-                            let _ = reply.send(r.map(|()| heal));
+                            let _ = reply.send(r.map(|()| (revision, heal)));
                         }));
                     }
                     Err(refusal) => {
                         let _ = reply.send(Err(refusal));
                     }
                 }
+            }
+            Command::ServiceRevisions(name, reply) => {
+                let _ = reply.send(self.cluster.service_revisions(&name));
             }
             Command::SetCordoned(id, cordoned, reply) => {
                 match self.cluster.set_cordoned(&id, cordoned, now) {
@@ -638,6 +707,7 @@ impl Worker {
                 let _ = reply.send(self.cluster.service_document(&name));
             }
             Command::PlanHeal(reply) => {
+                ops.extend(self.cluster.advance_rollouts(now));
                 let _ = reply.send(self.cluster.plan_heal(None, now));
             }
             Command::HealDone(services) => self.cluster.heal_done(&services),

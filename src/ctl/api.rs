@@ -32,8 +32,8 @@ use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
-    BaseStatus, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceApply,
-    ServiceStatus, VolumeStatus, volumes_query,
+    BaseStatus, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus, RolloutPolicy,
+    ServiceApply, ServiceStatus, VolumeStatus, volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -509,7 +509,18 @@ pub fn service_apply(service: &Service) -> ServiceApply {
             .iter()
             .map(|v| v.name.clone())
             .collect(),
+        policy: RolloutPolicy {
+            max_unavailable: service.spec.update.max_unavailable,
+            max_surge: service.spec.update.max_surge,
+            progress_deadline_ms: millis(service.spec.update.progress_deadline.0),
+            drain_timeout_ms: millis(service.spec.drain_timeout.0),
+        },
     }
+}
+
+/// Whole milliseconds, saturating (specs bound their durations far below).
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Lowercase hex SHA-256 of the template as serde_json writes the typed

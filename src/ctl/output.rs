@@ -64,10 +64,17 @@ pub const NODE_COLUMNS: [&str; 8] = [
 ];
 
 /// Column headers of `get services`.
-pub const SERVICE_COLUMNS: [&str; 4] = ["NAME", "VIP:PORT", "READY/DESIRED", "NODES"];
+pub const SERVICE_COLUMNS: [&str; 6] = [
+    "NAME",
+    "VIP:PORT",
+    "READY",
+    "UP-TO-DATE",
+    "REVISION",
+    "NODES",
+];
 
 /// Column headers of `get service NAME`: its replicas.
-pub const REPLICA_COLUMNS: [&str; 4] = ["NAME", "NODE", "ADDRESS", "STATE"];
+pub const REPLICA_COLUMNS: [&str; 5] = ["NAME", "NODE", "ADDRESS", "STATE", "REVISION"];
 
 /// Columns of `get volumes`.
 pub const VOLUME_COLUMNS: [&str; 5] = ["NAME", "NODE", "QUOTA", "USED", "MOUNTED BY"];
@@ -255,10 +262,21 @@ pub fn service_table(services: &[ServiceStatus]) -> String {
             one_line(&s.name),
             format!("{}:{}", s.vip, s.port),
             format!("{}/{}", s.ready, s.desired),
+            s.updated.to_string(),
+            revision_cell(s),
             if nodes.is_empty() { "-".into() } else { nodes },
         ]
     }));
     table(&rows)
+}
+
+/// REVISION of `get services`: the current revision, with the state of its
+/// rollout while it is not complete (`2 (Progressing)`, `2 (Stopped)`).
+fn revision_cell(s: &ServiceStatus) -> String {
+    match &s.rollout {
+        Some(r) if r.state != "Complete" => format!("{} ({})", s.revision, one_line(&r.state)),
+        _ => s.revision.to_string(),
+    }
 }
 
 /// The `get service NAME` table: one row per placed replica, ADDRESS `-`
@@ -274,6 +292,8 @@ pub fn replica_table(service: &ServiceStatus) -> String {
             one_line(&r.node),
             r.address.map_or_else(|| "-".to_string(), |a| a.to_string()),
             one_line(&r.state),
+            r.revision
+                .map_or_else(|| "-".to_string(), |v| v.to_string()),
         ]
     }));
     table(&rows)
@@ -738,6 +758,8 @@ n3         Dead     127.0.0.1:7441   127.64.3.0/24   0/2      1.5G/16G   2      
             address: address.map(Into::into),
             state: state.into(),
             ready: state == "Running",
+            revision: Some(1),
+            updated: true,
         }
     }
 
@@ -749,6 +771,9 @@ n3         Dead     127.0.0.1:7441   127.64.3.0/24   0/2      1.5G/16G   2      
             desired: 3,
             ready: 2,
             stateful: false,
+            revision: 1,
+            updated: 3,
+            rollout: None,
             replicas: vec![
                 replica("web-0", "n2", Some([127, 64, 2, 2]), "Running"),
                 replica("web-1", "n1", Some([127, 64, 1, 2]), "Running"),
@@ -765,12 +790,23 @@ n3         Dead     127.0.0.1:7441   127.64.3.0/24   0/2      1.5G/16G   2      
         empty.desired = 0;
         empty.ready = 0;
         empty.replicas.clear();
+        empty.updated = 0;
+        let mut rolling = web();
+        rolling.name = "api".into();
+        rolling.revision = 2;
+        rolling.updated = 1;
+        rolling.rollout = Some(crate::common::wire::RolloutStatus {
+            revision: 2,
+            state: "Progressing".into(),
+            reason: None,
+        });
         let want = "\
-NAME   VIP:PORT           READY/DESIRED   NODES
-web    127.128.0.7:8080   2/3             n1,n2
-db     127.128.0.7:5432   0/0             -
+NAME   VIP:PORT           READY   UP-TO-DATE   REVISION          NODES
+web    127.128.0.7:8080   2/3     3            1                 n1,n2
+db     127.128.0.7:5432   0/0     0            1                 -
+api    127.128.0.7:8080   2/3     1            2 (Progressing)   n1,n2
 ";
-        assert_eq!(service_table(&[web(), empty.clone()]), want);
+        assert_eq!(service_table(&[web(), empty.clone(), rolling]), want);
         assert_eq!(service_table(&[]), "");
         assert_eq!(replica_table(&empty), "");
     }
@@ -778,10 +814,10 @@ db     127.128.0.7:5432   0/0             -
     #[test]
     fn the_replica_table_shows_each_replica_where_it_is() {
         let want = "\
-NAME    NODE   ADDRESS      STATE
-web-0   n2     127.64.2.2   Running
-web-1   n1     127.64.1.2   Running
-web-2   n2     -            Pending
+NAME    NODE   ADDRESS      STATE     REVISION
+web-0   n2     127.64.2.2   Running   1
+web-1   n1     127.64.1.2   Running   1
+web-2   n2     -            Pending   1
 ";
         assert_eq!(replica_table(&web()), want);
         assert_eq!(

@@ -29,12 +29,14 @@ pub use parse::KINDS;
 pub use quantity::{format_size, parse_size};
 pub use types::{
     Document, ExecSpec, HealthSpec, HttpProbe, Ingress, IngressSpec, Jail, JailSpec, JailTemplate,
-    Metadata, NetworkSpec, Probe, Resources, Service, ServiceSpec, TcpProbe, VolumeSpec,
+    Metadata, NetworkSpec, Probe, Resources, Service, ServiceSpec, TcpProbe, UpdateSpec,
+    VolumeSpec,
 };
 pub use validate::{
     MAX_BASE_LEN, MAX_CPU, MAX_FAILURE_THRESHOLD, MAX_HEALTH_PATH_LEN, MAX_HEALTH_PERIOD,
-    MAX_MOUNT_PATH_LEN, MAX_REPLICAS, MIN_CPU, validate_address, validate_base,
-    validate_health_path, validate_host, validate_hostname, validate_mount_path, validate_name,
+    MAX_MOUNT_PATH_LEN, MAX_PROGRESS_DEADLINE, MAX_REPLICAS, MIN_CPU, validate_address,
+    validate_base, validate_health_path, validate_host, validate_hostname, validate_mount_path,
+    validate_name,
 };
 
 /// Parses and validates every document in `text` (YAML, several documents

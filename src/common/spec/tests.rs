@@ -980,6 +980,8 @@ mod props {
                             volumes: t.volumes,
                             health: t.health,
                         },
+                        update: UpdateSpec::default(),
+                        drain_timeout: Interval::secs(10),
                     },
                 })
             },

@@ -266,12 +266,82 @@ pub struct ServiceSpec {
     /// TCP port the VIP listens on and the replicas serve; immutable once created.
     #[serde(deserialize_with = "deserialize_port")]
     pub port: u16,
-    /// The spec every replica is made from; immutable once created.
+    /// The spec every replica is made from. A change rolls out replica by
+    /// replica under `update`; its volumes cannot change.
     pub template: JailTemplate,
+    /// How a template change rolls out.
+    #[serde(default, skip_serializing_if = "UpdateSpec::is_default")]
+    pub update: UpdateSpec,
+    /// How long a replica leaving the rotation (scale down, update, delete)
+    /// may keep its open connections before it is stopped; default 10s.
+    #[serde(
+        rename = "drainTimeout",
+        default = "default_drain_timeout",
+        deserialize_with = "deserialize_interval",
+        skip_serializing_if = "is_default_drain_timeout"
+    )]
+    pub drain_timeout: Interval,
 }
 
 fn one_replica() -> u32 {
     1
+}
+
+fn default_drain_timeout() -> Interval {
+    Interval::secs(10)
+}
+
+fn is_default_drain_timeout(i: &Interval) -> bool {
+    *i == default_drain_timeout()
+}
+
+/// `spec.update` of a Service: the pace of a rolling update, as a
+/// Kubernetes Deployment's `RollingUpdate` strategy states it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSpec {
+    /// Replicas that may be not ready because of the update; default 1.
+    #[serde(
+        rename = "maxUnavailable",
+        default = "one_replica",
+        deserialize_with = "deserialize_replicas"
+    )]
+    pub max_unavailable: u32,
+    /// Replicas that may run above `replicas` during the update; default 0.
+    #[serde(
+        rename = "maxSurge",
+        default,
+        deserialize_with = "deserialize_replicas"
+    )]
+    pub max_surge: u32,
+    /// A new replica that is not ready this long stops the rollout; the
+    /// replicas not yet replaced stay on the old template. Default 10m.
+    #[serde(
+        rename = "progressDeadline",
+        default = "default_progress_deadline",
+        deserialize_with = "deserialize_interval"
+    )]
+    pub progress_deadline: Interval,
+}
+
+fn default_progress_deadline() -> Interval {
+    Interval::secs(600)
+}
+
+impl Default for UpdateSpec {
+    fn default() -> UpdateSpec {
+        UpdateSpec {
+            max_unavailable: 1,
+            max_surge: 0,
+            progress_deadline: default_progress_deadline(),
+        }
+    }
+}
+
+impl UpdateSpec {
+    fn is_default(&self) -> bool {
+        *self == UpdateSpec::default()
+    }
 }
 
 /// `spec.template` of a Service: a Jail spec without `network.address` (each

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use super::error::FieldError;
 use super::types::{
-    Document, ExecSpec, HealthSpec, Ingress, Jail, JailSpec, Resources, Service, VolumeSpec,
+    Document, ExecSpec, HealthSpec, Ingress, Jail, JailSpec, Resources, Service, UpdateSpec,
+    VolumeSpec,
 };
 use crate::common::config::Interval;
 
@@ -38,8 +39,12 @@ pub const MAX_FAILURE_THRESHOLD: u32 = 100;
 pub(crate) const FAILURE_THRESHOLD_RANGE: &str = "failureThreshold must be between 1 and 100";
 /// Longest `health.http.path`: it is one request line, not a document.
 pub const MAX_HEALTH_PATH_LEN: usize = 1024;
-/// Longest `health.interval`, `timeout` and `startPeriod`.
+/// Longest `health.interval`, `timeout` and `startPeriod`, and of a
+/// Service's `drainTimeout`.
 pub const MAX_HEALTH_PERIOD: Duration = Duration::from_secs(3600);
+/// Longest `spec.update.progressDeadline`: a rollout that has not moved in a
+/// day is stuck, whatever the workload.
+pub const MAX_PROGRESS_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
 type Check = Result<(), FieldError>;
 
@@ -500,6 +505,7 @@ pub(crate) fn service(s: &Service) -> Check {
             format!("0 is out of range: {PORT_RANGE}"),
         ));
     }
+    update(&spec.update, spec.drain_timeout)?;
     let t = &spec.template;
     if t.network.address.is_some() {
         return Err(FieldError::new(
@@ -543,6 +549,48 @@ pub(crate) fn service(s: &Service) -> Check {
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// `spec.update` and `spec.drainTimeout`. Both budgets 0 would let no
+/// replica be replaced, so the rollout could never move.
+fn update(u: &UpdateSpec, drain_timeout: Interval) -> Check {
+    if u.max_unavailable == 0 && u.max_surge == 0 {
+        return Err(FieldError::new(
+            "spec.update.maxUnavailable",
+            "maxUnavailable and maxSurge are both 0, so no replica could ever be replaced; \
+             allow one replica down (maxUnavailable: 1) or one extra (maxSurge: 1)",
+        ));
+    }
+    for (field, value) in [
+        ("spec.update.maxUnavailable", u.max_unavailable),
+        ("spec.update.maxSurge", u.max_surge),
+    ] {
+        if value > MAX_REPLICAS {
+            return Err(FieldError::new(
+                field,
+                format!("{value} is out of range: {REPLICAS_RANGE}"),
+            ));
+        }
+    }
+    if u.progress_deadline.0.is_zero() {
+        return Err(FieldError::new(
+            "spec.update.progressDeadline",
+            "must be greater than 0s, e.g. 10m",
+        ));
+    }
+    if u.progress_deadline.0 > MAX_PROGRESS_DEADLINE {
+        return Err(FieldError::new(
+            "spec.update.progressDeadline",
+            format!("must be at most 24h, got {}", u.progress_deadline),
+        ));
+    }
+    if drain_timeout.0 > MAX_HEALTH_PERIOD {
+        return Err(FieldError::new(
+            "spec.drainTimeout",
+            format!("must be at most 1h, got {drain_timeout}"),
+        ));
     }
     Ok(())
 }

@@ -11,11 +11,15 @@
 //! - [`peers`]: the versioned peer list a heartbeat answer carries.
 //! - [`placements`]: where jails live, applies in flight, the volume registry.
 //! - [`services`]: replica sets, endpoints and healing.
+//! - [`rollout`]: template revisions, rolling updates, scale and undo.
+//! - [`drain`]: replicas leaving the rotation before they are stopped.
 
+pub mod drain;
 pub mod liveness;
 pub mod nodes;
 pub mod peers;
 pub mod placements;
+pub mod rollout;
 pub mod services;
 #[cfg(test)]
 mod tests;
@@ -44,6 +48,9 @@ struct Reported {
     ready: bool,
     /// Its address.
     address: Option<Ipv4Addr>,
+    /// The placement epoch it carried: a report under an older epoch is of
+    /// the workload a rolling update has since replaced.
+    epoch: u64,
 }
 
 /// A request the cluster refuses, with its HTTP status.
@@ -108,6 +115,11 @@ pub struct Cluster {
     pending: BTreeMap<String, Pending>,
     /// Services whose heal is being carried out by a handler thread.
     healing: BTreeSet<String>,
+    /// Replicas leaving the rotation, by name (see [`drain`]).
+    draining: BTreeMap<String, drain::Drain>,
+    /// Each rollout in progress: when it last made progress, and how many
+    /// new replicas were ready then (see [`rollout`]).
+    progress: BTreeMap<String, (Instant, u32)>,
     cluster_cidr: Ipv4Net,
     service_cidr: Ipv4Net,
     dead_after: Duration,
@@ -168,6 +180,8 @@ impl Cluster {
             live,
             pending: BTreeMap::new(),
             healing: BTreeSet::new(),
+            draining: BTreeMap::new(),
+            progress: BTreeMap::new(),
             cluster_cidr,
             service_cidr,
             dead_after,
@@ -199,6 +213,8 @@ impl Cluster {
             self.rank(&id, rank);
         }
         self.healing.clear();
+        self.draining.clear();
+        self.progress.clear();
     }
 
     fn apply(&mut self, ops: Vec<Op>) -> Vec<Op> {

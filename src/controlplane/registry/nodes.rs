@@ -101,6 +101,7 @@ impl Cluster {
                     // An agent older than health checks: running is ready.
                     ready: j.running && j.ready.unwrap_or(true),
                     address: j.address,
+                    epoch: j.epoch,
                 };
                 (j.name.clone(), reported)
             })

@@ -28,6 +28,9 @@ pub(super) struct Pending {
     /// Volumes the applies in flight declare, registered on `node` when one
     /// of them reached it.
     pub(super) volumes: Vec<String>,
+    /// For a replica: the template digest it is being applied with,
+    /// recorded with the placement.
+    pub(super) template: Option<String>,
 }
 
 impl Cluster {
@@ -169,6 +172,7 @@ impl Cluster {
             epoch,
             count: 0,
             volumes: Vec::new(),
+            template: None,
         });
         entry.count += 1;
         for v in volumes {
@@ -208,10 +212,15 @@ impl Cluster {
         succeeded: bool,
         reached: bool,
     ) -> Vec<Op> {
+        // Replaced or not, the replica's drain is over: a failed apply is
+        // planned again from scratch.
+        self.forget_drain(name);
         let mut volumes = Vec::new();
+        let mut template = None;
         if let Some(p) = self.pending.get_mut(name) {
             if p.node == target.node {
                 volumes = p.volumes.clone();
+                template = p.template.clone();
             }
             p.count = p.count.saturating_sub(1);
             if p.count == 0 {
@@ -230,11 +239,12 @@ impl Cluster {
             }
         }
         let ops = self.apply(ops);
-        let already = self.state.placements.get(name)
-            == Some(&Placement {
-                node: target.node.clone(),
-                epoch: target.epoch,
-            });
+        let placement = Placement {
+            node: target.node.clone(),
+            epoch: target.epoch,
+            template,
+        };
+        let already = self.state.placements.get(name) == Some(&placement);
         // Recording it again also clears a delete mark: the jail was
         // applied after a DELETE that did not finish.
         if !succeeded || (already && !self.state.deleting.contains(name)) {
@@ -243,10 +253,7 @@ impl Cluster {
         let mut ops = ops;
         ops.extend(self.apply(vec![Op::PutPlacement {
             name: name.to_string(),
-            placement: Placement {
-                node: target.node.clone(),
-                epoch: target.epoch,
-            },
+            placement,
         }]));
         ops
     }
@@ -375,9 +382,12 @@ impl Cluster {
     /// delete, or said it has no such jail).
     pub fn remove_placement(&mut self, name: &str, node: &str) -> Vec<Op> {
         match self.state.placements.get(name) {
-            Some(p) if p.node == node => self.apply(vec![Op::RemovePlacement {
-                name: name.to_string(),
-            }]),
+            Some(p) if p.node == node => {
+                self.forget_drain(name);
+                self.apply(vec![Op::RemovePlacement {
+                    name: name.to_string(),
+                }])
+            }
             _ => Vec::new(),
         }
     }

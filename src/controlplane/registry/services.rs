@@ -6,9 +6,11 @@
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use super::drain::DrainThen;
 use super::placements::Pending;
+use super::rollout::rollout_status;
 use super::{Cluster, Refusal, Target};
 use crate::common::cidr::derive_service_vip;
 use crate::common::names::{replica_name, replica_of, replica_volume_name, reserved_for_replicas};
@@ -32,6 +34,9 @@ pub enum HealAction {
         /// The replica's volumes (`{replica}-{volume}`), sent along as
         /// `?volumes=` for the agent to confirm.
         volumes: Vec<String>,
+        /// The template digest planned: when the service's template changed
+        /// since, the apply is not sent (the next pass plans it again).
+        template: String,
     },
     /// Delete a replica beyond the desired count (or of a deleted service).
     Remove {
@@ -48,54 +53,79 @@ pub enum HealAction {
 }
 
 impl Cluster {
-    /// Creates or scales a service. Port and template are immutable (409
-    /// naming the field); the VIP is allocated once and kept.
-    pub fn put_service(&mut self, name: &str, apply: &ServiceApply) -> Result<Vec<Op>, Refusal> {
+    /// Creates, scales or updates a service. The port is immutable and so
+    /// are the template's volumes (409 naming the field); the VIP is
+    /// allocated once and kept. A new template becomes the next revision and
+    /// starts a rollout (see `rollout`).
+    pub fn put_service(
+        &mut self,
+        name: &str,
+        apply: &ServiceApply,
+        now: Instant,
+    ) -> Result<Vec<Op>, Refusal> {
         let conflict = |field: &str, what: String| Refusal {
             status: 409,
             message: what,
             field: Some(field.to_string()),
         };
-        let vip = match self.state.services.get(name) {
+        let record = match self.state.services.get(name) {
             Some(existing) => {
                 if existing.applied.port != apply.port {
                     return Err(conflict(
                         "spec.port",
                         format!(
-                            "service {name} has port {}; the port cannot change (delete and re-create the service)",
+                            "service {name} has port {}; the port is the VIP's identity and cannot change (delete and re-create the service)",
                             existing.applied.port
                         ),
                     ));
                 }
-                if existing.applied.template_digest != apply.template_digest {
+                if existing.applied.volumes != apply.volumes {
                     return Err(conflict(
-                        "spec.template",
+                        "spec.template.volumes",
                         format!(
-                            "service {name} exists with another template; the template cannot change (delete and re-create the service)"
+                            "service {name} has volumes [{}]; a rolling update keeps every replica's volumes, so they cannot change (delete and re-create the service)",
+                            existing.applied.volumes.join(", ")
                         ),
                     ));
                 }
-                existing.vip
+                let mut record = existing.clone();
+                record.applied = apply.clone();
+                if existing.applied.template_digest != apply.template_digest {
+                    record.add_revision(apply.document.clone(), apply.template_digest.clone());
+                }
+                record
             }
             None => {
                 self.check_new_service_name(name)?;
                 let taken: BTreeSet<Ipv4Addr> =
                     self.state.services.values().map(|s| s.vip).collect();
-                derive_service_vip(name, self.service_cidr, &taken)
-                    .map_err(|e| conflict("spec", e.to_string()))?
+                let vip = derive_service_vip(name, self.service_cidr, &taken)
+                    .map_err(|e| conflict("spec", e.to_string()))?;
+                ServiceRecord::first(apply.clone(), vip)
             }
         };
-        let record = ServiceRecord {
-            applied: apply.clone(),
-            vip,
-        };
-        if self.state.services.get(name) == Some(&record) {
-            return Ok(Vec::new());
+        Ok(self.put_service_record(name, record, now))
+    }
+
+    /// Records `record` for service `name` unless it is what is recorded;
+    /// a new revision starts its rollout's progress clock.
+    pub(super) fn put_service_record(
+        &mut self,
+        name: &str,
+        record: ServiceRecord,
+        now: Instant,
+    ) -> Vec<Op> {
+        let previous = self.state.services.get(name);
+        if previous == Some(&record) {
+            return Vec::new();
         }
-        Ok(self.apply(vec![Op::PutService {
+        if previous.is_some_and(|p| p.revision != record.revision) {
+            self.rollout_started(name, now);
+        }
+        self.apply(vec![Op::PutService {
             name: name.to_string(),
             record,
-        }]))
+        }])
     }
 
     /// A new service must not take reserved names or the names of jails
@@ -137,12 +167,15 @@ impl Cluster {
         }
     }
 
-    /// The document of a service, for forwarding replica applies.
-    pub fn service_document(&self, name: &str) -> Option<String> {
-        self.state
-            .services
-            .get(name)
-            .map(|s| s.applied.document.clone())
+    /// The document of a service and its template digest, for forwarding
+    /// replica applies.
+    pub fn service_document(&self, name: &str) -> Option<(String, String)> {
+        self.state.services.get(name).map(|s| {
+            (
+                s.applied.document.clone(),
+                s.applied.template_digest.clone(),
+            )
+        })
     }
 
     /// Every placed replica of `name` (`{name}-{index}`), with its index.
@@ -162,10 +195,13 @@ impl Cluster {
 
     /// The replica view both `GET /services/{name}` and the heartbeat's
     /// endpoint lists are built from, so the two can never disagree: a replica
-    /// is ready when its node is Alive and reports its workload running. On
-    /// an Unknown node (not heard from since a restart) it is `NodeUnknown`:
+    /// is ready when its node is Alive and reports its workload ready under
+    /// the replica's current epoch (a report under an older one is of the
+    /// workload a rolling update replaced), and it is not draining. On an
+    /// Unknown node (not heard from since a restart) it is `NodeUnknown`:
     /// not ready, since nothing vouches for it, but not gone either.
     pub(super) fn replica_view(&self, name: &str, now: Instant) -> Vec<ReplicaStatus> {
+        let record = self.state.services.get(name);
         self.placed_replicas(name)
             .into_iter()
             .map(|(_, replica, p)| {
@@ -174,10 +210,14 @@ impl Cluster {
                     .live
                     .get(&p.node)
                     .and_then(|l| l.reported.get(&replica))
+                    .filter(|r| r.epoch == p.epoch)
                     .copied();
+                let draining = self.draining.contains_key(&replica);
                 let (state, ready) = match (liveness, reported) {
                     (Liveness::Dead, _) => ("NodeDead", false),
                     (Liveness::Unknown, _) => ("NodeUnknown", false),
+                    // Out of the rotation, still running its connections.
+                    (Liveness::Alive, Some(r)) if draining && r.running => ("Draining", false),
                     (Liveness::Alive, None) => ("Pending", false),
                     // Only a ready replica takes traffic: one whose process
                     // runs but whose health check fails is out of rotation.
@@ -192,6 +232,8 @@ impl Cluster {
                     address,
                     state: state.into(),
                     ready: ready && address.is_some(),
+                    revision: record.and_then(|r| r.revision_of(p.template.as_deref())),
+                    updated: record.is_some_and(|r| r.is_current(p.template.as_deref())),
                 }
             })
             .collect()
@@ -201,6 +243,8 @@ impl Cluster {
     pub fn service_status(&self, name: &str, now: Instant) -> Option<ServiceStatus> {
         let rec = self.state.services.get(name)?;
         let replicas = self.replica_view(name, now);
+        let in_range =
+            |r: &&ReplicaStatus| replica_of(&r.name).is_some_and(|(_, i)| i < rec.applied.replicas);
         Some(ServiceStatus {
             name: name.to_string(),
             vip: rec.vip,
@@ -208,6 +252,13 @@ impl Cluster {
             desired: rec.applied.replicas,
             ready: replicas.iter().filter(|r| r.ready).count() as u32,
             stateful: rec.applied.stateful,
+            revision: rec.revision,
+            updated: replicas
+                .iter()
+                .filter(in_range)
+                .filter(|r| r.updated)
+                .count() as u32,
+            rollout: rec.rollout.as_ref().map(rollout_status),
             replicas,
         })
     }
@@ -246,15 +297,19 @@ impl Cluster {
             .collect()
     }
 
-    /// What it takes to bring service `name` to its desired replicas, for
-    /// every service not already being healed (all services when `only` is
-    /// `None`). Marks them as healing until [`Cluster::heal_done`].
+    /// What it takes to bring service `name` to its desired replicas and
+    /// its current template, for every service not already being healed (all
+    /// services when `only` is `None`). Marks them as healing until
+    /// [`Cluster::heal_done`].
     ///
     /// A replica index counts as present when its node is not Dead (Alive,
     /// or Unknown after a restart), or, for a stateful service, placed at
     /// all: a stateful replica on a Dead node is neither replaced nor torn
-    /// down; it waits for its node and its data. Missing indices are placed with the spreading scheduler; indices
-    /// at or beyond the desired count are removed.
+    /// down; it waits for its node and its data. Missing indices are placed
+    /// with the spreading scheduler. Indices at or beyond the desired count
+    /// (plus the surge slots of a rollout, see `rollout`) are drained, then
+    /// removed. Replicas on an older template are replaced as `rollout`
+    /// plans.
     pub fn plan_heal(&mut self, only: Option<&str>, now: Instant) -> Vec<HealAction> {
         let names: Vec<String> = match only {
             Some(n) => vec![n.to_string()],
@@ -268,10 +323,17 @@ impl Cluster {
             let Some(rec) = self.state.services.get(&name).cloned() else {
                 continue;
             };
+            let slots = self.replica_slots(&name, &rec, now);
             let placed = self.placed_replicas(&name);
             let mut service_actions = Vec::new();
             for (index, replica, p) in &placed {
-                if *index >= rec.applied.replicas {
+                if *index < slots {
+                    // Scaled back up while it drained: it serves again.
+                    self.cancel_drain(replica, DrainThen::Remove);
+                    continue;
+                }
+                let drain_timeout = Duration::from_millis(rec.applied.policy.drain_timeout_ms);
+                if self.drained(replica, p, DrainThen::Remove, drain_timeout, now) {
                     let addr = self.resolve_node(&p.node, now).ok();
                     service_actions.push(HealAction::Remove {
                         service: name.clone(),
@@ -285,10 +347,10 @@ impl Cluster {
                 |c: &Cluster, p: &Placement| rec.applied.stateful || c.not_dead(&p.node, now);
             let mut occupied: BTreeSet<String> = placed
                 .iter()
-                .filter(|(i, _, p)| *i < rec.applied.replicas && present(self, p))
+                .filter(|(i, _, p)| *i < slots && present(self, p))
                 .map(|(_, _, p)| p.node.clone())
                 .collect();
-            for index in 0..rec.applied.replicas {
+            for index in 0..slots {
                 let replica = replica_name(&name, index);
                 let ok = self
                     .state
@@ -324,33 +386,60 @@ impl Cluster {
                     }
                     Err(_) => continue,
                 };
-                let Ok(addr) = self.resolve_node(&node, now) else {
-                    continue;
-                };
-                let epoch = self.next_epoch();
-                self.pending.insert(
-                    replica.clone(),
-                    Pending {
-                        node: node.clone(),
-                        epoch,
-                        count: 1,
-                        volumes: replica_volumes.clone(),
-                    },
-                );
-                occupied.insert(node.clone());
-                service_actions.push(HealAction::Place {
-                    service: name.clone(),
-                    replica,
-                    target: Target { node, addr, epoch },
-                    volumes: replica_volumes.clone(),
-                });
+                if let Some(action) = self.place_replica(&name, &rec, &replica, &node, now) {
+                    occupied.insert(node);
+                    service_actions.push(action);
+                }
             }
+            service_actions.extend(self.plan_updates(&name, &rec, now));
             if !service_actions.is_empty() {
                 self.healing.insert(name);
                 actions.extend(service_actions);
             }
         }
         actions
+    }
+
+    /// Marks replica `replica` of service `name` in flight to `node` under a
+    /// new epoch with the service's current template, and returns the
+    /// action that applies it; `None` when the node cannot be reached.
+    pub(super) fn place_replica(
+        &mut self,
+        name: &str,
+        rec: &ServiceRecord,
+        replica: &str,
+        node: &str,
+        now: Instant,
+    ) -> Option<HealAction> {
+        let addr = self.resolve_node(node, now).ok()?;
+        let volumes: Vec<String> = rec
+            .applied
+            .volumes
+            .iter()
+            .map(|v| replica_volume_name(replica, v))
+            .collect();
+        let epoch = self.next_epoch();
+        self.pending.insert(
+            replica.to_string(),
+            Pending {
+                node: node.to_string(),
+                epoch,
+                count: 1,
+                volumes: volumes.clone(),
+                template: Some(rec.applied.template_digest.clone()),
+            },
+        );
+        Some(HealAction::Place {
+            service: name.to_string(),
+            replica: replica.to_string(),
+            target: Target {
+                node: node.to_string(),
+                addr,
+                epoch,
+            },
+            volumes,
+            template: rec.applied.template_digest.clone(),
+        })
     }
 
     /// The heal of these services is over (whatever its outcome).

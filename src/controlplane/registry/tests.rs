@@ -3,7 +3,8 @@
 use super::*;
 use crate::common::wire::PlacedJail;
 use crate::common::wire::{
-    HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, Peer, RegisterRequest, ServiceApply,
+    HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, Peer, RegisterRequest,
+    RolloutPolicy, ServiceApply,
 };
 use crate::controlplane::scheduler::pick_node;
 use proptest::prelude::*;
@@ -596,6 +597,11 @@ fn service(replicas: u32, port: u16, digest: &str, stateful: bool) -> ServiceApp
         } else {
             Vec::new()
         },
+        // Drains end at once here; the drain tests set their own timeout.
+        policy: RolloutPolicy {
+            drain_timeout_ms: 0,
+            ..RolloutPolicy::default()
+        },
     }
 }
 
@@ -632,7 +638,7 @@ fn a_cordoned_node_gets_nothing_new_and_keeps_what_it_runs() {
         },
         false,
     );
-    c.put_service("web", &service(2, 80, "d", false))
+    c.put_service("web", &service(2, 80, "d", false), Instant::now())
         .expect("service");
     let placed: Vec<String> = c
         .plan_heal(Some("web"), t0)
@@ -830,7 +836,7 @@ fn a_stateful_replica_scaled_away_comes_back_to_its_data() {
     for (i, id) in ["a", "b", "c"].iter().enumerate() {
         register(&mut c, id, i as u16 + 1, t0);
     }
-    c.put_service("db", &service(2, 5432, "t", true))
+    c.put_service("db", &service(2, 5432, "t", true), Instant::now())
         .expect("put");
     let plan = c.plan_heal(Some("db"), t0);
     let volumes: Vec<Vec<String>> = plan
@@ -846,7 +852,7 @@ fn a_stateful_replica_scaled_away_comes_back_to_its_data() {
     );
     carry_out(&mut c, plan, t0);
     let home = c.volume_registry()["db-1-data"].clone();
-    c.put_service("db", &service(1, 5432, "t", true))
+    c.put_service("db", &service(1, 5432, "t", true), Instant::now())
         .expect("down");
     let plan = c.plan_heal(Some("db"), t0);
     carry_out(&mut c, plan, t0);
@@ -854,7 +860,7 @@ fn a_stateful_replica_scaled_away_comes_back_to_its_data() {
     // Load everything but db-1's old node, then make that node the
     // fullest: the spreading scheduler would never pick it.
     beat(&mut c, &home, 3.9, &[], t0);
-    c.put_service("db", &service(2, 5432, "t", true))
+    c.put_service("db", &service(2, 5432, "t", true), Instant::now())
         .expect("up");
     let plan = c.plan_heal(Some("db"), t0);
     match plan.as_slice() {
@@ -873,7 +879,7 @@ fn a_stateful_replica_scaled_away_comes_back_to_its_data() {
     carry_out(&mut c, plan, t0);
     // Its node dies and the replica is removed by a scale-down and wanted
     // again: it waits for the node instead of going elsewhere.
-    c.put_service("db", &service(1, 5432, "t", true))
+    c.put_service("db", &service(1, 5432, "t", true), Instant::now())
         .expect("down");
     let plan = c.plan_heal(Some("db"), t0);
     carry_out(&mut c, plan, t0);
@@ -883,7 +889,7 @@ fn a_stateful_replica_scaled_away_comes_back_to_its_data() {
             beat(&mut c, id, 0.0, &[], later);
         }
     }
-    c.put_service("db", &service(2, 5432, "t", true))
+    c.put_service("db", &service(2, 5432, "t", true), Instant::now())
         .expect("up");
     assert!(
         c.plan_heal(Some("db"), later).is_empty(),
@@ -942,7 +948,7 @@ fn services_spread_scale_up_and_down() {
     for (i, id) in ["a", "b", "c"].iter().enumerate() {
         register(&mut c, id, i as u16 + 1, t0);
     }
-    c.put_service("web", &service(3, 80, "t1", false))
+    c.put_service("web", &service(3, 80, "t1", false), Instant::now())
         .expect("put");
     let plan = c.plan_heal(Some("web"), t0);
     assert_eq!(plan.len(), 3);
@@ -956,12 +962,12 @@ fn services_spread_scale_up_and_down() {
     assert_eq!(endpoints[0].replicas.len(), 3);
     assert_eq!(endpoints[0].vip, status.vip);
 
-    c.put_service("web", &service(5, 80, "t1", false))
+    c.put_service("web", &service(5, 80, "t1", false), Instant::now())
         .expect("scale up");
     let plan = c.plan_heal(Some("web"), t0);
     assert_eq!(plan.len(), 2);
     carry_out(&mut c, plan, t0);
-    c.put_service("web", &service(2, 80, "t1", false))
+    c.put_service("web", &service(2, 80, "t1", false), Instant::now())
         .expect("scale down");
     let plan = c.plan_heal(Some("web"), t0);
     assert_eq!(
@@ -981,11 +987,11 @@ fn services_spread_scale_up_and_down() {
 }
 
 #[test]
-fn port_and_template_are_immutable_and_the_vip_never_changes() {
+fn the_port_and_volumes_are_immutable_a_template_change_is_a_revision_and_the_vip_never_changes() {
     let t0 = Instant::now();
     let mut c = cluster();
     register(&mut c, "a", 1, t0);
-    c.put_service("web", &service(1, 80, "t1", false))
+    c.put_service("web", &service(1, 80, "t1", false), Instant::now())
         .expect("put");
     let vip = c.service_status("web", t0).expect("status").vip;
     assert!(
@@ -995,17 +1001,31 @@ fn port_and_template_are_immutable_and_the_vip_never_changes() {
             .contains(vip)
     );
     let e = c
-        .put_service("web", &service(1, 81, "t1", false))
+        .put_service("web", &service(1, 81, "t1", false), Instant::now())
         .expect_err("port");
     assert_eq!((e.status, e.field.as_deref()), (409, Some("spec.port")));
     let e = c
-        .put_service("web", &service(1, 80, "t2", false))
-        .expect_err("template");
-    assert_eq!((e.status, e.field.as_deref()), (409, Some("spec.template")));
-    c.put_service("web", &service(4, 80, "t1", false))
+        .put_service("web", &service(1, 80, "t1", true), Instant::now())
+        .expect_err("volumes");
+    assert_eq!(
+        (e.status, e.field.as_deref()),
+        (409, Some("spec.template.volumes"))
+    );
+    assert_eq!(c.service_status("web", t0).expect("status").revision, 1);
+    c.put_service("web", &service(1, 80, "t2", false), Instant::now())
+        .expect("template");
+    let status = c.service_status("web", t0).expect("status");
+    assert_eq!(status.revision, 2);
+    assert_eq!(
+        status.rollout.map(|r| (r.revision, r.state)),
+        Some((2, "Progressing".to_string()))
+    );
+    // Scaling is not a revision.
+    c.put_service("web", &service(4, 80, "t2", false), Instant::now())
         .expect("scale");
-    assert_eq!(c.service_status("web", t0).expect("status").vip, vip);
-    c.put_service("db", &service(1, 5432, "t3", false))
+    let status = c.service_status("web", t0).expect("status");
+    assert_eq!((status.revision, status.vip), (2, vip));
+    c.put_service("db", &service(1, 5432, "t3", false), Instant::now())
         .expect("db");
     assert_ne!(c.service_status("db", t0).expect("status").vip, vip);
 }
@@ -1018,12 +1038,12 @@ fn vip_exhaustion_is_a_hard_error() {
         "10.96.0.0/30".parse().expect("cidr"),
         DEAD_AFTER,
     );
-    c.put_service("a", &service(1, 80, "t", false))
+    c.put_service("a", &service(1, 80, "t", false), Instant::now())
         .expect("first");
-    c.put_service("b", &service(1, 80, "t", false))
+    c.put_service("b", &service(1, 80, "t", false), Instant::now())
         .expect("second");
     assert_eq!(
-        c.put_service("c", &service(1, 80, "t", false))
+        c.put_service("c", &service(1, 80, "t", false), Instant::now())
             .expect_err("full")
             .status,
         409
@@ -1036,9 +1056,9 @@ fn a_dead_node_s_stateless_replica_moves_and_a_stateful_one_waits() {
     let mut c = cluster();
     register(&mut c, "a", 1, t0);
     register(&mut c, "b", 2, t0);
-    c.put_service("web", &service(2, 80, "t1", false))
+    c.put_service("web", &service(2, 80, "t1", false), Instant::now())
         .expect("web");
-    c.put_service("db", &service(2, 5432, "t2", true))
+    c.put_service("db", &service(2, 5432, "t2", true), Instant::now())
         .expect("db");
     let plan = c.plan_heal(None, t0);
     carry_out(&mut c, plan, t0);
@@ -1079,7 +1099,7 @@ fn deleting_a_service_releases_its_vip_and_removes_its_replicas() {
     let t0 = Instant::now();
     let mut c = cluster();
     register(&mut c, "a", 1, t0);
-    c.put_service("web", &service(2, 80, "t1", false))
+    c.put_service("web", &service(2, 80, "t1", false), Instant::now())
         .expect("web");
     let plan = c.plan_heal(None, t0);
     carry_out(&mut c, plan, t0);
@@ -1121,7 +1141,7 @@ fn spread_web() -> (Cluster, Instant) {
     for (i, id) in ["a", "b", "c"].iter().enumerate() {
         register(&mut c, id, i as u16 + 1, t0);
     }
-    c.put_service("web", &service(3, 80, "t1", false))
+    c.put_service("web", &service(3, 80, "t1", false), Instant::now())
         .expect("put");
     let plan = c.plan_heal(Some("web"), t0);
     carry_out(&mut c, plan, t0);
@@ -1237,7 +1257,7 @@ fn a_jail_and_a_service_never_claim_one_name() {
     let jail = c.begin_apply("svcx-1", None, t0).expect("placed");
     // In flight: already taken.
     let err = c
-        .put_service("svcx", &service(2, 80, "t1", false))
+        .put_service("svcx", &service(2, 80, "t1", false), Instant::now())
         .expect_err("the jail's name is a replica's");
     assert_eq!(
         (err.status, err.field.as_deref()),
@@ -1246,17 +1266,17 @@ fn a_jail_and_a_service_never_claim_one_name() {
     assert!(err.message.contains("jail svcx-1"), "{err}");
     c.finish_apply("svcx-1", &jail, true);
     let err = c
-        .put_service("svcx", &service(2, 80, "t1", false))
+        .put_service("svcx", &service(2, 80, "t1", false), Instant::now())
         .expect_err("placed: still taken");
     assert!(
         err.message.contains("jail svcx-1 exists (on node a)"),
         "{err}"
     );
     // Other names of the same shape are not this service's.
-    c.put_service("svcx-1", &service(1, 81, "t2", false))
+    c.put_service("svcx-1", &service(1, 81, "t2", false), Instant::now())
         .expect("replicas svcx-1-0 collide with nothing");
     c.remove_placement("svcx-1", "a");
-    c.put_service("svcx", &service(2, 80, "t1", false))
+    c.put_service("svcx", &service(2, 80, "t1", false), Instant::now())
         .expect("free again");
 
     for name in ["svcx-0", "svcx-9"] {
@@ -1277,7 +1297,7 @@ fn a_jail_and_a_service_never_claim_one_name() {
     );
 
     let err = c
-        .put_service("keel", &service(1, 82, "t3", false))
+        .put_service("keel", &service(1, 82, "t3", false), Instant::now())
         .expect_err("reserved");
     assert_eq!(err.status, 400);
     assert!(err.message.contains("\"keel-0\""), "{err}");
@@ -1288,7 +1308,7 @@ fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
     let t0 = Instant::now();
     let mut c = cluster();
     register(&mut c, "a", 1, t0);
-    c.put_service("web", &service(1, 80, "t1", false))
+    c.put_service("web", &service(1, 80, "t1", false), Instant::now())
         .expect("put");
     let plan = c.plan_heal(Some("web"), t0);
     carry_out(&mut c, plan, t0);
@@ -1320,5 +1340,319 @@ fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
         c.endpoints(t0)[0].replicas.len(),
         1,
         "an agent older than health checks: running is ready"
+    );
+}
+
+// Rolling updates, scaling and draining.
+
+/// Every node reports its placed replicas running, ready unless named in
+/// `not_ready`, at `now`.
+fn beat_all(c: &mut Cluster, not_ready: &[&str], now: Instant) {
+    let nodes: Vec<String> = c.state().nodes.keys().cloned().collect();
+    for node in nodes {
+        let mut req = reported_by(c, &node);
+        for j in &mut req.placed {
+            j.ready = Some(!not_ready.contains(&j.name.as_str()));
+        }
+        c.heartbeat(&node, &req, now).expect("heartbeat");
+    }
+}
+
+/// Carries out `actions` (replicas applied, removals done) with `not_ready`
+/// reported not ready afterwards.
+fn carry_out_with(c: &mut Cluster, actions: Vec<HealAction>, not_ready: &[&str], now: Instant) {
+    let mut services = Vec::new();
+    for a in actions {
+        match a {
+            HealAction::Place {
+                service,
+                replica,
+                target,
+                ..
+            } => {
+                services.push(service);
+                c.finish_apply(&replica, &target, true);
+            }
+            HealAction::Remove {
+                service,
+                replica,
+                node,
+                ..
+            } => {
+                services.push(service);
+                c.remove_placement(&replica, &node);
+            }
+        }
+    }
+    c.heal_done(&services);
+    beat_all(c, not_ready, now);
+}
+
+fn placed_names(plan: &[HealAction]) -> Vec<String> {
+    plan.iter()
+        .filter_map(|a| match a {
+            HealAction::Place { replica, .. } => Some(replica.clone()),
+            HealAction::Remove { .. } => None,
+        })
+        .collect()
+}
+
+/// Three ready replicas of `web` on template `t1`, one per node.
+fn three_ready(t0: Instant) -> Cluster {
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    c.put_service("web", &service(3, 80, "t1", false), t0)
+        .expect("put");
+    let plan = c.plan_heal(Some("web"), t0);
+    carry_out(&mut c, plan, t0);
+    assert_eq!(c.service_status("web", t0).expect("status").ready, 3);
+    c
+}
+
+#[test]
+fn a_rolling_update_replaces_one_replica_at_a_time_in_place() {
+    let t0 = Instant::now();
+    let mut c = three_ready(t0);
+    let before: BTreeMap<String, crate::controlplane::state::Placement> =
+        c.state().placements.clone();
+    c.put_service("web", &service(3, 80, "t2", false), t0)
+        .expect("update");
+    let mut replaced = Vec::new();
+    for step in 0..3 {
+        let plan = c.plan_heal(Some("web"), t0);
+        let names = placed_names(&plan);
+        assert_eq!(names.len(), 1, "step {step}: one at a time, got {plan:?}");
+        for a in &plan {
+            if let HealAction::Place {
+                replica,
+                target,
+                template,
+                ..
+            } = a
+            {
+                let old = &before[replica];
+                assert_eq!(target.node, old.node, "in place");
+                assert!(
+                    target.epoch > old.epoch,
+                    "a new epoch fences the old workload"
+                );
+                assert_eq!(template, "t2");
+            }
+        }
+        // While applied, and until its node reports it under the new epoch,
+        // it is out of the rotation; the other two still serve.
+        assert!(c.plan_heal(Some("web"), t0).is_empty(), "healing: {step}");
+        let s = c.service_status("web", t0).expect("status");
+        assert_eq!(s.ready, 2, "step {step}");
+        carry_out(&mut c, plan, t0);
+        replaced.extend(names);
+        let s = c.service_status("web", t0).expect("status");
+        assert_eq!((s.ready, s.updated), (3, step + 1), "step {step}");
+    }
+    replaced.sort();
+    assert_eq!(replaced, ["web-0", "web-1", "web-2"]);
+    let ops = c.advance_rollouts(t0);
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    let s = c.service_status("web", t0).expect("status");
+    assert_eq!(s.rollout.map(|r| r.state), Some("Complete".to_string()));
+    assert!(c.plan_heal(Some("web"), t0).is_empty(), "converged");
+}
+
+#[test]
+fn a_report_under_the_old_epoch_does_not_make_a_replaced_replica_ready() {
+    let t0 = Instant::now();
+    let mut c = three_ready(t0);
+    let stale: BTreeMap<String, HeartbeatRequest> = ["a", "b", "c"]
+        .iter()
+        .map(|n| (n.to_string(), reported_by(&c, n)))
+        .collect();
+    c.put_service("web", &service(3, 80, "t2", false), t0)
+        .expect("update");
+    let plan = c.plan_heal(Some("web"), t0);
+    let [
+        HealAction::Place {
+            replica, target, ..
+        },
+    ] = plan.as_slice()
+    else {
+        panic!("{plan:?}")
+    };
+    c.finish_apply(replica, target, true);
+    // A heartbeat built before the replacement arrives after it.
+    c.heartbeat(&target.node, &stale[&target.node], t0)
+        .expect("heartbeat");
+    let s = c.service_status("web", t0).expect("status");
+    let r = s
+        .replicas
+        .iter()
+        .find(|r| &r.name == replica)
+        .expect("replica");
+    assert_eq!((r.state.as_str(), r.ready), ("Pending", false));
+    assert_eq!(s.ready, 2);
+}
+
+#[test]
+fn a_new_template_that_never_gets_ready_stops_the_rollout_and_undo_restores_the_old_one() {
+    let t0 = Instant::now();
+    let mut c = three_ready(t0);
+    let mut bad = service(3, 80, "t2", false);
+    bad.policy.progress_deadline_ms = 5_000;
+    c.put_service("web", &bad, t0).expect("update");
+    let plan = c.plan_heal(Some("web"), t0);
+    let first = placed_names(&plan);
+    assert_eq!(first.len(), 1);
+    carry_out_with(&mut c, plan, &[first[0].as_str()], t0);
+    // The budget is spent on the replica that is not ready: nothing else moves.
+    let t1 = t0 + Duration::from_secs(3);
+    beat_all(&mut c, &[first[0].as_str()], t1);
+    assert!(c.plan_heal(Some("web"), t1).is_empty());
+    assert!(c.advance_rollouts(t1).is_empty(), "inside the deadline");
+    let t2 = t0 + Duration::from_secs(6);
+    beat_all(&mut c, &[first[0].as_str()], t2);
+    assert_eq!(c.advance_rollouts(t2).len(), 1);
+    let s = c.service_status("web", t2).expect("status");
+    let rollout = s.rollout.expect("rollout");
+    assert_eq!(rollout.state, "Stopped");
+    let reason = rollout.reason.expect("reason");
+    assert!(
+        reason.contains(&first[0]) && reason.contains("NotReady"),
+        "{reason}"
+    );
+    assert_eq!(
+        (s.ready, s.updated),
+        (2, 1),
+        "the old replicas keep serving"
+    );
+    assert!(
+        c.plan_heal(Some("web"), t2).is_empty(),
+        "stopped: nothing more"
+    );
+
+    // Undo: revision 3 has revision 1's template; the replica that is not
+    // ready is replaced first, the others already run it.
+    let (revision, _) = c.undo_service("web", None, t2).expect("undo");
+    assert_eq!(revision, 3);
+    let s = c.service_status("web", t2).expect("status");
+    assert_eq!((s.revision, s.updated), (3, 2));
+    let plan = c.plan_heal(Some("web"), t2);
+    assert_eq!(placed_names(&plan), first);
+    carry_out_with(&mut c, plan, &[], t2);
+    assert_eq!(c.advance_rollouts(t2).len(), 1);
+    let s = c.service_status("web", t2).expect("status");
+    assert_eq!(s.rollout.map(|r| r.state), Some("Complete".to_string()));
+    assert_eq!((s.ready, s.updated), (3, 3));
+    let revisions: Vec<u64> = c
+        .service_revisions("web")
+        .expect("revisions")
+        .iter()
+        .map(|r| r.revision)
+        .collect();
+    assert_eq!(revisions, [1, 2, 3]);
+    // Nothing to roll back to that differs: revision 3 is revision 1.
+    let e = c.undo_service("web", Some(1), t2).expect_err("same");
+    assert_eq!(e.status, 409);
+    let e = c.undo_service("web", Some(9), t2).expect_err("unknown");
+    assert_eq!((e.status, e.field.as_deref()), (404, Some("to-revision")));
+}
+
+#[test]
+fn surge_adds_a_new_replica_before_an_old_one_goes_and_removes_it_at_the_end() {
+    let t0 = Instant::now();
+    let mut c = three_ready(t0);
+    let mut surge = service(3, 80, "t2", false);
+    surge.policy.max_unavailable = 0;
+    surge.policy.max_surge = 1;
+    c.put_service("web", &surge, t0).expect("update");
+    let plan = c.plan_heal(Some("web"), t0);
+    assert_eq!(placed_names(&plan), ["web-3"], "the surge slot first");
+    carry_out(&mut c, plan, t0);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let plan = c.plan_heal(Some("web"), t0);
+        seen.extend(placed_names(&plan));
+        assert!(
+            c.service_status("web", t0).expect("status").ready >= 3,
+            "never below the desired count"
+        );
+        carry_out(&mut c, plan, t0);
+    }
+    seen.sort();
+    assert_eq!(seen, ["web-0", "web-1", "web-2"]);
+    let plan = c.plan_heal(Some("web"), t0);
+    assert!(
+        matches!(plan.as_slice(), [HealAction::Remove { replica, .. }] if replica == "web-3"),
+        "{plan:?}"
+    );
+    carry_out(&mut c, plan, t0);
+    assert_eq!(c.advance_rollouts(t0).len(), 1);
+    assert_eq!(nodes_of(&c, "web").len(), 3);
+}
+
+#[test]
+fn a_replica_scaled_away_drains_before_it_is_removed() {
+    let t0 = Instant::now();
+    let mut c = three_ready(t0);
+    let mut two = service(2, 80, "t1", false);
+    two.policy.drain_timeout_ms = 10_000;
+    c.put_service("web", &two, t0).expect("scale down");
+    assert!(c.plan_heal(Some("web"), t0).is_empty(), "draining first");
+    let s = c.service_status("web", t0).expect("status");
+    let web2 = s
+        .replicas
+        .iter()
+        .find(|r| r.name == "web-2")
+        .expect("web-2");
+    assert_eq!((web2.state.as_str(), web2.ready), ("Draining", false));
+    let endpoints = c.endpoints(t0);
+    assert_eq!(endpoints[0].replicas.len(), 2, "out of the rotation");
+    // Scaled back up while draining: it serves again.
+    c.put_service("web", &service(3, 80, "t1", false), t0)
+        .expect("up");
+    assert!(c.plan_heal(Some("web"), t0).is_empty());
+    assert_eq!(c.endpoints(t0)[0].replicas.len(), 3);
+    c.put_service("web", &two, t0).expect("down again");
+    assert!(c.plan_heal(Some("web"), t0).is_empty());
+    let t1 = t0 + Duration::from_secs(10);
+    beat_all(&mut c, &[], t1);
+    let plan = c.plan_heal(Some("web"), t1);
+    assert!(
+        matches!(plan.as_slice(), [HealAction::Remove { replica, .. }] if replica == "web-2"),
+        "removed after the drain timeout: {plan:?}"
+    );
+}
+
+#[test]
+fn scaling_names_the_count_and_keeps_the_revision() {
+    let t0 = Instant::now();
+    let mut c = three_ready(t0);
+    let e = c.scale_service("nope", 2, t0).expect_err("unknown");
+    assert_eq!(e.status, 404);
+    let e = c.scale_service("web", 1_000_000, t0).expect_err("too many");
+    assert_eq!((e.status, e.field.as_deref()), (400, Some("replicas")));
+    assert!(!c.scale_service("web", 5, t0).expect("scale").is_empty());
+    let s = c.service_status("web", t0).expect("status");
+    assert_eq!((s.desired, s.revision), (5, 1));
+    assert_eq!(placed_names(&c.plan_heal(Some("web"), t0)).len(), 2);
+}
+
+#[test]
+fn revisions_beyond_the_kept_number_are_forgotten() {
+    let t0 = Instant::now();
+    let mut c = three_ready(t0);
+    for i in 2..=13 {
+        c.put_service("web", &service(3, 80, &format!("t{i}"), false), t0)
+            .expect("update");
+    }
+    let revisions = c.service_revisions("web").expect("revisions");
+    let numbers: Vec<u64> = revisions.iter().map(|r| r.revision).collect();
+    assert_eq!(numbers, (4..=13).collect::<Vec<u64>>());
+    assert!(revisions.last().is_some_and(|r| r.current));
+    assert_eq!(
+        c.undo_service("web", Some(2), t0)
+            .expect_err("forgotten")
+            .status,
+        404
     );
 }
