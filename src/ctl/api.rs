@@ -33,7 +33,7 @@ use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
     BaseStatus, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus, RolloutPolicy,
-    ServiceApply, ServiceStatus, VolumeStatus, volumes_query,
+    ServiceApply, ServiceRevision, ServiceStatus, VolumeStatus, volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -245,8 +245,10 @@ impl Api {
         // Strings, integers and a bool: serde_json cannot fail on them (were it
         // to, the empty body would be refused as invalid JSON, not misread).
         let body = serde_json::to_vec(&service_apply(service)).unwrap_or_default();
-        let headers = [("Content-Type".to_string(), "application/json".to_string())];
-        decode(self.call("PUT", &path, &headers, &body)?, &self.client)
+        decode(
+            self.call("PUT", &path, &json_headers(), &body)?,
+            &self.client,
+        )
     }
 
     /// `GET /services` on the control plane.
@@ -257,6 +259,32 @@ impl Api {
     /// `GET /services/{name}`; an unknown name is a 404.
     pub fn get_service(&self, name: &str) -> Result<ServiceStatus, ApiError> {
         let path = format!("/services/{name}");
+        decode(self.call("GET", &path, &[], b"")?, &self.client)
+    }
+
+    /// `POST /services/{name}/scale`.
+    pub fn scale_service(&self, name: &str, replicas: u32) -> Result<ServiceStatus, ApiError> {
+        let body = serde_json::json!({ "replicas": replicas }).to_string();
+        let path = format!("/services/{name}/scale");
+        decode(
+            self.call("POST", &path, &json_headers(), body.as_bytes())?,
+            &self.client,
+        )
+    }
+
+    /// `POST /services/{name}/undo`, to revision `to` or the one before.
+    pub fn undo_service(&self, name: &str, to: Option<u64>) -> Result<ServiceStatus, ApiError> {
+        let body = serde_json::json!({ "revision": to }).to_string();
+        let path = format!("/services/{name}/undo");
+        decode(
+            self.call("POST", &path, &json_headers(), body.as_bytes())?,
+            &self.client,
+        )
+    }
+
+    /// `GET /services/{name}/revisions`, oldest first.
+    pub fn service_revisions(&self, name: &str) -> Result<Vec<ServiceRevision>, ApiError> {
+        let path = format!("/services/{name}/revisions");
         decode(self.call("GET", &path, &[], b"")?, &self.client)
     }
 
@@ -533,6 +561,10 @@ pub fn template_digest(service: &Service) -> String {
     // would still differ from every real template's.
     let json = serde_json::to_vec(&service.spec.template).unwrap_or_default();
     format!("{:x}", Sha256::digest(&json))
+}
+
+fn json_headers() -> [(String, String); 1] {
+    [("Content-Type".to_string(), "application/json".to_string())]
 }
 
 fn decode<T: DeserializeOwned>(response: ClientResponse, client: &Client) -> Result<T, ApiError> {

@@ -38,6 +38,12 @@ pub enum FlagId {
     Id,
     /// `--tail N` (`logs`).
     Tail,
+    /// `--replicas N` (`scale`).
+    Replicas,
+    /// `--timeout DURATION` (`rollout status`).
+    Timeout,
+    /// `--to-revision N` (`rollout undo`).
+    ToRevision,
     /// `-h, --help`.
     Help,
     /// `-V, --version`.
@@ -125,6 +131,27 @@ pub const FLAGS: &[Flag] = &[
         help: "lines of output to show (logs; default 200, at most 10000)",
     },
     Flag {
+        id: FlagId::Replicas,
+        short: None,
+        long: "replicas",
+        value: Some("N"),
+        help: "the desired replica count (scale)",
+    },
+    Flag {
+        id: FlagId::Timeout,
+        short: None,
+        long: "timeout",
+        value: Some("DURATION"),
+        help: "how long to wait, e.g. 90s or 5m (rollout status; default 5m)",
+    },
+    Flag {
+        id: FlagId::ToRevision,
+        short: None,
+        long: "to-revision",
+        value: Some("N"),
+        help: "the revision to go back to (rollout undo; default the one before the current)",
+    },
+    Flag {
         id: FlagId::Help,
         short: Some('h'),
         long: "help",
@@ -203,6 +230,22 @@ pub const COMMANDS: &[(&str, &str)] = &[
     (
         "base fetch RELEASE",
         "download, verify and install a FreeBSD release base, waiting until it is ready (with --controlplane: on the --node)",
+    ),
+    (
+        "scale service NAME --replicas N",
+        "set a service's replica count; extra replicas drain before they stop (with --controlplane)",
+    ),
+    (
+        "rollout status service NAME [--timeout D]",
+        "wait until the service's rollout completes; exit 1 when it stopped or the wait timed out",
+    ),
+    (
+        "rollout history service NAME",
+        "the service's template revisions (the last 10)",
+    ),
+    (
+        "rollout undo service NAME [--to-revision N]",
+        "roll the service back to an earlier template, as a new revision",
     ),
     ("validate -f FILE|-", "check FILE without sending anything"),
     (
@@ -352,6 +395,32 @@ pub enum Command {
         /// The release (`14.5-RELEASE`).
         release: String,
     },
+    /// `scale service NAME --replicas N`.
+    Scale {
+        /// The service.
+        name: String,
+        /// The desired count.
+        replicas: u32,
+    },
+    /// `rollout status service NAME [--timeout D]`: waits for the rollout.
+    RolloutStatus {
+        /// The service.
+        name: String,
+        /// How long to wait.
+        timeout: std::time::Duration,
+    },
+    /// `rollout history service NAME`.
+    RolloutHistory {
+        /// The service.
+        name: String,
+    },
+    /// `rollout undo service NAME [--to-revision N]`.
+    RolloutUndo {
+        /// The service.
+        name: String,
+        /// The revision to go back to; `None` for the one before the current.
+        to: Option<u64>,
+    },
     /// `key generate [--id ID] PATH`.
     KeyGenerate {
         /// `--id`; `None` means PATH's file name without `.key`.
@@ -439,6 +508,9 @@ struct Seen {
     output: Option<String>,
     id: Option<String>,
     tail: Option<String>,
+    replicas: Option<String>,
+    timeout: Option<String>,
+    to_revision: Option<String>,
     global: GlobalOptions,
 }
 
@@ -527,6 +599,24 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
                     return Err(twice());
                 }
             }
+            FlagId::Replicas => {
+                let v = utf8_value(&mut parser, flag)?;
+                if seen.replicas.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::Timeout => {
+                let v = utf8_value(&mut parser, flag)?;
+                if seen.timeout.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::ToRevision => {
+                let v = utf8_value(&mut parser, flag)?;
+                if seen.to_revision.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
         }
     }
     let command = command(&words, &mut seen)?;
@@ -544,12 +634,41 @@ fn utf8_value(parser: &mut lexopt::Parser, flag: &Flag) -> Result<String, UsageE
         .map_err(|v| usage(format!("--{}: {v:?} is not valid UTF-8", flag.long)))
 }
 
+/// Refuses `-f` and `--node` for a service command: the control plane
+/// knows the service and places its replicas.
+fn no_file_or_node(filename: bool, seen: &Seen) -> Result<(), UsageError> {
+    if filename {
+        return Err(usage(
+            "--filename does not apply here: the command names the service",
+        ));
+    }
+    if seen.global.node.is_some() {
+        return Err(usage(
+            "--node does not apply to services: the control plane places their replicas",
+        ));
+    }
+    Ok(())
+}
+
+/// The NAME of `WHAT service NAME`.
+fn service_word(what: &str, rest: &[String]) -> Result<String, UsageError> {
+    let is_service = |k: &str| matches!(k, "service" | "services" | "svc");
+    match rest {
+        [kind, ..] if !is_service(kind) => Err(usage(format!(
+            "`{what}` works on services: {what} service NAME"
+        ))),
+        [] | [_] => Err(usage(format!("`{what}` needs service NAME"))),
+        [_, name] => object_name("service", name),
+        [_, _, word, ..] => Err(usage(format!("unexpected argument {word:?} for `{what}`"))),
+    }
+}
+
 /// Turns the command words and the flags seen into a [`Command`], refusing
 /// flags the command does not use.
 fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let Some((verb, rest)) = words.split_first() else {
         return Err(usage(
-            "no command given; use apply, get, logs, delete, delete-volume, cordon, uncordon, base, validate or key",
+            "no command given; use apply, get, logs, delete, delete-volume, scale, rollout, cordon, uncordon, base, validate or key",
         ));
     };
     let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
@@ -569,6 +688,19 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let id = seen.id.take();
     if id.is_some() && verb != "key" {
         return Err(not_for("--id"));
+    }
+    let replicas = seen.replicas.take();
+    if replicas.is_some() && verb != "scale" {
+        return Err(not_for("--replicas"));
+    }
+    let timeout = seen.timeout.take();
+    let to_revision = seen.to_revision.take();
+    if (timeout.is_some() || to_revision.is_some()) && verb != "rollout" {
+        return Err(not_for(if timeout.is_some() {
+            "--timeout"
+        } else {
+            "--to-revision"
+        }));
     }
     let extra = |word: &String| usage(format!("unexpected argument {word:?} for `{verb}`"));
     let file_only = |filename: Option<OsString>| -> Result<Input, UsageError> {
@@ -771,6 +903,76 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 )),
                 [sub, _, word, ..] if sub == "fetch" => Err(extra(word)),
                 _ => Err(usage("`base` knows one command: base fetch RELEASE")),
+            }
+        }
+        "scale" => {
+            no_file_or_node(filename.is_some(), seen)?;
+            let name = service_word(verb, rest)?;
+            let Some(replicas) = replicas else {
+                return Err(usage("`scale` needs --replicas N"));
+            };
+            let replicas = replicas.parse::<u32>().map_err(|_| {
+                usage(format!(
+                    "--replicas {replicas:?}: not a number of replicas; use 0 to {}",
+                    spec::MAX_REPLICAS
+                ))
+            })?;
+            if replicas > spec::MAX_REPLICAS {
+                return Err(usage(format!(
+                    "--replicas {replicas}: at most {}",
+                    spec::MAX_REPLICAS
+                )));
+            }
+            Ok(Command::Scale { name, replicas })
+        }
+        "rollout" => {
+            no_file_or_node(filename.is_some(), seen)?;
+            let Some((sub, rest)) = rest.split_first() else {
+                return Err(usage(
+                    "`rollout` needs status, history or undo, e.g. rollout status service web",
+                ));
+            };
+            if !matches!(sub.as_str(), "status" | "history" | "undo") {
+                return Err(usage(format!(
+                    "`rollout {sub}` is not a command; use rollout status, rollout history or rollout undo"
+                )));
+            }
+            let name = service_word(&format!("rollout {sub}"), rest)?;
+            let only = |given: bool, long: &str, for_sub: &str| {
+                if given && sub != for_sub {
+                    Err(usage(format!("{long} does not apply to `rollout {sub}`")))
+                } else {
+                    Ok(())
+                }
+            };
+            only(timeout.is_some(), "--timeout", "status")?;
+            only(to_revision.is_some(), "--to-revision", "undo")?;
+            match sub.as_str() {
+                "status" => {
+                    let timeout = match timeout {
+                        None => std::time::Duration::from_secs(300),
+                        Some(t) => {
+                            t.parse::<crate::common::config::Interval>()
+                                .map_err(|e| usage(format!("--timeout: {e}")))?
+                                .0
+                        }
+                    };
+                    Ok(Command::RolloutStatus { name, timeout })
+                }
+                "history" => Ok(Command::RolloutHistory { name }),
+                "undo" => {
+                    let to = to_revision
+                        .map(|v| {
+                            v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                                usage(format!(
+                                    "--to-revision {v:?}: not a revision number (see `rollout history`)"
+                                ))
+                            })
+                        })
+                        .transpose()?;
+                    Ok(Command::RolloutUndo { name, to })
+                }
+                _ => unreachable!("checked above"),
             }
         }
         "key" => {
@@ -1224,6 +1426,61 @@ mod tests {
     }
 
     #[test]
+    fn scale_and_rollout_name_a_service_and_check_their_flags() {
+        assert_eq!(
+            cmd(&["scale", "service", "web", "--replicas", "5"]),
+            Command::Scale {
+                name: "web".into(),
+                replicas: 5
+            }
+        );
+        assert_eq!(
+            cmd(&["rollout", "status", "svc", "web", "--timeout", "90s"]),
+            Command::RolloutStatus {
+                name: "web".into(),
+                timeout: std::time::Duration::from_secs(90)
+            }
+        );
+        assert_eq!(
+            cmd(&["rollout", "status", "service", "web"]),
+            Command::RolloutStatus {
+                name: "web".into(),
+                timeout: std::time::Duration::from_secs(300)
+            }
+        );
+        assert_eq!(
+            cmd(&["rollout", "history", "service", "web"]),
+            Command::RolloutHistory { name: "web".into() }
+        );
+        assert_eq!(
+            cmd(&["rollout", "undo", "service", "web", "--to-revision", "2"]),
+            Command::RolloutUndo {
+                name: "web".into(),
+                to: Some(2)
+            }
+        );
+        assert!(err(&["scale", "service", "web"]).contains("--replicas N"));
+        assert!(err(&["scale", "service", "web", "--replicas", "-1"]).contains("--replicas"));
+        assert!(err(&["scale", "jail", "web", "--replicas", "1"]).contains("works on services"));
+        assert!(err(&["scale", "service", "--replicas", "1"]).contains("needs service NAME"));
+        assert!(err(&["get", "jails", "--replicas", "1"]).contains("--replicas"));
+        assert!(err(&["rollout", "service", "web"]).contains("not a command"));
+        assert!(err(&["rollout"]).contains("status, history or undo"));
+        assert!(
+            err(&["rollout", "history", "service", "web", "--timeout", "1m"])
+                .contains("--timeout does not apply to `rollout history`")
+        );
+        assert!(
+            err(&["rollout", "status", "service", "web", "--timeout", "5"]).contains("--timeout")
+        );
+        assert!(
+            err(&["rollout", "undo", "service", "web", "--to-revision", "0"])
+                .contains("--to-revision")
+        );
+        assert!(err(&["rollout", "undo", "service", "web", "--node", "n1"]).contains("--node"));
+    }
+
+    #[test]
     fn every_flag_in_the_table_parses() {
         for flag in FLAGS {
             let mut args = vec![format!("--{}", flag.long)];
@@ -1231,7 +1488,8 @@ mod tests {
                 args.push(
                     match flag.id {
                         FlagId::Output => "json",
-                        FlagId::Tail => "5",
+                        FlagId::Tail | FlagId::Replicas | FlagId::ToRevision => "5",
+                        FlagId::Timeout => "90s",
                         _ => "x",
                     }
                     .into(),
@@ -1243,6 +1501,12 @@ mod tests {
                 args.extend(["key".to_string(), "generate".to_string(), "p".to_string()]);
             } else if flag.id == FlagId::Tail {
                 args.extend(["logs".to_string(), "web".to_string()]);
+            } else if flag.id == FlagId::Replicas {
+                args.extend(["scale", "service", "web"].map(String::from));
+            } else if flag.id == FlagId::Timeout {
+                args.extend(["rollout", "status", "service", "web"].map(String::from));
+            } else if flag.id == FlagId::ToRevision {
+                args.extend(["rollout", "undo", "service", "web"].map(String::from));
             } else {
                 args.extend(["get".to_string(), "jails".to_string()]);
             }

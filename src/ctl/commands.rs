@@ -422,6 +422,40 @@ pub fn execute(
                 out.line(&output::node_deleted_line(&removal));
             }
         }
+        Command::Scale { name, replicas } => {
+            let api = controlplane_only(invocation, env, "`scale`")?;
+            let status = api
+                .scale_service(name, *replicas)
+                .map_err(|error| CtlError::Request {
+                    action: format!("scale service/{name}"),
+                    error,
+                })?;
+            out.line(&output::service_scaled_line(&status));
+        }
+        Command::RolloutStatus { name, timeout } => {
+            let api = controlplane_only(invocation, env, "`rollout status`")?;
+            wait_for_rollout(&api, name, *timeout, out)?;
+        }
+        Command::RolloutHistory { name } => {
+            let api = controlplane_only(invocation, env, "`rollout history`")?;
+            let revisions = api
+                .service_revisions(name)
+                .map_err(|error| CtlError::Request {
+                    action: format!("rollout history service/{name}"),
+                    error,
+                })?;
+            out.line(&output::revision_table(&revisions));
+        }
+        Command::RolloutUndo { name, to } => {
+            let api = controlplane_only(invocation, env, "`rollout undo`")?;
+            let status = api
+                .undo_service(name, *to)
+                .map_err(|error| CtlError::Request {
+                    action: format!("rollout undo service/{name}"),
+                    error,
+                })?;
+            out.line(&output::rolled_back_line(&status));
+        }
         Command::DeleteServices { names } => {
             let api = controlplane_only(invocation, env, "`delete service`")?;
             for name in names {
@@ -504,6 +538,55 @@ fn node_api(invocation: &Invocation, env: &Env, what: &str, why: &str) -> Result
         )));
     }
     connect(&target)
+}
+
+/// How often `rollout status` asks how the rollout is doing.
+const ROLLOUT_POLL: Duration = Duration::from_millis(500);
+
+/// `rollout status service NAME`: prints each change of the rollout's
+/// progress until it completes (exit 0), stops or `timeout` passes (exit 1).
+fn wait_for_rollout(
+    api: &Api,
+    name: &str,
+    timeout: Duration,
+    out: &mut Out<'_>,
+) -> Result<(), CtlError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut shown = String::new();
+    loop {
+        let status = api.get_service(name).map_err(|error| CtlError::Request {
+            action: format!("rollout status service/{name}"),
+            error,
+        })?;
+        match output::rollout_progress(&status) {
+            output::RolloutProgress::Complete(line) => {
+                out.line(&line);
+                return Ok(());
+            }
+            output::RolloutProgress::Stopped(reason) => {
+                return Err(CtlError::Rollout {
+                    service: name.to_string(),
+                    why: format!("stopped: {reason}"),
+                });
+            }
+            output::RolloutProgress::Waiting(line) => {
+                if line != shown {
+                    out.line(&line);
+                    shown = line;
+                }
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(CtlError::Rollout {
+                service: name.to_string(),
+                why: format!(
+                    "not complete after {}: {shown}",
+                    crate::common::config::Interval(timeout)
+                ),
+            });
+        }
+        std::thread::sleep(ROLLOUT_POLL);
+    }
 }
 
 /// Why base commands through the control plane need `--node`.

@@ -161,6 +161,13 @@ pub enum CtlError {
         /// The node's reason.
         reason: String,
     },
+    /// `rollout status`: the rollout stopped, or did not complete in time.
+    Rollout {
+        /// The service.
+        service: String,
+        /// What happened, with the reason the control plane gave.
+        why: String,
+    },
     /// An answer could not be encoded for printing.
     Encode {
         /// The format asked for.
@@ -191,6 +198,7 @@ impl CtlError {
             CtlError::Request { .. }
             | CtlError::Incomplete { .. }
             | CtlError::BaseFetch { .. }
+            | CtlError::Rollout { .. }
             | CtlError::KeyGenerate { .. }
             | CtlError::Encode { .. }
             | CtlError::Output(_) => 1,
@@ -218,6 +226,10 @@ impl CtlError {
                  nothing was sent"
             )),
             CtlError::Request { error, .. } => error.detail(),
+            CtlError::Rollout { service, .. } => Some(format!(
+                "`keelctl get service {service}` shows each replica; `keelctl rollout undo service \
+                 {service}` goes back to the previous template"
+            )),
             CtlError::Incomplete { .. } => Some(
                 "only what the other nodes answered is complete in the output; `keelctl get \
                  nodes` shows when the node is Alive again, and the same command then exits 0"
@@ -257,6 +269,9 @@ impl fmt::Display for CtlError {
             }
             CtlError::BaseFetch { release, reason } => {
                 write!(f, "base fetch {release} failed: {reason}")
+            }
+            CtlError::Rollout { service, why } => {
+                write!(f, "rollout of service {service} {why}")
             }
             CtlError::Encode { format, reason } => {
                 write!(f, "cannot print the answer as {format}: {reason}")

@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 use crate::common::wire::{
-    BaseStatus, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceStatus, VolumeStatus,
+    BaseStatus, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceRevision, ServiceStatus,
+    VolumeStatus,
 };
 
 use super::args::OutputFormat;
@@ -310,6 +311,93 @@ pub fn service_applied_line(status: &ServiceStatus) -> String {
         status.ready,
         status.desired
     )
+}
+
+/// The line `scale` prints: `service/web scaled to 5 (3/5 ready)`.
+pub fn service_scaled_line(status: &ServiceStatus) -> String {
+    format!(
+        "service/{} scaled to {} ({}/{} ready)",
+        one_line(&status.name),
+        status.desired,
+        status.ready,
+        status.desired
+    )
+}
+
+/// The line `rollout undo` prints.
+pub fn rolled_back_line(status: &ServiceStatus) -> String {
+    format!(
+        "service/{} rolled back: revision {} rolls out",
+        one_line(&status.name),
+        status.revision
+    )
+}
+
+/// Where a rollout stands, for `rollout status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RolloutProgress {
+    /// Every desired replica runs the current revision and is ready.
+    Complete(String),
+    /// The control plane stopped it, for this reason.
+    Stopped(String),
+    /// Still going: what to show the operator.
+    Waiting(String),
+}
+
+/// Reads a service's status the way `kubectl rollout status` reads a
+/// Deployment's: complete, stopped, or a line saying what it waits for.
+pub fn rollout_progress(s: &ServiceStatus) -> RolloutProgress {
+    let name = one_line(&s.name);
+    match &s.rollout {
+        Some(r) if r.revision == s.revision && r.state == "Stopped" => {
+            RolloutProgress::Stopped(one_line(r.reason.as_deref().unwrap_or("no reason given")))
+        }
+        Some(r) if r.revision == s.revision && r.state != "Complete" => {
+            let ready_new = s
+                .replicas
+                .iter()
+                .filter(|x| x.updated && x.ready)
+                .count()
+                .min(s.desired as usize);
+            RolloutProgress::Waiting(format!(
+                "Waiting for service {name} to roll out revision {}: {} of {} updated replicas are ready",
+                s.revision, ready_new, s.desired
+            ))
+        }
+        // No rollout (the first template) or a complete one: the service is
+        // rolled out once its replicas are ready.
+        _ if s.ready < s.desired => RolloutProgress::Waiting(format!(
+            "Waiting for service {name}: {} of {} replicas are ready",
+            s.ready, s.desired
+        )),
+        _ => RolloutProgress::Complete(format!(
+            "service/{name} successfully rolled out (revision {})",
+            s.revision
+        )),
+    }
+}
+
+/// The `rollout history` table, oldest first.
+pub fn revision_table(revisions: &[ServiceRevision]) -> String {
+    let mut rows = vec![vec![
+        "REVISION".to_string(),
+        "CREATED".to_string(),
+        "TEMPLATE".to_string(),
+        "CURRENT".to_string(),
+    ]];
+    rows.extend(revisions.iter().map(|r| {
+        vec![
+            r.revision.to_string(),
+            if r.created_unix == 0 {
+                "-".to_string()
+            } else {
+                utc_datetime(i64::try_from(r.created_unix).unwrap_or(i64::MAX))
+            },
+            one_line(&r.template_digest.chars().take(12).collect::<String>()),
+            if r.current { "*".into() } else { String::new() },
+        ]
+    }));
+    table(&rows).trim_end().to_string()
 }
 
 /// The `get volumes` table, or `""` when there is none. NODE is `-` from
