@@ -75,7 +75,10 @@ fn keelctl_applies_lists_scales_and_deletes_a_service() {
     assert_eq!(nodes, BTreeSet::from(["n1", "n2", "n3"]), "{status:?}");
 
     let table = ok(&cluster, &["get", "services"]).stdout;
-    let want = format!("web    {}:8080   3/3             n1,n2,n3\n", status.vip);
+    let want = format!(
+        "web    {}:8080   3/3     3            1          n1,n2,n3\n",
+        status.vip
+    );
     assert!(
         table.starts_with("NAME   VIP:PORT") && table.ends_with(&want),
         "{table}"
@@ -86,7 +89,7 @@ fn keelctl_applies_lists_scales_and_deletes_a_service() {
     assert!(lines[0].starts_with("NAME    NODE   ADDRESS"), "{replicas}");
     for (i, line) in lines[1..].iter().enumerate() {
         assert!(line.starts_with(&format!("web-{i}   n")), "{replicas}");
-        assert!(line.ends_with("Running"), "{replicas}");
+        assert!(line.ends_with("Running   1"), "{replicas}");
     }
     let one: ServiceStatus =
         serde_yaml::from_str(&ok(&cluster, &["get", "service", "web", "-o", "yaml"]).stdout)

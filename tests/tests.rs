@@ -36,6 +36,7 @@ mod partitions;
 mod proxy;
 mod proxy_e2e;
 mod reconciler;
+mod rollout_e2e;
 mod services_e2e;
 mod sim;
 mod soak;

@@ -375,15 +375,15 @@ fn jail_for(name: &str, text: &str) -> Result<spec::Jail, Response> {
             let index = crate::common::names::replica_of(name)
                 .filter(|(of, _)| of == svc)
                 .map(|(_, i)| i);
+            // Any index: the control plane decides how many replicas run
+            // (a scale changes the count, not the document it forwards, and
+            // a rolling update's surge replicas sit above it).
             match index {
-                Some(i) if i < service.spec.replicas => {
-                    Ok(service.spec.template.to_jail_spec(name))
-                }
+                Some(_) => Ok(service.spec.template.to_jail_spec(name)),
                 _ => Err(Response::error(
                     400,
                     &format!(
-                        "{name} is not a replica of service {svc} (replicas are {svc}-0 to {svc}-{})",
-                        service.spec.replicas.saturating_sub(1)
+                        "{name} is not a replica of service {svc} (replicas are {svc}-0, {svc}-1, ...)"
                     ),
                     Some("metadata.name"),
                 )),

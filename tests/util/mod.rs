@@ -16,6 +16,7 @@ pub mod load;
 pub mod nginx;
 pub mod pki;
 pub mod seeded;
+pub mod traffic;
 
 /// Bound on waiting for a real peer (a daemon starting, a port opening, an
 /// order finishing): generous, since the machine may be busy with builds.
