@@ -16,6 +16,10 @@
 /// [`MAX_DATASET_NAME`].
 pub const MAX_NAME_LEN: usize = 63;
 
+/// Most replicas a Service may ask for. Replica names and VIP proxy tables stay
+/// small, and a typo such as `replicas: 30000` is refused instead of scheduled.
+pub const MAX_REPLICAS: u32 = 1000;
+
 /// Longest ZFS dataset or snapshot name: OpenZFS `ZFS_MAX_DATASET_NAME_LEN`
 /// is 256 including the terminating NUL.
 pub const MAX_DATASET_NAME: usize = 255;

@@ -17,9 +17,7 @@ use super::types::{
 };
 use crate::common::config::Interval;
 
-/// Most replicas a Service may ask for. Replica names and VIP proxy tables stay
-/// small, and a typo such as `replicas: 30000` is refused instead of scheduled.
-pub const MAX_REPLICAS: u32 = 1000;
+pub use crate::common::names::MAX_REPLICAS;
 /// Most CPU cores a jail may be limited to (rctl pcpu is a percentage of one core).
 pub const MAX_CPU: f64 = 1024.0;
 /// Smallest CPU limit: rctl pcpu counts whole percent, so 0.01 is 1 %.

@@ -30,8 +30,7 @@ use std::time::{Duration, Instant};
 use super::drain::DrainThen;
 use super::services::HealAction;
 use super::{Cluster, Refusal};
-use crate::common::names::{MAX_NAME_LEN, replica_name, replica_of};
-use crate::common::spec::{MAX_REPLICAS, validate_name};
+use crate::common::names::{MAX_NAME_LEN, MAX_REPLICAS, replica_name, replica_of, validate_name};
 use crate::common::wire::{Liveness, RolloutStatus, ServiceRevision};
 use crate::controlplane::state::{
     MAX_REVISIONS, Op, RevisionRecord, RolloutOutcome, RolloutRecord, ServiceRecord,
