@@ -1214,3 +1214,87 @@ fn every_bad_health_field_is_named_with_its_line() {
         "unknown field",
     );
 }
+
+/// [`SERVICE`] with `block` inserted in its `spec` before the template
+/// (line 7 on).
+fn with_update(block: &str) -> String {
+    SERVICE.replacen("  template:\n", &format!("{block}  template:\n"), 1)
+}
+
+#[test]
+fn update_and_drain_timeout_have_defaults_and_round_trip() {
+    let s = parse_service(SERVICE).expect("valid");
+    assert_eq!(
+        (s.spec.update, s.spec.drain_timeout),
+        (UpdateSpec::default(), Interval::secs(10))
+    );
+    assert_eq!(
+        (
+            s.spec.update.max_unavailable,
+            s.spec.update.max_surge,
+            s.spec.update.progress_deadline
+        ),
+        (1, 0, Interval::secs(600))
+    );
+    let text = with_update(
+        "  update: {maxUnavailable: 0, maxSurge: 2, progressDeadline: 90s}\n  drainTimeout: 30s\n",
+    );
+    let s = parse_service(&text).expect("valid");
+    assert_eq!(
+        (
+            s.spec.update.max_unavailable,
+            s.spec.update.max_surge,
+            s.spec.update.progress_deadline,
+            s.spec.drain_timeout
+        ),
+        (0, 2, Interval::secs(90), Interval::secs(30))
+    );
+    let back = parse_service(&Document::Service(s.clone()).to_yaml()).expect("round trip");
+    assert_eq!(back, s);
+}
+
+#[test]
+fn every_bad_update_field_is_named_with_its_line() {
+    let cases: [(&str, &str, usize, &str); 7] = [
+        (
+            "  update: {maxUnavailable: 0, maxSurge: 0}\n",
+            "spec.update.maxUnavailable",
+            7,
+            "both 0",
+        ),
+        (
+            "  update: {maxSurge: -1}\n",
+            "spec.update.maxSurge",
+            7,
+            "between 0 and 1000",
+        ),
+        (
+            "  update: {maxUnavailable: 5000}\n",
+            "spec.update.maxUnavailable",
+            7,
+            "out of range",
+        ),
+        (
+            "  update: {progressDeadline: 0s}\n",
+            "spec.update.progressDeadline",
+            7,
+            "greater than 0s",
+        ),
+        (
+            "  update: {progressDeadline: 25h}\n",
+            "spec.update.progressDeadline",
+            7,
+            "at most 24h",
+        ),
+        (
+            "  update: {maxUnavilable: 1}\n",
+            "spec.update.maxUnavilable",
+            7,
+            "unknown field",
+        ),
+        ("  drainTimeout: 2h\n", "spec.drainTimeout", 7, "at most 1h"),
+    ];
+    for (block, field, line, fragment) in cases {
+        refused(&with_update(block), 1, field, line, fragment);
+    }
+}

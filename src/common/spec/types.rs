@@ -304,7 +304,7 @@ pub struct UpdateSpec {
     #[serde(
         rename = "maxUnavailable",
         default = "one_replica",
-        deserialize_with = "deserialize_replicas"
+        deserialize_with = "deserialize_replica_count"
     )]
     pub max_unavailable: u32,
     /// Replicas that may run above `replicas` during the update; default 0.
@@ -533,6 +533,14 @@ fn deserialize_failure_threshold<'de, D: Deserializer<'de>>(d: D) -> Result<u32,
     let v = d.deserialize_any(BoundedInt {
         max: u64::from(super::validate::MAX_FAILURE_THRESHOLD),
         what: super::validate::FAILURE_THRESHOLD_RANGE,
+    })?;
+    u32::try_from(v).map_err(de::Error::custom)
+}
+
+fn deserialize_replica_count<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let v = d.deserialize_any(BoundedInt {
+        max: u64::from(super::validate::MAX_REPLICAS),
+        what: "must be a number of replicas between 0 and 1000",
     })?;
     u32::try_from(v).map_err(de::Error::custom)
 }
