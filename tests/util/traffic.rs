@@ -12,7 +12,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -29,13 +29,23 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Seen {
     /// Bodies of the 200 answers, in order (`"web-0 v2"`).
     pub answers: Vec<String>,
-    /// Every failure: what went wrong, and how long after the start.
-    pub failures: Vec<String>,
+    /// Every failure, in order.
+    pub failures: Vec<Failure>,
+}
+
+/// One failed request.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// Its number: requests are numbered from 0 as they start.
+    pub seq: usize,
+    /// What went wrong, and how long after the client started.
+    pub what: String,
 }
 
 /// The running client; [`Traffic::stop`] ends it and returns what it saw.
 pub struct Traffic {
     stop: Arc<AtomicBool>,
+    started: Arc<AtomicUsize>,
     seen: Arc<Mutex<Seen>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -44,31 +54,40 @@ impl Traffic {
     /// Starts sending `GET /` to `addr`.
     pub fn start(addr: SocketAddr) -> Traffic {
         let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicUsize::new(0));
         let seen = Arc::new(Mutex::new(Seen::default()));
         let thread = {
-            let (stop, seen) = (stop.clone(), seen.clone());
+            let (stop, started, seen) = (stop.clone(), started.clone(), seen.clone());
             std::thread::spawn(move || {
                 let start = Instant::now();
                 let mut next = Instant::now();
                 while !stop.load(Ordering::SeqCst) {
                     std::thread::sleep(next.saturating_duration_since(Instant::now()));
                     next += PACE;
+                    let seq = started.fetch_add(1, Ordering::SeqCst);
                     let answer = get(addr);
                     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
                     match answer {
                         Ok(body) => seen.answers.push(body),
-                        Err(e) => seen
-                            .failures
-                            .push(format!("after {:?}: {e}", start.elapsed())),
+                        Err(e) => seen.failures.push(Failure {
+                            seq,
+                            what: format!("after {:?}: {e}", start.elapsed()),
+                        }),
                     }
                 }
             })
         };
         Traffic {
             stop,
+            started,
             seen,
             thread: Some(thread),
         }
+    }
+
+    /// How many requests have started so far: the number the next one gets.
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
     }
 
     /// A copy of what it saw so far.

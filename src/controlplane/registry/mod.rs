@@ -117,8 +117,9 @@ pub struct Cluster {
     healing: BTreeSet<String>,
     /// Replicas leaving the rotation, by name (see [`drain`]).
     draining: BTreeMap<String, drain::Drain>,
-    /// Each rollout in progress: when it last made progress, and how many
-    /// new replicas were ready then (see [`rollout`]).
+    /// Each rollout in progress: when it last made progress, and its
+    /// progress then: replicas on the new template plus those of them ready
+    /// (see [`rollout`]).
     progress: BTreeMap<String, (Instant, u32)>,
     cluster_cidr: Ipv4Net,
     service_cidr: Ipv4Net,

@@ -19,7 +19,11 @@
 //! 1, no surge): a surge replica would have no data. When no new replica
 //! became ready for `progressDeadline` the rollout stops: nothing more is
 //! replaced, the replicas not yet replaced keep the old template and keep
-//! serving, until the next template change or an undo.
+//! serving, until the next template change or an undo. Progress is what
+//! Kubernetes counts for a Deployment: a replica applied with the new
+//! template, or one of them becoming ready; so a slow drain or a slow start
+//! does not stop a rollout that moves, and one new replica that never gets
+//! ready stops it one deadline after it was applied.
 //!
 //! The progress clock lives in memory: a restarted control plane gives a
 //! rollout a full deadline again rather than stopping it on a gap it did not
@@ -157,8 +161,9 @@ impl Cluster {
 
     /// Decides the outcome of every rollout in progress: Complete when every
     /// desired replica runs the current template and is ready and no surge
-    /// replica is left; Stopped when none more became ready within the
-    /// progress deadline. Returns the ops recording the outcomes.
+    /// replica is left; Stopped when it made no progress (see the module
+    /// docs) within the progress deadline. Returns the ops recording the
+    /// outcomes.
     pub fn advance_rollouts(&mut self, now: Instant) -> Vec<Op> {
         let mut ops = Vec::new();
         let names: Vec<String> = self
@@ -182,6 +187,10 @@ impl Cluster {
                 .filter(in_range)
                 .filter(|r| r.updated && r.ready)
                 .count() as u32;
+            // Progress, as Kubernetes counts it for a Deployment: a replica
+            // applied with the new template, or one of them becoming ready.
+            let score =
+                updated_ready + view.iter().filter(in_range).filter(|r| r.updated).count() as u32;
             let settled = view.iter().all(|r| r.updated)
                 && view.iter().filter(in_range).count() as u32 == n
                 && !view
@@ -194,12 +203,9 @@ impl Cluster {
                 );
                 Some(RolloutOutcome::Complete)
             } else {
-                let (since, best) = *self
-                    .progress
-                    .entry(name.clone())
-                    .or_insert((now, updated_ready));
-                if updated_ready > best {
-                    self.progress.insert(name.clone(), (now, updated_ready));
+                let (since, best) = *self.progress.entry(name.clone()).or_insert((now, score));
+                if score > best {
+                    self.progress.insert(name.clone(), (now, score));
                     None
                 } else {
                     let deadline = Duration::from_millis(rec.applied.policy.progress_deadline_ms);

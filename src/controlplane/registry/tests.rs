@@ -1504,6 +1504,9 @@ fn a_new_template_that_never_gets_ready_stops_the_rollout_and_undo_restores_the_
     let first = placed_names(&plan);
     assert_eq!(first.len(), 1);
     carry_out_with(&mut c, plan, &[first[0].as_str()], t0);
+    // Applied with the new template: that is progress, the deadline runs
+    // from here.
+    assert!(c.advance_rollouts(t0).is_empty());
     // The budget is spent on the replica that is not ready: nothing else moves.
     let t1 = t0 + Duration::from_secs(3);
     beat_all(&mut c, &[first[0].as_str()], t1);

@@ -1,15 +1,20 @@
-//! Rolling updates, scaling and draining on a real simulated cluster: one
-//! keel-controlplane and three keel-agentd, a 3-replica service running
+//! Services under traffic on a real simulated cluster: one
+//! keel-controlplane and three keel-agentd, a service running
 //! `tests/fixtures/versioned.py` with an http health check, and a client
 //! sending 25 requests a second through node 1's proxy for the whole
-//! scenario. Each test asserts that not one request failed.
+//! scenario (`util::traffic`). Rolling updates, a rollout that never gets
+//! ready and its undo, scaling with draining, a replica killed, a node
+//! lost, a replica hung: each test asserts that no request failed, or for
+//! the hung replica that none failed once it left node 1's rotation.
 
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 
+use keel::common::http::{Client, Endpoint};
 use keel::common::wire::{Liveness, NodeStatus, ServiceStatus};
 
+use crate::util::agent::{signal, sim_jail_pids};
 use crate::util::cluster::{Cluster, Run, node_ip};
 use crate::util::fixture_service;
 use crate::util::traffic::{Seen, Traffic};
@@ -75,6 +80,19 @@ fn serving(replicas: u32, extra: &str) -> (Cluster, u16, Traffic) {
     cluster.wait_for("every replica ready", || {
         status(&cluster).filter(|s| s.ready == replicas)
     });
+    // Node 1's proxy learns the replicas on its next heartbeat.
+    let addrs: Vec<SocketAddr> = status(&cluster)
+        .expect("status")
+        .replicas
+        .iter()
+        .filter_map(|r| r.address.map(|a| SocketAddr::from((a, port))))
+        .collect();
+    cluster.wait_for("node 1's proxy to list every replica", || {
+        addrs
+            .iter()
+            .all(|a| proxy_lists(&cluster, "n1", *a) == Some(true))
+            .then_some(())
+    });
     let traffic = Traffic::start(SocketAddr::from((node_ip(1), port)));
     let names: BTreeSet<String> = (0..replicas).map(|i| format!("web-{i} v1")).collect();
     cluster.wait_for("the proxy to serve every replica", || {
@@ -129,7 +147,7 @@ fn a_rolling_update_moves_every_replica_to_the_new_template_without_a_failed_req
 
 #[test]
 fn a_rollout_that_never_gets_ready_stops_and_undo_brings_the_old_template_back() {
-    let update = "  update: {maxUnavailable: 1, progressDeadline: 3s}\n";
+    let update = "  update: {maxUnavailable: 1, progressDeadline: 8s}\n";
     let (cluster, port, traffic) = serving(3, update);
     apply(&cluster, &doc(port, 3, "v2", false, update));
     let run = cluster.keelctl(&["rollout", "status", "service", "web", "--timeout", "2m"]);
@@ -185,4 +203,124 @@ fn scaling_up_and_down_drains_the_replicas_it_stops() {
     assert_no_failure(&seen, &cluster);
     let s = status(&cluster).expect("status");
     assert_eq!((s.desired, s.ready, s.revision), (2, 2, 1), "{s:?}");
+}
+
+/// Replica `name`'s node, address (with the service port) and workload pid.
+fn replica(cluster: &Cluster, name: &str, port: u16) -> (String, SocketAddr, u32) {
+    let s = status(cluster).expect("status");
+    let r = s
+        .replicas
+        .iter()
+        .find(|r| r.name == name)
+        .unwrap_or_else(|| panic!("{name} is placed: {s:?}"));
+    let addr = SocketAddr::from((r.address.expect("an address"), port));
+    let pid = sim_jail_pids(&cluster.state_dir(&r.node))
+        .get(name)
+        .copied()
+        .unwrap_or_else(|| panic!("{name}'s workload runs on {}", r.node));
+    (r.node.clone(), addr, pid)
+}
+
+/// Whether node `node`'s proxy lists `addr` as a replica it sends new
+/// connections to (`GET /proxy/replicas` on its socket).
+fn proxy_lists(cluster: &Cluster, node: &str, addr: SocketAddr) -> Option<bool> {
+    let r = Client::new(Endpoint::Unix(cluster.socket(node)))
+        .request("GET", "/proxy/replicas", &[], b"")
+        .ok()?;
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&r.body).ok()?;
+    Some(rows.iter().any(|row| {
+        row["replica"].as_str() == Some(addr.to_string().as_str())
+            && row["listed"].as_bool() == Some(true)
+            && row["ejected"].as_bool() == Some(false)
+    }))
+}
+
+/// Waits until the last answers come from exactly `names`.
+fn wait_for_answers(cluster: &Cluster, traffic: &Traffic, names: &BTreeSet<String>, what: &str) {
+    cluster.wait_for(what, || {
+        let last: BTreeSet<String> = traffic.last(names.len() * 4)?.into_iter().collect();
+        (last == *names).then_some(())
+    });
+}
+
+fn v1(replicas: u32) -> BTreeSet<String> {
+    (0..replicas).map(|i| format!("web-{i} v1")).collect()
+}
+
+#[test]
+fn a_replica_killed_with_sigkill_is_restarted_without_a_failed_request() {
+    let (cluster, port, traffic) = serving(3, "");
+    let (node, _, pid) = replica(&cluster, "web-1", port);
+    signal(pid, libc::SIGKILL).expect("kill -9 web-1's workload");
+    cluster.wait_for("web-1 running again, in a new process, and ready", || {
+        let again = sim_jail_pids(&cluster.state_dir(&node))
+            .get("web-1")
+            .is_some_and(|p| *p != pid);
+        let s = status(&cluster)?;
+        (again && s.ready == 3).then_some(())
+    });
+    wait_for_answers(
+        &cluster,
+        &traffic,
+        &v1(3),
+        "all three replicas serving again",
+    );
+    let seen = traffic.stop();
+    assert_no_failure(&seen, &cluster);
+}
+
+#[test]
+fn a_lost_node_s_replica_is_placed_again_without_a_failed_request() {
+    let (mut cluster, port, traffic) = serving(3, "");
+    // Not node 1: the client goes through its proxy.
+    let (victim, _, _) = replica(&cluster, "web-2", port);
+    let victim = if victim == "n1" {
+        replica(&cluster, "web-1", port).0
+    } else {
+        victim
+    };
+    assert_ne!(victim, "n1");
+    cluster.kill9_node(&victim);
+    cluster.wait_for("three ready replicas, none on the lost node", || {
+        let s = status(&cluster)?;
+        let off = s.replicas.iter().all(|r| r.node != victim);
+        (s.ready == 3 && off && s.replicas.len() == 3).then_some(())
+    });
+    wait_for_answers(
+        &cluster,
+        &traffic,
+        &v1(3),
+        "all three replicas serving again",
+    );
+    let seen = traffic.stop();
+    assert_no_failure(&seen, &cluster);
+}
+
+#[test]
+fn a_hung_replica_fails_no_request_once_it_left_the_rotation() {
+    let (cluster, port, traffic) = serving(3, "");
+    let (_, addr, pid) = replica(&cluster, "web-1", port);
+    signal(pid, libc::SIGSTOP).expect("kill -STOP web-1's workload");
+    // Its health check times out three times in a row (600 ms), its agent
+    // reports it not ready at once, and node 1's proxy drops it: every
+    // request started from then on must succeed.
+    let mark = cluster.wait_for("web-1 out of node 1's rotation", || {
+        (!proxy_lists(&cluster, "n1", addr)?).then(|| traffic.started())
+    });
+    cluster.wait_for("40 more requests answered", || {
+        (traffic.seen().answers.len() + traffic.seen().failures.len() >= mark + 40).then_some(())
+    });
+    let seen = traffic.stop();
+    let late: Vec<_> = seen.failures.iter().filter(|f| f.seq >= mark).collect();
+    assert!(
+        late.is_empty(),
+        "{} requests failed after web-1 left the rotation (request {mark} on): {late:#?}\n{}",
+        late.len(),
+        cluster.logs()
+    );
+    eprintln!(
+        "hung replica: {} of {mark} requests failed before it left the rotation, none of the {} after",
+        seen.failures.len(),
+        seen.answers.len() + seen.failures.len() - mark
+    );
 }
