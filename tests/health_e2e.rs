@@ -18,6 +18,7 @@ use keel::common::wire::{JailStatus, Liveness, NodeStatus, ServiceStatus};
 
 use crate::util::cluster::{Cluster, Run, node_ip};
 use crate::util::fixture_service;
+use crate::util::traffic::Traffic;
 
 /// Bound on one request (to a proxy or to a replica).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -111,6 +112,9 @@ fn a_replica_whose_health_check_fails_leaves_the_rotation_and_is_restarted() {
     cluster.wait_for("the proxy to serve both replicas", || {
         served_through_proxy(port, 3).filter(|names| *names == both)
     });
+    // A client through node 1's proxy for the whole scenario: the failing
+    // replica still serves, so nothing may fail.
+    let traffic = Traffic::start(SocketAddr::from((node_ip(1), port)));
 
     let victim = s
         .replicas
@@ -168,6 +172,14 @@ fn a_replica_whose_health_check_fails_leaves_the_rotation_and_is_restarted() {
         served_through_proxy(port, 3).filter(|names| *names == both)
     });
     assert_eq!(get(victim_addr, "/healthz").map(|r| r.0), Ok(200));
+    let seen = traffic.stop();
+    assert!(
+        seen.failures.is_empty() && seen.answers.len() > 20,
+        "{} of {} requests failed: {:#?}",
+        seen.failures.len(),
+        seen.failures.len() + seen.answers.len(),
+        seen.failures
+    );
     let table = ok(&cluster, &["get", "jails"]).stdout;
     assert!(
         table.lines().next().is_some_and(|h| h.contains("READY")),
