@@ -69,6 +69,9 @@ use crate::controlplane::worker::{WorkerGone, WorkerHandle};
 /// creation on the node, which can take tens of seconds on a busy host.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How often a service delete asks whether its replicas drained.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
+
 /// The control plane API.
 pub struct ControlPlaneApi {
     worker: WorkerHandle,
@@ -176,23 +179,9 @@ impl ControlPlaneApi {
                     None => Response::error(404, &format!("no service named {name}"), None),
                 }
             }
-            ("DELETE", ["services", name]) => match self.worker.remove_service(name)? {
+            ("DELETE", ["services", name]) => match self.drain_service(name)? {
                 Err(r) => refused(&r),
-                Ok(removals) => {
-                    let failures = heal(&self.worker, &self.forwarder, removals);
-                    if failures.is_empty() {
-                        Response::json(200, &serde_json::json!({ "deleted": name }))
-                    } else {
-                        Response::error(
-                            500,
-                            &format!(
-                                "service {name} is deleted and its VIP released, but some replicas could not be removed yet (their nodes remove them when they come back): {}",
-                                failures.join("; ")
-                            ),
-                            None,
-                        )
-                    }
-                }
+                Ok(()) => self.delete_service(name)?,
             },
             ("GET", ["nodes"]) => Response::json(200, &self.worker.nodes()?),
             ("POST", ["nodes", id, verb @ ("cordon" | "uncordon")]) => {
@@ -364,6 +353,43 @@ impl ControlPlaneApi {
                 None,
             )),
         }
+    }
+
+    /// `DELETE /services/{name}`, first half: takes every replica out of
+    /// the rotation and waits until each drained (its connections over, or
+    /// the service's drain timeout passed), so deleting a service never cuts
+    /// a connection the proxies still relay.
+    fn drain_service(&self, name: &str) -> Result<Result<(), Refusal>, WorkerGone> {
+        if let Err(r) = self.worker.retire_service(name)? {
+            return Ok(Err(r));
+        }
+        while !self.worker.service_drained(name)? {
+            std::thread::sleep(DRAIN_POLL);
+        }
+        Ok(Ok(()))
+    }
+
+    /// `DELETE /services/{name}`, once drained: the record and VIP go, then
+    /// the replicas.
+    fn delete_service(&self, name: &str) -> Result<Response, WorkerGone> {
+        Ok(match self.worker.remove_service(name)? {
+            Err(r) => refused(&r),
+            Ok(removals) => {
+                let failures = heal(&self.worker, &self.forwarder, removals);
+                if failures.is_empty() {
+                    Response::json(200, &serde_json::json!({ "deleted": name }))
+                } else {
+                    Response::error(
+                        500,
+                        &format!(
+                            "service {name} is deleted and its VIP released, but some replicas could not be removed yet (their nodes remove them when they come back): {}",
+                            failures.join("; ")
+                        ),
+                        None,
+                    )
+                }
+            }
+        })
     }
 
     /// After a service change was recorded: carries out the first heal

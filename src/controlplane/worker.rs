@@ -111,7 +111,11 @@ pub enum Command {
     UndoService(String, Option<u64>, Reply<(u64, Vec<HealAction>)>),
     /// `GET /services/{name}/revisions`.
     ServiceRevisions(String, Sender<Option<Vec<ServiceRevision>>>),
-    /// `DELETE /services/{name}`: answers the replicas to remove.
+    /// `DELETE /services/{name}`, first: its replicas leave the rotation.
+    RetireService(String, Reply<()>),
+    /// Whether a retiring service's replicas have drained.
+    ServiceDrained(String, Sender<bool>),
+    /// `DELETE /services/{name}`, once drained: answers the replicas to remove.
     RemoveService(String, Reply<Vec<HealAction>>),
     /// `DELETE /nodes/{id}`: forget a Dead node and what was placed on it.
     RemoveNode(String, Reply<NodeRemoval>),
@@ -332,6 +336,16 @@ impl WorkerHandle {
         name: &str,
     ) -> Result<Option<Vec<ServiceRevision>>, WorkerGone> {
         self.get(|r| Command::ServiceRevisions(name.to_string(), r))
+    }
+
+    /// See [`Command::RetireService`].
+    pub fn retire_service(&self, name: &str) -> Result<Result<(), Refusal>, WorkerGone> {
+        self.ask(|r| Command::RetireService(name.to_string(), r))
+    }
+
+    /// See [`Command::ServiceDrained`].
+    pub fn service_drained(&self, name: &str) -> Result<bool, WorkerGone> {
+        self.get(|r| Command::ServiceDrained(name.to_string(), r))
     }
 
     /// See [`Command::RemoveService`].
@@ -658,6 +672,12 @@ impl Worker {
                         let _ = reply.send(Err(refusal));
                     }
                 }
+            }
+            Command::RetireService(name, reply) => {
+                let _ = reply.send(self.cluster.retire_service(&name, now));
+            }
+            Command::ServiceDrained(name, reply) => {
+                let _ = reply.send(self.cluster.service_drained(&name, now));
             }
             Command::ServiceRevisions(name, reply) => {
                 let _ = reply.send(self.cluster.service_revisions(&name));

@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::Cluster;
+use super::{Cluster, Refusal};
 use crate::common::wire::Liveness;
 use crate::controlplane::state::Placement;
 
@@ -87,6 +87,33 @@ impl Cluster {
     /// Forgets `replica`'s drain: it was removed or replaced.
     pub(super) fn forget_drain(&mut self, replica: &str) {
         self.draining.remove(replica);
+    }
+
+    /// `DELETE /services/{name}`, first half: every replica of the service
+    /// leaves the rotation and drains; nothing of it is healed or replaced
+    /// meanwhile. The record stays until [`Cluster::remove_service`], so a
+    /// control plane that stops in between still has the whole service.
+    pub fn retire_service(&mut self, name: &str, now: Instant) -> Result<(), Refusal> {
+        if !self.state.services.contains_key(name) {
+            return Err(Refusal::new(404, format!("no service named {name}")));
+        }
+        self.retiring.insert(name.to_string());
+        self.service_drained(name, now);
+        Ok(())
+    }
+
+    /// Whether every replica of a retiring service has drained (true once
+    /// its drain timeout passed; true for a service that is gone).
+    pub fn service_drained(&mut self, name: &str, now: Instant) -> bool {
+        let Some(rec) = self.state.services.get(name) else {
+            return true;
+        };
+        let timeout = Duration::from_millis(rec.applied.policy.drain_timeout_ms);
+        let mut all = true;
+        for (_, replica, p) in self.placed_replicas(name) {
+            all &= self.drained(&replica, &p, DrainThen::Remove, timeout, now);
+        }
+        all
     }
 
     /// Whether `replica` is draining to be replaced.

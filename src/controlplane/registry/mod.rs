@@ -115,6 +115,8 @@ pub struct Cluster {
     pending: BTreeMap<String, Pending>,
     /// Services whose heal is being carried out by a handler thread.
     healing: BTreeSet<String>,
+    /// Services being deleted: their replicas drain first (see [`drain`]).
+    retiring: BTreeSet<String>,
     /// Replicas leaving the rotation, by name (see [`drain`]).
     draining: BTreeMap<String, drain::Drain>,
     /// Each rollout in progress: when it last made progress, and its
@@ -182,6 +184,7 @@ impl Cluster {
             pending: BTreeMap::new(),
             healing: BTreeSet::new(),
             draining: BTreeMap::new(),
+            retiring: BTreeSet::new(),
             progress: BTreeMap::new(),
             cluster_cidr,
             service_cidr,
@@ -215,6 +218,7 @@ impl Cluster {
         }
         self.healing.clear();
         self.draining.clear();
+        self.retiring.clear();
         self.progress.clear();
     }
 

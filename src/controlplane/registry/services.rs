@@ -286,7 +286,9 @@ impl Cluster {
                     name: name.clone(),
                     vip: rec.vip,
                     port: rec.applied.port,
-                    unsettled: view.iter().any(|r| r.state == "NodeUnknown"),
+                    // A retiring service's list empties for good.
+                    unsettled: !self.retiring.contains(name)
+                        && view.iter().any(|r| r.state == "NodeUnknown"),
                     replicas: view
                         .into_iter()
                         .filter(|r| r.ready)
@@ -317,7 +319,7 @@ impl Cluster {
         };
         let mut actions = Vec::new();
         for name in names {
-            if self.healing.contains(&name) {
+            if self.healing.contains(&name) || self.retiring.contains(&name) {
                 continue;
             }
             let Some(rec) = self.state.services.get(&name).cloned() else {
@@ -469,6 +471,7 @@ impl Cluster {
                 node: p.node,
             })
             .collect();
+        self.retiring.remove(name);
         let ops = self.apply(vec![Op::RemoveService {
             name: name.to_string(),
         }]);

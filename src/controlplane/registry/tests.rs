@@ -1659,3 +1659,33 @@ fn revisions_beyond_the_kept_number_are_forgotten() {
         404
     );
 }
+
+#[test]
+fn a_deleted_service_s_replicas_drain_before_the_record_goes() {
+    let t0 = Instant::now();
+    let mut c = three_ready(t0);
+    let mut slow = service(3, 80, "t1", false);
+    slow.policy.drain_timeout_ms = 10_000;
+    c.put_service("web", &slow, t0).expect("policy");
+    assert_eq!(
+        c.retire_service("nope", t0).expect_err("unknown").status,
+        404
+    );
+    c.retire_service("web", t0).expect("retire");
+    let endpoints = c.endpoints(t0);
+    assert!(
+        endpoints[0].replicas.is_empty() && !endpoints[0].unsettled,
+        "out of every rotation at once: {endpoints:?}"
+    );
+    assert!(c.service_status("web", t0).is_some(), "the record stays");
+    assert!(!c.service_drained("web", t0));
+    // Nothing is healed meanwhile, even a missing replica.
+    c.remove_placement("web-0", &c.state().placements["web-0"].node.clone());
+    assert!(c.plan_heal(Some("web"), t0).is_empty());
+    let t1 = t0 + Duration::from_secs(10);
+    beat_all(&mut c, &[], t1);
+    assert!(c.service_drained("web", t1));
+    let (_, removals) = c.remove_service("web", t1).expect("remove");
+    assert_eq!(removals.len(), 2);
+    assert!(c.service_drained("web", t1), "gone is drained");
+}
