@@ -748,3 +748,63 @@ fn logs_show_the_end_of_what_the_workload_printed() {
         assert!(String::from_utf8_lossy(&r.body).contains("tail"), "{query}");
     }
 }
+
+/// kubectl's habit: `delete jail a nope b` deletes a and b, reports nope,
+/// and exits 1 naming it.
+#[test]
+fn deleting_several_jails_goes_past_a_missing_one_and_exits_1() {
+    let agent = Agent::start(AGENT_ARGS);
+    let file = write(
+        &agent,
+        "two.yaml",
+        &format!("{}---\n{}", sleeper("a"), sleeper("b")),
+    );
+    ok(&agent, &["apply", "-f", &file]);
+    let run = keelctl(&agent, &["delete", "jail", "a", "nope", "b"]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.stdout, "jail/a deleted\njail/b deleted\n", "{run:?}");
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert!(
+        lines[0].starts_with("keelctl: delete jail/nope failed: no jail named nope"),
+        "{run:?}"
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("keelctl: delete jail: 1 of 3 failed (nope); the others were done"),
+        "{run:?}"
+    );
+    assert!(list(&agent).is_empty(), "both deleted");
+}
+
+/// `apply -f DIR` takes every `.yaml` and `.yml` file of the directory in
+/// file-name order, validating all of them before sending anything.
+#[test]
+fn apply_takes_a_directory_of_specs_in_file_name_order() {
+    let agent = Agent::start(AGENT_ARGS);
+    let dir = agent.dir().join("specs");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::write(dir.join("20-b.yml"), sleeper("b")).expect("write");
+    std::fs::write(dir.join("10-a.yaml"), sleeper("a")).expect("write");
+    std::fs::write(dir.join("notes.txt"), "not a spec").expect("write");
+    std::fs::create_dir(dir.join("sub.yaml")).expect("a directory named like a spec");
+    let dir_arg = dir.display().to_string();
+    let out = ok(&agent, &["apply", "-f", &dir_arg]);
+    let applied: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(applied, ["jail/a", "jail/b"], "{out}");
+
+    // One bad file: nothing of the directory is sent, and the file is named.
+    std::fs::write(dir.join("30-bad.yaml"), "kind: Jail\nmetadata: {name: c}\n").expect("write");
+    let run = keelctl(&agent, &["apply", "-f", &dir_arg]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("30-bad.yaml is invalid"), "{run:?}");
+    assert_eq!(list(&agent).len(), 2, "c was not applied");
+
+    let empty = agent.dir().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let run = keelctl(&agent, &["apply", "-f", &empty.display().to_string()]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("holds no document"), "{run:?}");
+}

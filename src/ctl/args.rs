@@ -72,7 +72,7 @@ pub const FLAGS: &[Flag] = &[
         short: Some('f'),
         long: "filename",
         value: Some("FILE"),
-        help: "spec file, - for stdin (apply, delete, validate)",
+        help: "spec file, a directory of .yaml/.yml files, or - for stdin (apply, delete, validate)",
     },
     Flag {
         id: FlagId::Output,

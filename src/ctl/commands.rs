@@ -114,8 +114,7 @@ pub fn execute(
     let resolve = || connect(&target(&invocation.global, env)?);
     match &invocation.command {
         Command::Validate { input } => {
-            let (source, text) = read_input(input, stdin)?;
-            let docs = parse(&source, &text, false)?;
+            let (_, docs) = read_documents(input, stdin, false)?;
             out.line(&output::valid_line(docs.len()));
         }
         Command::KeyGenerate { id, path } => {
@@ -372,9 +371,9 @@ pub fn execute(
         }
         Command::DeleteIngresses { names } => {
             let api = ingress_api(invocation, env, "`delete ingress`")?;
-            for name in names {
-                delete_ingress(&api, name, out)?;
-            }
+            each_name(names, "delete ingress", stderr, |name| {
+                delete_ingress(&api, name, out)
+            })?;
         }
         Command::DeleteVolume { name } => {
             let api = resolve()?;
@@ -386,9 +385,7 @@ pub fn execute(
         }
         Command::DeleteJails { names } => {
             let api = resolve()?;
-            for name in names {
-                delete(&api, name, out)?;
-            }
+            each_name(names, "delete jail", stderr, |name| delete(&api, name, out))?;
         }
         Command::Logs { name, tail } => {
             let api = resolve()?;
@@ -403,24 +400,26 @@ pub fn execute(
         Command::Cordon { names, cordoned } => {
             let verb = if *cordoned { "cordon" } else { "uncordon" };
             let api = controlplane_only(invocation, env, &format!("`{verb}`"))?;
-            for id in names {
+            each_name(names, verb, stderr, |id| {
                 api.set_cordoned(id, *cordoned)
                     .map_err(|error| CtlError::Request {
                         action: format!("{verb} node/{id}"),
                         error,
                     })?;
                 out.line(&output::cordoned_line(id, *cordoned));
-            }
+                Ok(())
+            })?;
         }
         Command::DeleteNodes { names } => {
             let api = controlplane_only(invocation, env, "`delete node`")?;
-            for id in names {
+            each_name(names, "delete node", stderr, |id| {
                 let removal = api.delete_node(id).map_err(|error| CtlError::Request {
                     action: format!("delete node/{id}"),
                     error,
                 })?;
                 out.line(&output::node_deleted_line(&removal));
-            }
+                Ok(())
+            })?;
         }
         Command::Scale { name, replicas } => {
             let api = controlplane_only(invocation, env, "`scale`")?;
@@ -458,9 +457,9 @@ pub fn execute(
         }
         Command::DeleteServices { names } => {
             let api = controlplane_only(invocation, env, "`delete service`")?;
-            for name in names {
-                delete_service(&api, name, out)?;
-            }
+            each_name(names, "delete service", stderr, |name| {
+                delete_service(&api, name, out)
+            })?;
         }
         Command::DeleteFile { input } => {
             let (source, objects) = read_objects(input, stdin)?;
@@ -865,6 +864,38 @@ fn default_key_id(path: &Path) -> Result<String, CtlError> {
     Ok(id.to_string())
 }
 
+/// Runs `one` for every name in order, as kubectl does: a name that fails
+/// is reported on stderr at once and the others still run; the command then
+/// fails as a whole, naming what failed. With one name its own error is the
+/// command's.
+fn each_name(
+    names: &[String],
+    action: &str,
+    stderr: &mut dyn Write,
+    mut one: impl FnMut(&str) -> Result<(), CtlError>,
+) -> Result<(), CtlError> {
+    let mut failed = Vec::new();
+    let mut last = None;
+    for name in names {
+        if let Err(e) = one(name) {
+            if names.len() > 1 {
+                super::report(stderr, &e);
+            }
+            failed.push(name.clone());
+            last = Some(e);
+        }
+    }
+    match last {
+        None => Ok(()),
+        Some(e) if names.len() == 1 => Err(e),
+        Some(_) => Err(CtlError::SomeFailed {
+            action: action.to_string(),
+            failed,
+            of: names.len(),
+        }),
+    }
+}
+
 fn delete(api: &Api, name: &str, out: &mut Out<'_>) -> Result<(), CtlError> {
     api.delete_jail(name).map_err(|error| CtlError::Request {
         action: format!("delete jail/{name}"),
@@ -937,6 +968,53 @@ fn read_input(input: &Input, stdin: &mut dyn Read) -> Result<(String, String), C
     }
 }
 
+/// Every document `input` holds, all validated before anything is sent:
+/// a file's or stdin's, or with a directory (`-f DIR`, as kubectl takes
+/// one) those of each `.yaml` and `.yml` file in it, in file-name order, an
+/// error naming the file it is in. Subdirectories are not read.
+fn read_documents(
+    input: &Input,
+    stdin: &mut dyn Read,
+    would_send: bool,
+) -> Result<(String, Vec<Document>), CtlError> {
+    let dir = match input {
+        Input::File(path) if path.is_dir() => path,
+        _ => {
+            let (source, text) = read_input(input, stdin)?;
+            let docs = parse(&source, &text, would_send)?;
+            return Ok((source, docs));
+        }
+    };
+    let source = dir.display().to_string();
+    let entries = std::fs::read_dir(dir).map_err(|error| CtlError::Read {
+        source: source.clone(),
+        error,
+    })?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|error| CtlError::Read {
+                source: source.clone(),
+                error,
+            })?
+            .path();
+        let yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+        if yaml && !path.is_dir() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    let mut docs = Vec::new();
+    for file in files {
+        let (file_source, text) = read_input(&Input::File(file), stdin)?;
+        docs.extend(parse(&file_source, &text, would_send)?);
+    }
+    if docs.is_empty() {
+        return Err(CtlError::Empty { source });
+    }
+    Ok((source, docs))
+}
+
 /// Every document of `text`, all validated; at least one.
 fn parse(source: &str, text: &str, would_send: bool) -> Result<Vec<Document>, CtlError> {
     let docs = spec::parse_documents(text).map_err(|error| CtlError::Invalid {
@@ -973,8 +1051,8 @@ impl Object {
 /// The documents of `input` in file order, once every one is valid; and the
 /// input's name for messages.
 fn read_objects(input: &Input, stdin: &mut dyn Read) -> Result<(String, Vec<Object>), CtlError> {
-    let (source, text) = read_input(input, stdin)?;
-    let objects = parse(&source, &text, true)?
+    let (source, docs) = read_documents(input, stdin, true)?;
+    let objects = docs
         .into_iter()
         .map(|doc| match doc {
             Document::Jail(jail) => Object::Jail(jail),

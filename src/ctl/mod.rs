@@ -161,6 +161,16 @@ pub enum CtlError {
         /// The node's reason.
         reason: String,
     },
+    /// A command over several names: these failed (each reported already),
+    /// the others were done.
+    SomeFailed {
+        /// The command, e.g. `delete jail`.
+        action: String,
+        /// The names that failed, in order.
+        failed: Vec<String>,
+        /// How many names were given.
+        of: usize,
+    },
     /// `rollout status`: the rollout stopped, or did not complete in time.
     Rollout {
         /// The service.
@@ -199,6 +209,7 @@ impl CtlError {
             | CtlError::Incomplete { .. }
             | CtlError::BaseFetch { .. }
             | CtlError::Rollout { .. }
+            | CtlError::SomeFailed { .. }
             | CtlError::KeyGenerate { .. }
             | CtlError::Encode { .. }
             | CtlError::Output(_) => 1,
@@ -270,6 +281,12 @@ impl fmt::Display for CtlError {
             CtlError::BaseFetch { release, reason } => {
                 write!(f, "base fetch {release} failed: {reason}")
             }
+            CtlError::SomeFailed { action, failed, of } => write!(
+                f,
+                "{action}: {} of {of} failed ({}); the others were done",
+                failed.len(),
+                failed.join(", ")
+            ),
             CtlError::Rollout { service, why } => {
                 write!(f, "rollout of service {service} {why}")
             }
@@ -443,7 +460,7 @@ fn print_only(stdout: &mut dyn Write, stderr: &mut dyn Write, text: &str) -> i32
 }
 
 /// Prints `e` as `keelctl: summary` and its detail; returns its exit status.
-fn report(stderr: &mut dyn Write, e: &CtlError) -> i32 {
+pub(crate) fn report(stderr: &mut dyn Write, e: &CtlError) -> i32 {
     // Nothing sensible is left to do if stderr itself is gone.
     let _ = writeln!(stderr, "keelctl: {e}");
     if let Some(detail) = e.detail() {
