@@ -170,6 +170,8 @@ fn register(cp: &ControlPlane, node: &Signer, id: &str, addr: SocketAddr, cpu: f
 
 fn heartbeat(cp: &ControlPlane, node: &Signer, id: &str, cpu: f64) -> HeartbeatResponse {
     let body = json(&HeartbeatRequest {
+        endpoints_generation: None,
+        connections: Vec::new(),
         committed: Resources { cpu, memory: 0 },
         jails: 0,
         placed: vec![],
