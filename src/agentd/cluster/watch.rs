@@ -45,6 +45,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::agentd::cluster::error::ClusterError;
 use crate::agentd::cluster::membership::{CONTROLPLANE_TIMEOUT, ControlPlane, Wake};
 use crate::agentd::proxy::{Proxy, ProxyError};
 use crate::common::backoff::{Backoff, Clock, Policy, SystemClock};
@@ -264,9 +265,14 @@ fn run(cp: &ControlPlane, table: &Weak<ProxyTable>, wake: &Wake) {
                 }
             }
             Err(e) => {
-                // Maybe a restarted control plane, whose numbers start over:
-                // ask for its current table first.
-                seen = None;
+                // Unreachable: maybe a control plane restarting, whose
+                // numbers start over, so ask for its current table first.
+                // A refusal (503: too many polls waiting) keeps `seen`, so
+                // the retry waits its turn instead of taking the table at
+                // once and coming straight back.
+                if matches!(e, ClusterError::Unreachable(_)) {
+                    seen = None;
+                }
                 let delay = retry.record_failure(&(), clock.now());
                 let problem = format!(
                     "watching the endpoint table: {e}; retrying in {}s, heartbeats carry it meanwhile",
