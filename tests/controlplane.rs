@@ -586,6 +586,71 @@ fn the_endpoint_long_poll_answers_the_next_generation() {
     assert_eq!(read(&poll("node-a", "")).generation, woken.generation);
 }
 
+/// A waiting endpoint poll is a signed request under way: a flood of idle
+/// unauthenticated connections, more than the listener admits, evicts
+/// only its own kind, and the poll is answered when the table changes.
+#[test]
+fn a_flood_of_idle_connections_never_evicts_a_waiting_endpoint_poll() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = ControlPlane::start(dir.path(), free_port(), "10s");
+    let node = cp.key("node.key");
+    let operator = cp.key("operator.key");
+    let agent = FakeAgent::start(dir.path());
+    register(&cp, &node, "node-a", agent.addr, 4.0);
+    let r = cp.call(Some(&node), "GET", "/nodes/node-a/endpoints", b"");
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let current: EndpointsAnswer = serde_json::from_slice(&r.body).expect("endpoints");
+
+    let waiting = {
+        let path = format!("/nodes/node-a/endpoints?after={}", current.generation);
+        let headers = auth::sign_headers(&node, "GET", &path, b"", auth::unix_now()).expect("sign");
+        let addr = cp.addr;
+        std::thread::spawn(move || {
+            Client::new(Endpoint::Tcp(addr.to_string()))
+                .with_timeout(ENDPOINTS_WAIT / 2)
+                .request("GET", &path, &headers, b"")
+        })
+    };
+    let polls_waiting = || {
+        let r = cp.call(Some(&operator), "GET", "/metrics", b"");
+        String::from_utf8_lossy(&r.body).contains("keel_endpoint_polls_waiting 1\n")
+    };
+    poll_until("the poll to wait on the board", polls_waiting);
+
+    // More idle connections than the whole listener admits (256), all
+    // held open: each newcomer evicts the oldest idle one.
+    let flood: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(cp.addr).expect("connect"))
+        .collect();
+    assert!(polls_waiting(), "the poll still waits");
+
+    // A change: the service table gains a service; the poll is answered.
+    let apply = ServiceApply {
+        document: "kind: Service\n".into(),
+        replicas: 0,
+        port: 8080,
+        stateful: false,
+        template_digest: "t".into(),
+        volumes: Vec::new(),
+    };
+    let r = cp.call(Some(&operator), "PUT", "/services/web", &json(&apply));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let answer = waiting
+        .join()
+        .expect("poller")
+        .expect("the waiting poll is answered, not cut");
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let woken: EndpointsAnswer = serde_json::from_slice(&answer.body).expect("endpoints");
+    assert!(woken.generation > current.generation);
+    assert_eq!(woken.services.len(), 1);
+    drop(flood);
+}
+
 /// The key rotation procedure of docs/security.md with continuous traffic: add the new key to
 /// the accepted set, reload, switch signers, remove the old key, reload; not
 /// one request fails.

@@ -563,8 +563,16 @@ impl ControlPlaneApi {
             "# HELP keel_nodes Registered nodes by liveness.\n\
              # TYPE keel_nodes gauge\n\
              keel_nodes{{status=\"alive\"}} {alive}\n\
-             keel_nodes{{status=\"dead\"}} {}\n",
-            nodes.len() - alive
+             keel_nodes{{status=\"dead\"}} {}\n\
+             # HELP keel_endpoint_polls_waiting Endpoint long polls waiting for a newer generation.\n\
+             # TYPE keel_endpoint_polls_waiting gauge\n\
+             keel_endpoint_polls_waiting {}\n\
+             # HELP keel_endpoint_generation Generation of the endpoint table published last.\n\
+             # TYPE keel_endpoint_generation gauge\n\
+             keel_endpoint_generation {}\n",
+            nodes.len() - alive,
+            self.waiting_polls.load(Ordering::SeqCst),
+            self.worker.endpoint_board().current().0,
         );
         Ok(Response::text(200, text)
             .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))

@@ -534,3 +534,62 @@ fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deadline no test run reaches: only a poke can end the wait.
+    fn never() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    #[test]
+    fn a_burst_of_pokes_is_one_wake_up() {
+        let wake = Wake::default();
+        for _ in 0..5 {
+            wake.published();
+        }
+        wake.ask();
+        let woken = wake.wait_until(never());
+        assert_eq!(
+            woken,
+            Woken {
+                published: true,
+                asked: true,
+                stopped: false
+            }
+        );
+        // Taken: the next wait ends at its deadline with nothing.
+        assert_eq!(wake.wait_until(Instant::now()), Woken::default());
+    }
+
+    #[test]
+    fn a_poke_from_another_thread_ends_the_wait() {
+        let wake = Arc::new(Wake::default());
+        let waiter = {
+            let wake = Arc::clone(&wake);
+            std::thread::spawn(move || wake.wait_until(never()))
+        };
+        wake.published();
+        assert!(waiter.join().expect("waiter").published);
+    }
+
+    #[test]
+    fn a_stop_ends_every_wait_and_stays() {
+        let wake = Wake::default();
+        wake.stop();
+        assert!(wake.wait_until(never()).stopped);
+        assert!(wake.wait_until(never()).stopped, "stopped stays set");
+        assert!(wake.sleep(Duration::from_secs(3600)));
+        assert!(wake.is_stopped());
+    }
+
+    #[test]
+    fn a_sleep_leaves_other_pokes_for_the_next_wait() {
+        let wake = Wake::default();
+        wake.published();
+        assert!(!wake.sleep(Duration::from_millis(1)), "not stopped");
+        assert!(wake.wait_until(never()).published);
+    }
+}
