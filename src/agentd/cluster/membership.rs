@@ -333,7 +333,7 @@ impl ClusterThreads {
 /// [`ProxyTable`]: each heartbeat answer's services go to it once the
 /// worker has applied the answer (the API only reads it). With
 /// [`Membership::push`], the endpoint watcher ([`super::watch`]) starts
-/// too, and feeds the same table. The cluster thread and the applier end
+/// too once the node is registered, and feeds the same table. The cluster thread and the applier end
 /// together; the proxy handle is dropped then.
 pub fn spawn(
     membership: Membership,
@@ -358,21 +358,28 @@ pub fn spawn(
             membership.signer.clone(),
         )
     };
-    if membership.push {
-        // Not joined: see ClusterThreads::stop.
-        drop(watch::spawn(cp(), &table, Arc::clone(&wake))?);
+    // Started once the node is registered: a poll before that is refused.
+    let mut watcher = if membership.push {
+        Some(cp())
     } else {
         log::warn!(
             "the endpoint watcher is off (KEEL_SIM_ENDPOINT_PUSH=off): only heartbeats update the proxy"
         );
-    }
+        None
+    };
     let cp = cp();
     let threads_wake = Arc::clone(&wake);
     let thread = std::thread::Builder::new()
         .name("keel-cluster".into())
         .spawn(move || {
+            let threads = Threads {
+                worker: &worker,
+                applier: &applier,
+                table: &table,
+                wake: &wake,
+            };
             // Err only when the worker is gone: the daemon is stopping.
-            let _ = run(&membership, &cp, &worker, &applier, &table, &wake);
+            let _ = run(&membership, &cp, &threads, &mut watcher);
             // The watcher ends with us.
             wake.stop();
             // Dropping the applier here waits for the job it is running.
@@ -416,14 +423,26 @@ fn wait_for_next(
     }
 }
 
+/// What the cluster thread works with besides the control plane.
+struct Threads<'a> {
+    worker: &'a WorkerHandle,
+    applier: &'a Applier,
+    table: &'a Arc<ProxyTable>,
+    wake: &'a Arc<Wake>,
+}
+
 fn run(
     m: &Membership,
     cp: &ControlPlane,
-    worker: &WorkerHandle,
-    applier: &Applier,
-    table: &ProxyTable,
-    wake: &Wake,
+    threads: &Threads<'_>,
+    watcher: &mut Option<ControlPlane>,
 ) -> Result<(), WorkerGone> {
+    let Threads {
+        worker,
+        applier,
+        table,
+        wake,
+    } = *threads;
     let clock = SystemClock;
     let mut retry: Backoff<()> = Backoff::with_policy(Policy {
         initial: REGISTER_RETRY_INITIAL,
@@ -468,6 +487,14 @@ fn run(
         // The registration renewed the lease: heartbeats start now, whatever
         // the worker is doing.
         applier.submit(Job::AdoptSubnet(pod_cidr));
+        if let Some(poller) = watcher.take() {
+            // Not joined: see ClusterThreads::stop.
+            if let Err(e) = watch::spawn(poller, table, Arc::clone(wake)) {
+                log::error!(
+                    "cannot start the endpoint watcher ({e}); only heartbeats update the proxy"
+                );
+            }
+        }
 
         // Heartbeat until the control plane forgets the node.
         let mut last_problem: Option<String> = None;

@@ -1,5 +1,5 @@
-//! The endpoint watcher: a `keel-endpoints` thread, started with the
-//! cluster thread, that long-polls the control plane for the endpoint table
+//! The endpoint watcher: a `keel-endpoints` thread, started by the cluster
+//! thread once the node is registered, that long-polls the control plane for the endpoint table
 //! (`GET /nodes/{id}/endpoints?after=G`, signed with the node key) and hands
 //! each newer one to the node's proxy at once, so a replica that stops
 //! being ready elsewhere leaves this proxy's rotation within a round trip
