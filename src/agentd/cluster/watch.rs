@@ -77,6 +77,17 @@ pub fn is_newer(applied: Option<Stamp>, offered: Option<Stamp>) -> bool {
     }
 }
 
+/// Whether every VIP of `services` is among those the heartbeat path had
+/// aliased (`None`: it has not applied an answer yet); see the module docs.
+pub fn aliased_already(
+    aliased: Option<&BTreeSet<Ipv4Addr>>,
+    services: &[ServiceEndpoints],
+) -> bool {
+    services
+        .iter()
+        .all(|s| aliased.is_some_and(|a| a.contains(&s.vip)))
+}
+
 /// Counters the agent's `GET /metrics` shows: heartbeats sent and endpoint
 /// tables applied from each path.
 #[derive(Debug, Default)]
@@ -124,6 +135,9 @@ pub struct ProxyTable {
     alias_vips: bool,
     /// Held while the proxy is updated, so the check and the update are one.
     applied: Mutex<Applied>,
+    /// The applied stamp again, set after each update: what a heartbeat
+    /// reads, never waiting for an update in progress.
+    reported: Mutex<Option<Stamp>>,
     counters: Arc<ClusterCounters>,
 }
 
@@ -145,6 +159,7 @@ impl ProxyTable {
             proxy,
             alias_vips,
             applied: Mutex::new(Applied::default()),
+            reported: Mutex::new(None),
             counters,
         }
     }
@@ -157,7 +172,7 @@ impl ProxyTable {
     /// The generation applied, when it was numbered by `origin` (the control
     /// plane that answered last); what a heartbeat reports.
     pub fn applied_generation(&self, origin: Option<u64>) -> Option<u64> {
-        let stamp = lock(&self.applied).stamp?;
+        let stamp = (*lock(&self.reported))?;
         (Some(stamp.origin) == origin).then_some(stamp.generation)
     }
 
@@ -176,6 +191,7 @@ impl ProxyTable {
         }
         let errors = self.proxy.update(services);
         applied.stamp = stamp;
+        *lock(&self.reported) = stamp;
         self.counters
             .heartbeat_tables
             .fetch_add(1, Ordering::Relaxed);
@@ -192,18 +208,12 @@ impl ProxyTable {
         if !is_newer(applied.stamp, Some(stamp)) {
             return Pushed::Old;
         }
-        if self.alias_vips {
-            let aliased = applied.aliased.as_ref();
-            let covered = answer
-                .services
-                .iter()
-                .all(|s| aliased.is_some_and(|a| a.contains(&s.vip)));
-            if !covered {
-                return Pushed::NeedsAliases;
-            }
+        if self.alias_vips && !aliased_already(applied.aliased.as_ref(), &answer.services) {
+            return Pushed::NeedsAliases;
         }
         let errors = self.proxy.update(&answer.services);
         applied.stamp = Some(stamp);
+        *lock(&self.reported) = Some(stamp);
         self.counters.pushed_tables.fetch_add(1, Ordering::Relaxed);
         Pushed::Applied(errors.iter().map(|e| e.to_string()).collect())
     }
@@ -322,6 +332,33 @@ mod tests {
         assert!(
             is_newer(stamp(9, 1), stamp(7, 50)),
             "origins are not ordered"
+        );
+    }
+
+    #[test]
+    fn a_table_is_pushed_directly_only_when_the_heartbeat_path_aliased_its_vips() {
+        let service = |last: u8| ServiceEndpoints {
+            name: format!("s{last}"),
+            vip: Ipv4Addr::new(10, 96, 0, last),
+            port: 80,
+            replicas: Vec::new(),
+            unsettled: false,
+        };
+        let aliased: BTreeSet<Ipv4Addr> =
+            [Ipv4Addr::new(10, 96, 0, 1), Ipv4Addr::new(10, 96, 0, 2)].into();
+        assert!(aliased_already(Some(&aliased), &[service(1), service(2)]));
+        assert!(
+            aliased_already(Some(&aliased), &[service(1)]),
+            "a removed service needs nothing"
+        );
+        assert!(aliased_already(Some(&aliased), &[]));
+        assert!(
+            !aliased_already(Some(&aliased), &[service(1), service(3)]),
+            "a new VIP"
+        );
+        assert!(
+            !aliased_already(None, &[service(1)]),
+            "no heartbeat answer applied yet"
         );
     }
 
