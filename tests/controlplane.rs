@@ -582,8 +582,17 @@ fn the_endpoint_long_poll_answers_the_next_generation() {
         "the heartbeat carried the same table"
     );
     assert_eq!(beat.services, woken.services);
-    // Without `after` the answer is the current table at once.
+    // Without `after` the answer is the current table at once, and so it
+    // is for a generation above the current one (numbered by a previous
+    // control plane): within a read timeout shorter than the wait.
     assert_eq!(read(&poll("node-a", "")).generation, woken.generation);
+    let path = format!("/nodes/node-a/endpoints?after={}", woken.generation + 1000);
+    let headers = auth::sign_headers(&node, "GET", &path, b"", auth::unix_now()).expect("sign");
+    let ahead = Client::new(Endpoint::Tcp(cp.addr.to_string()))
+        .with_timeout(client_timeout)
+        .request("GET", &path, &headers, b"")
+        .expect("answered at once");
+    assert_eq!(read(&ahead).generation, woken.generation);
 }
 
 /// A waiting endpoint poll is a signed request under way: a flood of idle

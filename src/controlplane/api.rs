@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `POST /nodes/register` | node | join; answers the pod_cidr |
 //! | `POST /nodes/{id}/heartbeat` | node | lease renewal; answers peers, stale jails and the endpoint table with its generation |
-//! | `GET /nodes/{id}/endpoints?after=G` | node | long poll: the endpoint table once its generation is above `G` (at once without `after`), else the current one after [`ENDPOINTS_WAIT`] |
+//! | `GET /nodes/{id}/endpoints?after=G` | node | long poll: the endpoint table once its generation is above `G` (at once without `after`, or when `G` is above the current one, numbered by a previous process), else the current one after [`ENDPOINTS_WAIT`] |
 //! | `GET /nodes` | operator | nodes with liveness computed on read |
 //! | `POST /nodes/{id}/cordon`, `POST /nodes/{id}/uncordon` | operator | nothing new is placed on a cordoned node; what runs there stays |
 //! | `DELETE /nodes/{id}` | operator | forgets a Dead node, its placements and its volumes ([`Cluster::remove_node`](crate::controlplane::registry::Cluster::remove_node)) |
@@ -387,7 +387,9 @@ impl ControlPlaneApi {
             None => board.current(),
             Some(after) => {
                 let current = board.current();
-                if current.0 > after {
+                // Above the current one, `after` was numbered by a previous
+                // control plane: the agent needs this one's table now.
+                if current.0 != after {
                     current
                 } else if self.waiting_polls.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING_POLLS {
                     self.waiting_polls.fetch_sub(1, Ordering::SeqCst);

@@ -255,8 +255,8 @@ fn run(cp: &ControlPlane, table: &Weak<ProxyTable>, wake: &Wake) {
                     generation: answer.generation,
                 };
                 if seen.is_some_and(|s| s.origin != stamp.origin) {
-                    // A restarted control plane: its first answer came after
-                    // a full wait; from now on ask by its own numbers.
+                    // A restarted control plane (it answers a generation it
+                    // has not reached at once): ask by its own numbers now.
                     log::info!("the control plane restarted; following its endpoint generations");
                 }
                 seen = Some(stamp);
