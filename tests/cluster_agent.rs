@@ -88,6 +88,8 @@ impl FakeControlPlane {
                     Response::json(
                         200,
                         &HeartbeatResponse {
+                            endpoints_generation: None,
+                            endpoints_origin: None,
                             peers: if unchanged { vec![] } else { st.peers.clone() },
                             stale: st.stale.clone(),
                             services: vec![],

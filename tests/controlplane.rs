@@ -15,7 +15,8 @@ use keel::common::http::{
     Client, ClientResponse, Endpoint, Response, Server, ServerLimits, ShutdownSignal,
 };
 use keel::common::wire::{
-    HeartbeatRequest, HeartbeatResponse, NodeStatus, RegisterRequest, RegisterResponse, Resources,
+    ENDPOINTS_WAIT, EndpointsAnswer, HeartbeatRequest, HeartbeatResponse, NodeStatus, PlacedJail,
+    RegisterRequest, RegisterResponse, Resources, ServiceApply,
 };
 
 use crate::util::controlplane::node_verifier;
@@ -170,6 +171,8 @@ fn register(cp: &ControlPlane, node: &Signer, id: &str, addr: SocketAddr, cpu: f
 
 fn heartbeat(cp: &ControlPlane, node: &Signer, id: &str, cpu: f64) -> HeartbeatResponse {
     let body = json(&HeartbeatRequest {
+        endpoints_generation: None,
+        connections: Vec::new(),
         committed: Resources { cpu, memory: 0 },
         jails: 0,
         placed: vec![],
@@ -381,6 +384,7 @@ fn every_route_refuses_bad_signatures_and_wrong_roles() {
     let routes: &[(&str, &str, Role)] = &[
         ("POST", "/nodes/register", Role::Node),
         ("POST", "/nodes/n1/heartbeat", Role::Node),
+        ("GET", "/nodes/n1/endpoints", Role::Node),
         ("GET", "/nodes", Role::Operator),
         ("GET", "/metrics", Role::Operator),
         ("GET", "/nodes/n1/jails", Role::Operator),
@@ -436,6 +440,226 @@ fn every_route_refuses_bad_signatures_and_wrong_roles() {
     }
     // The one unauthenticated route says nothing but "ok".
     assert_eq!(cp.call(None, "GET", "/healthz", b"").status, 200);
+}
+
+/// `GET /nodes/{id}/endpoints?after=G` on a real control plane: signed by a
+/// node key only, `after` checked, unknown nodes refused like a heartbeat,
+/// and a poll waiting on the current generation answered with the next one
+/// as soon as a heartbeat changes the table.
+#[test]
+fn the_endpoint_long_poll_answers_the_next_generation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = ControlPlane::start(dir.path(), free_port(), "10s");
+    let node = cp.key("node.key");
+    let operator = cp.key("operator.key");
+    let agent = FakeAgent::start(dir.path());
+    register(&cp, &node, "node-a", agent.addr, 4.0);
+    heartbeat(&cp, &node, "node-a", 0.0);
+
+    let poll = |id: &str, query: &str| {
+        cp.call(
+            Some(&node),
+            "GET",
+            &format!("/nodes/{id}/endpoints{query}"),
+            b"",
+        )
+    };
+    assert_eq!(
+        cp.call(None, "GET", "/nodes/node-a/endpoints", b"").status,
+        401
+    );
+    for bad in [
+        "?after=x",
+        "?after=-1",
+        "?after=",
+        "?after=1&after=2",
+        "?since=1",
+    ] {
+        let r = poll("node-a", bad);
+        let body = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.status, 400, "{bad}: {body}");
+        assert!(
+            body.contains("after"),
+            "{bad}: the error names after: {body}"
+        );
+    }
+    let unknown = poll("node-z", "?after=1");
+    assert_eq!(
+        unknown.status,
+        404,
+        "{}",
+        String::from_utf8_lossy(&unknown.body)
+    );
+    assert!(String::from_utf8_lossy(&unknown.body).contains("register first"));
+
+    // A service with one replica, placed on node-a (the fake agent takes
+    // the apply): the table has the service, with no ready replica yet.
+    let apply = ServiceApply {
+        document: "kind: Service\n".into(),
+        replicas: 1,
+        port: 8080,
+        stateful: false,
+        template_digest: "t".into(),
+        volumes: Vec::new(),
+        policy: Default::default(),
+    };
+    let r = cp.call(Some(&operator), "PUT", "/services/web", &json(&apply));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let read = |r: &ClientResponse| -> EndpointsAnswer {
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        serde_json::from_slice(&r.body).expect("an endpoints answer")
+    };
+    let current = read(&poll("node-a", ""));
+    assert_eq!(current.services.len(), 1);
+    assert!(current.services[0].replicas.is_empty(), "{current:?}");
+
+    // A poll on the current generation waits; a heartbeat reporting the
+    // replica ready wakes it with the next generation. Its read timeout is
+    // below the control plane's wait, so only the wake-up can answer it.
+    let client_timeout = ENDPOINTS_WAIT / 2;
+    let waiting = {
+        let path = format!("/nodes/node-a/endpoints?after={}", current.generation);
+        let headers = auth::sign_headers(&node, "GET", &path, b"", auth::unix_now()).expect("sign");
+        let addr = cp.addr;
+        std::thread::spawn(move || {
+            Client::new(Endpoint::Tcp(addr.to_string()))
+                .with_timeout(client_timeout)
+                .request("GET", &path, &headers, b"")
+        })
+    };
+    let epoch = {
+        let r = cp.call(Some(&operator), "GET", "/services/web", b"");
+        let status: keel::common::wire::ServiceStatus =
+            serde_json::from_slice(&r.body).expect("service status");
+        assert_eq!(status.replicas[0].node, "node-a");
+        let r = cp.call(Some(&operator), "GET", "/jails/web-0", b"");
+        assert_eq!(r.status, 200, "the replica is placed");
+        // The fake agent saw the apply with its epoch.
+        let seen = agent.seen.lock().expect("lock").clone();
+        seen.iter()
+            .find(|(m, p, _)| m == "PUT" && p == "/jails/web-0")
+            .and_then(|(_, _, e)| e.as_deref()?.parse::<u64>().ok())
+            .expect("the apply carried an epoch")
+    };
+    let body = json(&HeartbeatRequest {
+        committed: Resources::default(),
+        jails: 1,
+        placed: vec![PlacedJail {
+            name: "web-0".into(),
+            epoch,
+            running: true,
+            ready: Some(true),
+            address: Some(std::net::Ipv4Addr::new(10, 20, 0, 5)),
+        }],
+        peers_version: None,
+        endpoints_generation: Some(current.generation),
+        connections: Vec::new(),
+    });
+    let r = cp.call(Some(&node), "POST", "/nodes/node-a/heartbeat", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let beat: HeartbeatResponse = serde_json::from_slice(&r.body).expect("heartbeat body");
+
+    let woken = read(
+        &waiting
+            .join()
+            .expect("poller")
+            .expect("the waiting poll is answered"),
+    );
+    assert!(
+        woken.generation > current.generation,
+        "{woken:?} after {current:?}"
+    );
+    assert_eq!(woken.origin, current.origin);
+    assert_eq!(
+        woken.services[0].replicas,
+        [std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::new(10, 20, 0, 5),
+            8080
+        )]
+    );
+    assert_eq!(
+        beat.endpoints_generation,
+        Some(woken.generation),
+        "the heartbeat carried the same table"
+    );
+    assert_eq!(beat.services, woken.services);
+    // Without `after` the answer is the current table at once, and so it
+    // is for a generation above the current one (numbered by a previous
+    // control plane): within a read timeout shorter than the wait.
+    assert_eq!(read(&poll("node-a", "")).generation, woken.generation);
+    let path = format!("/nodes/node-a/endpoints?after={}", woken.generation + 1000);
+    let headers = auth::sign_headers(&node, "GET", &path, b"", auth::unix_now()).expect("sign");
+    let ahead = Client::new(Endpoint::Tcp(cp.addr.to_string()))
+        .with_timeout(client_timeout)
+        .request("GET", &path, &headers, b"")
+        .expect("answered at once");
+    assert_eq!(read(&ahead).generation, woken.generation);
+}
+
+/// A waiting endpoint poll is a signed request under way: a flood of idle
+/// unauthenticated connections, more than the listener admits, evicts
+/// only its own kind, and the poll is answered when the table changes.
+#[test]
+fn a_flood_of_idle_connections_never_evicts_a_waiting_endpoint_poll() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = ControlPlane::start(dir.path(), free_port(), "10s");
+    let node = cp.key("node.key");
+    let operator = cp.key("operator.key");
+    let agent = FakeAgent::start(dir.path());
+    register(&cp, &node, "node-a", agent.addr, 4.0);
+    let r = cp.call(Some(&node), "GET", "/nodes/node-a/endpoints", b"");
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let current: EndpointsAnswer = serde_json::from_slice(&r.body).expect("endpoints");
+
+    let waiting = {
+        let path = format!("/nodes/node-a/endpoints?after={}", current.generation);
+        let headers = auth::sign_headers(&node, "GET", &path, b"", auth::unix_now()).expect("sign");
+        let addr = cp.addr;
+        std::thread::spawn(move || {
+            Client::new(Endpoint::Tcp(addr.to_string()))
+                .with_timeout(ENDPOINTS_WAIT / 2)
+                .request("GET", &path, &headers, b"")
+        })
+    };
+    let polls_waiting = || {
+        let r = cp.call(Some(&operator), "GET", "/metrics", b"");
+        String::from_utf8_lossy(&r.body).contains("keel_endpoint_polls_waiting 1\n")
+    };
+    poll_until("the poll to wait on the board", polls_waiting);
+
+    // More idle connections than the whole listener admits (256), all
+    // held open: each newcomer evicts the oldest idle one.
+    let flood: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(cp.addr).expect("connect"))
+        .collect();
+    assert!(polls_waiting(), "the poll still waits");
+
+    // A change: the service table gains a service; the poll is answered.
+    let apply = ServiceApply {
+        document: "kind: Service\n".into(),
+        replicas: 0,
+        port: 8080,
+        stateful: false,
+        template_digest: "t".into(),
+        volumes: Vec::new(),
+        policy: Default::default(),
+    };
+    let r = cp.call(Some(&operator), "PUT", "/services/web", &json(&apply));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let answer = waiting
+        .join()
+        .expect("poller")
+        .expect("the waiting poll is answered, not cut");
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let woken: EndpointsAnswer = serde_json::from_slice(&answer.body).expect("endpoints");
+    assert!(woken.generation > current.generation);
+    assert_eq!(woken.services.len(), 1);
+    drop(flood);
 }
 
 /// The key rotation procedure of docs/security.md with continuous traffic: add the new key to

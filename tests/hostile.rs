@@ -488,6 +488,8 @@ impl AcceptingControlPlane {
                     Response::json(
                         200,
                         &HeartbeatResponse {
+                            endpoints_generation: None,
+                            endpoints_origin: None,
                             peers: vec![],
                             stale: vec![],
                             services: vec![],

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::agentd::bases::{BaseFetcher, Started};
+use crate::agentd::cluster::watch::ClusterCounters;
 use crate::agentd::ingress::controller::IngressApiError;
 use crate::agentd::proxy::Proxy;
 use crate::agentd::reconciler::{HostError, ReconcileError};
@@ -35,6 +36,7 @@ pub struct AgentApi {
     worker: WorkerHandle,
     proxy: Option<Arc<Proxy>>,
     bases: Option<Arc<BaseFetcher>>,
+    counters: Option<Arc<ClusterCounters>>,
 }
 
 /// One service the node's proxy serves, as `GET /proxy` shows it.
@@ -62,6 +64,7 @@ impl AgentApi {
             worker,
             proxy: None,
             bases: None,
+            counters: None,
         }
     }
 
@@ -114,6 +117,24 @@ impl AgentApi {
     pub fn with_proxy(mut self, proxy: Arc<Proxy>) -> AgentApi {
         self.proxy = Some(proxy);
         self
+    }
+
+    /// Adds the cluster thread's counters (heartbeats sent, endpoint tables
+    /// applied by each path) to `GET /metrics`.
+    pub fn with_cluster_counters(mut self, counters: Arc<ClusterCounters>) -> AgentApi {
+        self.counters = Some(counters);
+        self
+    }
+
+    /// `GET /metrics`: the worker's, then the cluster thread's counters
+    /// (read from atomics, never through the worker).
+    fn metrics(&self) -> Result<Response, WorkerGone> {
+        let mut text = self.worker.metrics()?;
+        if let Some(c) = &self.counters {
+            text.push_str(&c.render());
+        }
+        Ok(Response::text(200, text)
+            .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
     }
 
     /// What the proxy serves now: the services it listens for, where, and
@@ -182,8 +203,7 @@ impl AgentApi {
             ("GET", ["healthz"]) => {
                 supervise::healthz_response(self.worker.health(HEALTH_WAIT), "keel-agentd")
             }
-            ("GET", ["metrics"]) => Response::text(200, self.worker.metrics()?)
-                .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
+            ("GET", ["metrics"]) => self.metrics()?,
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
             ("GET", ["proxy"]) => self.proxy_table(),
             ("GET", ["proxy", "replicas"]) => self.proxy_replicas(),

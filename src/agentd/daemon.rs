@@ -397,6 +397,10 @@ fn reload_keys(
     }
 }
 
+/// In simulate mode only, `KEEL_SIM_ENDPOINT_PUSH=off` leaves the endpoint
+/// watcher out, so the heartbeat path can be measured alone (bench/).
+const PUSH_SWITCH: &str = "KEEL_SIM_ENDPOINT_PUSH";
+
 /// What the cluster thread needs, when `agent.controlplane` is set: the node
 /// id and the host's capacity, detected once here.
 fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifier)>, RunError> {
@@ -436,6 +440,8 @@ fn membership(cfg: &Config, simulate: bool) -> Result<Option<(Membership, Verifi
         heartbeat_interval: a.heartbeat_interval.0,
         signer: Arc::new(RwLock::new(signer)),
         alias_vips: a.proxy_listen.is_none(),
+        push: !(simulate && std::env::var(PUSH_SWITCH).is_ok_and(|v| v == "off")),
+        counters: Arc::default(),
     };
     Ok(Some((membership, verifier)))
 }
@@ -545,6 +551,10 @@ where
         Some(p) => api.with_proxy(p.clone()),
         None => api,
     };
+    let api = match &membership {
+        Some(m) => api.with_cluster_counters(m.counters.clone()),
+        None => api,
+    };
     let verifier = verifier.map(Arc::new);
     let signer = membership.as_ref().map(|m| m.signer.clone());
     let handler: Arc<dyn Handler> = match &verifier {
@@ -557,7 +567,6 @@ where
         .map(|l| server.serve_tcp(l))
         .transpose()
         .map_err(RunError::Socket)?;
-    let (stop_cluster, cluster_stop) = mpsc::channel();
     if let Some(m) = &membership {
         log::info!(
             "node {} joins the control plane at {} (capacity {} CPUs, {} bytes); API also on TCP {}",
@@ -570,7 +579,7 @@ where
     }
     let cluster_thread = membership
         .zip(proxy)
-        .map(|(m, proxy)| cluster::membership::spawn(m, worker.clone(), proxy, cluster_stop))
+        .map(|(m, proxy)| cluster::membership::spawn(m, worker.clone(), proxy))
         .transpose()
         .map_err(setup)?;
     let (stop_timer, timer_stop) = mpsc::channel();
@@ -588,7 +597,6 @@ where
     }
     shutdown.trigger();
     drop(stop_timer);
-    drop(stop_cluster);
     worker.shutdown();
     let _ = http.join();
     if let Some(t) = http_tcp {
@@ -597,7 +605,7 @@ where
     let _ = timer.join();
     // At most one control-plane exchange (CONTROLPLANE_TIMEOUT) to finish.
     if let Some(t) = cluster_thread {
-        let _ = t.join();
+        t.stop();
     }
     let worker_end = watcher.join();
     // At most one probe timeout once the worker is gone.

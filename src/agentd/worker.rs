@@ -284,6 +284,13 @@ impl WorkerHandle {
         self.jails.latest().ok_or(WorkerGone)
     }
 
+    /// Calls `watcher` after every later publish of the jail statuses, and
+    /// once when the worker is gone ([`Snapshot::on_publish`]): the cluster
+    /// thread sends a heartbeat as soon as a placed jail's readiness flips.
+    pub fn on_jails_published(&self, watcher: crate::agentd::snapshot::OnPublish) {
+        self.jails.on_publish(watcher);
+    }
+
     /// The running jails with a health probe, as the worker published them
     /// last, for the health checker (`agentd::health`).
     pub fn health_targets(&self) -> Snapshot<Vec<HealthTarget>> {

@@ -144,6 +144,47 @@ pub struct HeartbeatRequest {
     /// (5,000 peers are about 450 KB of JSON). `None`: always send the list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peers_version: Option<u64>,
+    /// The endpoint generation ([`EndpointsAnswer::generation`]) of the
+    /// service table this node's proxy applied last, when it came from the
+    /// control plane that answered the previous heartbeat; `None` before the
+    /// first one (or from an agent older than endpoint generations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints_generation: Option<u64>,
+    /// Connections this node's proxy has open to each replica (every
+    /// replica with at least one, whether the table still lists it or it is
+    /// only draining).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<ReplicaConnections>,
+}
+
+/// Connections one node's proxy has open to one replica
+/// ([`HeartbeatRequest::connections`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaConnections {
+    /// The replica's `address:port`.
+    pub addr: std::net::SocketAddrV4,
+    /// Connections relaying to it now (at least 1).
+    pub open: u32,
+}
+
+/// Longest wait of `GET /nodes/{id}/endpoints?after=G` for a generation
+/// above `G` before the control plane answers the current table; an agent's
+/// read timeout on that request must be longer.
+pub const ENDPOINTS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// `GET /nodes/{id}/endpoints?after=G`: the service table the control plane
+/// publishes, with its generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointsAnswer {
+    /// Numbers the published tables of one control-plane process: starts at
+    /// 1 and grows by one on every change (see [`EndpointsAnswer::origin`]).
+    pub generation: u64,
+    /// Identifies the control-plane process that numbered `generation`
+    /// (random at its start, below 2^53): generations of two processes are
+    /// not comparable.
+    pub origin: u64,
+    /// Every service, as [`HeartbeatResponse::services`].
+    pub services: Vec<ServiceEndpoints>,
 }
 
 /// One cluster member as peers see it.
@@ -223,6 +264,14 @@ pub struct HeartbeatResponse {
     /// without `peers_version`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub peers_unchanged: bool,
+    /// The endpoint generation of `services` ([`EndpointsAnswer::generation`]);
+    /// `None` from a control plane without endpoint generations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints_generation: Option<u64>,
+    /// The control-plane process that numbered `endpoints_generation`
+    /// ([`EndpointsAnswer::origin`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints_origin: Option<u64>,
 }
 
 /// Liveness of a node, computed on read from its last heartbeat.

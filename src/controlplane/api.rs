@@ -3,7 +3,8 @@
 //! | route | role | what |
 //! |---|---|---|
 //! | `POST /nodes/register` | node | join; answers the pod_cidr |
-//! | `POST /nodes/{id}/heartbeat` | node | lease renewal; answers peers and stale jails |
+//! | `POST /nodes/{id}/heartbeat` | node | lease renewal; answers peers, stale jails and the endpoint table with its generation |
+//! | `GET /nodes/{id}/endpoints?after=G` | node | long poll: the endpoint table once its generation is above `G` (at once without `after`, or when `G` is above the current one, numbered by a previous process), else the current one after [`ENDPOINTS_WAIT`] |
 //! | `GET /nodes` | operator | nodes with liveness computed on read |
 //! | `POST /nodes/{id}/cordon`, `POST /nodes/{id}/uncordon` | operator | nothing new is placed on a cordoned node; what runs there stays |
 //! | `DELETE /nodes/{id}` | operator | forgets a Dead node, its placements and its volumes ([`Cluster::remove_node`](crate::controlplane::registry::Cluster::remove_node)) |
@@ -24,6 +25,18 @@
 //! Every route but `/healthz` needs a signed request (`common::auth`): a node
 //! key for membership, an operator key for the rest, so a leaked node key
 //! cannot apply jails and an operator key cannot impersonate a node.
+//!
+//! The endpoint long poll holds its handler thread and its connection for
+//! up to [`ENDPOINTS_WAIT`], one per node, and never asks the worker: it
+//! reads the [`EndpointBoard`] the worker publishes to. The server's
+//! admission (`common::http::admission`) counts such a connection as
+//! *claimed* from the moment its signed head arrived until the answer is
+//! written, so it is never evicted and never takes a share of the
+//! unauthenticated budget; but every claimed connection holds one of the
+//! listener's `max_connections` slots. So that waiting polls can never take
+//! the slots heartbeats need, at most [`MAX_WAITING_POLLS`] wait at once;
+//! past that a poll is answered 503 at once and its agent retries with
+//! backoff, its proxy kept current by heartbeats alone meanwhile.
 //!
 //! Volume registry (beyond the seed): a jail's volumes must stay with their
 //! data, so the control plane remembers `volume -> node` and sends every
@@ -49,19 +62,23 @@
 //! the worker how it went so it can record or forget the placement.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
+use crate::common::http::server::DEFAULT_MAX_CONNECTIONS;
 use crate::common::http::{Client, Endpoint, Handler, OutgoingRequest, Request, Response};
 use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    COMMITTED_HEADER, EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest, ServiceApply,
-    VolumeStatus, parse_committed, parse_volumes_query, volumes_query,
+    COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, HeartbeatRequest, Liveness,
+    RegisterRequest, ServiceApply, VolumeStatus, parse_committed, parse_volumes_query,
+    volumes_query,
 };
+use crate::controlplane::endpoint_board::EndpointBoard;
 use crate::controlplane::registry::{HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::worker::{WorkerGone, WorkerHandle};
 
@@ -72,11 +89,17 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often a service delete asks whether its replicas drained.
 const DRAIN_POLL: Duration = Duration::from_millis(100);
 
+/// Most endpoint long polls waiting at once: a quarter of the listener's
+/// connections, so heartbeats always find a slot (see the module docs).
+pub const MAX_WAITING_POLLS: usize = DEFAULT_MAX_CONNECTIONS / 4;
+
 /// The control plane API.
 pub struct ControlPlaneApi {
     worker: WorkerHandle,
     verifier: Verifier,
     forwarder: Forwarder,
+    /// Endpoint long polls waiting now.
+    waiting_polls: AtomicUsize,
 }
 
 /// Sends requests to agents, signed with the control plane's node key.
@@ -97,6 +120,7 @@ impl ControlPlaneApi {
             forwarder: Forwarder {
                 signer: Arc::new(RwLock::new(signer)),
             },
+            waiting_polls: AtomicUsize::new(0),
         }
     }
 
@@ -119,7 +143,7 @@ impl ControlPlaneApi {
             return Ok(supervise::healthz_response(health, "keel-controlplane"));
         }
         let role = match segments.as_slice() {
-            ["nodes", "register"] | ["nodes", _, "heartbeat"] => Role::Node,
+            ["nodes", "register"] | ["nodes", _, "heartbeat" | "endpoints"] => Role::Node,
             _ => Role::Operator,
         };
         if let Err(e) = auth::verify_request(&self.verifier, req, role, auth::unix_now()) {
@@ -147,6 +171,7 @@ impl ControlPlaneApi {
                     answer
                 }
             },
+            ("GET", ["nodes", id, "endpoints"]) => self.endpoints(id, req),
             ("GET", ["services"]) => Response::json(200, &self.worker.services()?),
             ("GET", ["services", name]) => match self.worker.service(name)? {
                 Some(status) => Response::json(200, &status),
@@ -304,6 +329,7 @@ impl ControlPlaneApi {
             (_, ["nodes", "register"]) | (_, ["nodes", _, "heartbeat"]) => {
                 method_not_allowed("POST")
             }
+            (_, ["nodes", _, "endpoints"]) => method_not_allowed("GET"),
             (_, ["nodes", _]) => method_not_allowed("DELETE"),
             (_, ["nodes", _, "cordon" | "uncordon"]) => method_not_allowed("POST"),
             (_, ["nodes"]) | (_, ["metrics"]) | (_, ["nodes", _, "jails"]) => {
@@ -353,6 +379,56 @@ impl ControlPlaneApi {
                 None,
             )),
         }
+    }
+
+    /// `GET /nodes/{id}/endpoints?after=G`: see the module docs. Reads the
+    /// board only, never the worker.
+    fn endpoints(&self, id: &str, req: &Request) -> Response {
+        let after = match parse_after(req.query.as_deref()) {
+            Ok(after) => after,
+            Err(why) => return Response::error(400, &why, Some("after")),
+        };
+        let board: &EndpointBoard = self.worker.endpoint_board();
+        if !board.knows(id) {
+            // The heartbeat's refusal: the agent re-registers.
+            return Response::error(
+                404,
+                &format!("node {id} is not registered; register first"),
+                None,
+            );
+        }
+        let (generation, services) = match after {
+            None => board.current(),
+            Some(after) => {
+                let current = board.current();
+                // Above the current one, `after` was numbered by a previous
+                // control plane: the agent needs this one's table now.
+                if current.0 != after {
+                    current
+                } else if self.waiting_polls.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING_POLLS {
+                    self.waiting_polls.fetch_sub(1, Ordering::SeqCst);
+                    return Response::error(
+                        503,
+                        &format!(
+                            "{MAX_WAITING_POLLS} endpoint polls are already waiting; retry later (heartbeats still carry the endpoint table)"
+                        ),
+                        None,
+                    );
+                } else {
+                    let newer = board.wait_newer(after, ENDPOINTS_WAIT);
+                    self.waiting_polls.fetch_sub(1, Ordering::SeqCst);
+                    newer
+                }
+            }
+        };
+        Response::json(
+            200,
+            &EndpointsAnswer {
+                generation,
+                origin: board.origin(),
+                services: services.as_ref().clone(),
+            },
+        )
     }
 
     /// `DELETE /services/{name}`, first half: takes every replica out of
@@ -546,8 +622,16 @@ impl ControlPlaneApi {
             "# HELP keel_nodes Registered nodes by liveness.\n\
              # TYPE keel_nodes gauge\n\
              keel_nodes{{status=\"alive\"}} {alive}\n\
-             keel_nodes{{status=\"dead\"}} {}\n",
-            nodes.len() - alive
+             keel_nodes{{status=\"dead\"}} {}\n\
+             # HELP keel_endpoint_polls_waiting Endpoint long polls waiting for a newer generation.\n\
+             # TYPE keel_endpoint_polls_waiting gauge\n\
+             keel_endpoint_polls_waiting {}\n\
+             # HELP keel_endpoint_generation Generation of the endpoint table published last.\n\
+             # TYPE keel_endpoint_generation gauge\n\
+             keel_endpoint_generation {}\n",
+            nodes.len() - alive,
+            self.waiting_polls.load(Ordering::SeqCst),
+            self.worker.endpoint_board().current().0,
         );
         Ok(Response::text(200, text)
             .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
@@ -790,6 +874,27 @@ struct ScaleRequest {
 struct UndoRequest {
     #[serde(default)]
     revision: Option<u64>,
+}
+
+/// The `after` parameter of `GET /nodes/{id}/endpoints`; `None` without one.
+fn parse_after(query: Option<&str>) -> Result<Option<u64>, String> {
+    let mut after = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != "after" {
+            return Err(format!(
+                "unknown parameter {key:?}; the only one is after (an endpoint generation)"
+            ));
+        }
+        if after.is_some() {
+            return Err("after is given twice".into());
+        }
+        let generation = value.parse::<u64>().map_err(|_| {
+            format!("after must be an endpoint generation (a whole number), not {value:?}")
+        })?;
+        after = Some(generation);
+    }
+    Ok(after)
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {

@@ -6,6 +6,7 @@
 //! | [`scheduler`] | `pick_node`: a pure ranking of Alive nodes by headroom |
 //! | [`state`] | what is persisted, and the ops that change it |
 //! | [`worker`] | the one thread owning the registry and the journal |
+//! | [`endpoint_board`] | the endpoint table the worker publishes and long polls wait on |
 //! | [`api`] | the route table, request signing checks, forwarding to agents |
 //! | [`daemon`] | startup and shutdown |
 //! | [`cli`] | flags and `--check-config` |
@@ -16,6 +17,7 @@
 pub mod api;
 pub mod cli;
 pub mod daemon;
+pub mod endpoint_board;
 pub mod registry;
 pub mod scheduler;
 pub mod state;

@@ -13,12 +13,22 @@
 //! worker reloads the state from disk (which holds exactly what was
 //! acknowledged before) and answers every command of the batch with the error.
 //!
+//! Endpoints: after every batch that held a request able to change the
+//! endpoint table (a heartbeat, a service put or delete, a placement
+//! change, a node removal), and at least every quarter of the stall
+//! threshold whatever it held (liveness changes with time alone), the worker
+//! asks the registry for a changed table
+//! ([`Cluster::refresh_endpoints`]) and pins it, once durable, to the
+//! [`EndpointBoard`], where the API's long polls read it without asking
+//! this thread.
+//!
 //! Stalls: when this thread could not run for longer than half of
 //! `dead_after` (a slow batch, a stopped process), the heartbeats it missed
 //! prove nothing, so every lease still running restarts
 //! ([`Cluster::observation_gap`]) instead of expiring on the next read.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -30,6 +40,7 @@ use crate::common::wire::{
     HeartbeatRequest, NodeStatus, RegisterRequest, RegisterResponse, Resources, ServiceApply,
     ServiceRevision, ServiceStatus,
 };
+use crate::controlplane::endpoint_board::EndpointBoard;
 use crate::controlplane::registry::{Cluster, HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::state::{ClusterState, Op, STATE_NAME};
 
@@ -168,9 +179,15 @@ impl std::error::Error for WorkerGone {}
 #[derive(Clone)]
 pub struct WorkerHandle {
     tx: Sender<Command>,
+    board: Arc<EndpointBoard>,
 }
 
 impl WorkerHandle {
+    /// The endpoint table the worker publishes, read without asking it.
+    pub fn endpoint_board(&self) -> &Arc<EndpointBoard> {
+        &self.board
+    }
+
     fn ask<T>(
         &self,
         make: impl FnOnce(Reply<T>) -> Command,
@@ -448,15 +465,40 @@ impl Worker {
     }
 
     /// Starts the worker thread.
-    pub fn spawn(self) -> std::io::Result<(WorkerHandle, JoinHandle<()>)> {
+    pub fn spawn(mut self) -> std::io::Result<(WorkerHandle, JoinHandle<()>)> {
         let (tx, rx) = mpsc::channel();
+        let now = Instant::now();
+        let (generation, services) = self.cluster.refresh_endpoints(now).unwrap_or_else(|| {
+            (
+                self.cluster.endpoints_generation(),
+                self.cluster.endpoints(now),
+            )
+        });
+        let board = Arc::new(EndpointBoard::new(
+            self.cluster.endpoints_origin(),
+            generation,
+            services,
+            self.node_ids(),
+        ));
+        let published = Arc::clone(&board);
         let handle = std::thread::Builder::new()
             .name("keel-cp-worker".into())
-            .spawn(move || self.run(rx))?;
-        Ok((WorkerHandle { tx }, handle))
+            .spawn(move || self.run(rx, &published))?;
+        Ok((WorkerHandle { tx, board }, handle))
     }
 
-    fn run(mut self, rx: Receiver<Command>) {
+    fn node_ids(&self) -> std::collections::BTreeSet<String> {
+        self.cluster.state().nodes.keys().cloned().collect()
+    }
+
+    /// Pins a changed endpoint table to `board`; see the module docs.
+    fn publish_endpoints(&mut self, board: &EndpointBoard, now: Instant) {
+        if let Some((generation, services)) = self.cluster.refresh_endpoints(now) {
+            board.publish(generation, services);
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Command>, board: &EndpointBoard) {
         // Stall detection: the loop wakes at least every quarter of the
         // stall threshold, idle or not, so when more than the threshold has
         // passed since it last woke, this thread could not run (a batch took
@@ -464,6 +506,7 @@ impl Worker {
         // did not handle meanwhile are no evidence against any node.
         let threshold = self.cluster.stall_threshold();
         let mut previous = Instant::now();
+        let mut refreshed = previous;
         loop {
             let received = rx.recv_timeout(threshold / 4);
             let now = Instant::now();
@@ -473,7 +516,11 @@ impl Worker {
             previous = now;
             let first = match received {
                 Ok(cmd) => cmd,
-                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.publish_endpoints(board, now);
+                    refreshed = now;
+                    continue;
+                }
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             };
             let mut batch = vec![first];
@@ -486,14 +533,31 @@ impl Worker {
             let mut ops = Vec::new();
             let mut deferred: Vec<Deferred> = Vec::new();
             let mut stop = false;
+            let mut endpoints_may_change = false;
+            let mut nodes_may_change = false;
             for cmd in batch {
                 if matches!(cmd, Command::Shutdown) {
                     stop = true;
                     continue;
                 }
+                endpoints_may_change |= changes_endpoints(&cmd);
+                nodes_may_change |= matches!(cmd, Command::Register(..) | Command::RemoveNode(..));
                 self.handle(cmd, &mut ops, &mut deferred);
             }
             let outcome = self.persist(&ops);
+            // Once durable (a failed append reloaded the state, and the
+            // table is recomputed from what was reloaded).
+            if nodes_may_change || outcome.is_err() {
+                board.set_nodes(self.node_ids());
+            }
+            let now = Instant::now();
+            if endpoints_may_change
+                || outcome.is_err()
+                || now.saturating_duration_since(refreshed) >= threshold / 4
+            {
+                self.publish_endpoints(board, now);
+                refreshed = now;
+            }
             for reply in deferred {
                 reply(outcome.clone());
             }
@@ -760,6 +824,22 @@ impl Worker {
             Command::Shutdown => {}
         }
     }
+}
+
+/// True for the commands that can change the endpoint table: what nodes
+/// report, services, placements and node records.
+fn changes_endpoints(cmd: &Command) -> bool {
+    matches!(
+        cmd,
+        Command::Register(..)
+            | Command::Heartbeat(..)
+            | Command::FinishApply { .. }
+            | Command::BeginDelete { .. }
+            | Command::RemovePlacement { .. }
+            | Command::PutService { .. }
+            | Command::RemoveService(..)
+            | Command::RemoveNode(..)
+    )
 }
 
 /// Opens the journal in `state_dir`.

@@ -332,6 +332,8 @@ impl FakeAgent {
             })
             .collect();
         let body = serde_json::to_vec(&HeartbeatRequest {
+            endpoints_generation: None,
+            connections: Vec::new(),
             committed: Resources {
                 cpu: 0.0,
                 memory: 0,

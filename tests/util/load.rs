@@ -338,6 +338,8 @@ impl PacedLoad {
             Paced::Heartbeat => {
                 let jails = self.placed[i].load(Ordering::Relaxed);
                 let body = serde_json::to_vec(&HeartbeatRequest {
+                    endpoints_generation: None,
+                    connections: Vec::new(),
                     committed: Resources {
                         cpu: jails as f64 * JAIL_CPU,
                         memory: jails * JAIL_MEMORY,

@@ -25,6 +25,12 @@
 //! if it still has the reported epoch it was stale then and is stale now.
 //! Jails applied locally carry no epoch and are never fenced.
 //!
+//! The proxy is reached through the [`ProxyTable`] the endpoint watcher
+//! shares ([`crate::agentd::cluster::watch`]): an answer whose endpoint
+//! generation is not newer than the table the proxy already holds (a push
+//! overtook it) still has the worker apply its routes, aliases and fences,
+//! but leaves the proxy alone.
+//!
 //! It never talks to the control plane and never touches the host itself.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,7 +38,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use crate::agentd::proxy::Proxy;
+use crate::agentd::cluster::watch::{ProxyTable, Stamp};
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::cidr::Ipv4Net;
 use crate::common::sync::lock;
@@ -62,6 +68,8 @@ pub struct Answer {
     pub fence: Vec<PlacedJail>,
     /// The services, for the proxy and (as `VIP:port` by name) the ingress.
     pub services: Vec<ServiceEndpoints>,
+    /// The services' endpoint generation, when the control plane numbers them.
+    pub stamp: Option<Stamp>,
 }
 
 /// A slot holding at most one value between threads: [`LatestSlot::put`]
@@ -132,10 +140,10 @@ impl Applier {
     /// Starts the thread that hands jobs to `worker`, then each answer's
     /// services to `proxy`. It ends when the worker is gone or the applier
     /// is dropped.
-    pub fn spawn(worker: WorkerHandle, proxy: Arc<Proxy>) -> std::io::Result<Applier> {
+    pub fn spawn(worker: WorkerHandle, table: Arc<ProxyTable>) -> std::io::Result<Applier> {
         let mut last_problem: Option<String> = None;
         Applier::spawn_with(move |job| {
-            let problem = carry_out(&worker, &proxy, job)?;
+            let problem = carry_out(&worker, &table, job)?;
             // Once per change, like the heartbeat's own problems.
             if problem != last_problem {
                 match &problem {
@@ -191,7 +199,11 @@ impl Drop for Applier {
 
 /// Runs one job on the worker (and the proxy); `Ok(Some(problems))` when
 /// parts of it failed, the rest being done.
-fn carry_out(worker: &WorkerHandle, proxy: &Proxy, job: Job) -> Result<Option<String>, WorkerGone> {
+fn carry_out(
+    worker: &WorkerHandle,
+    table: &ProxyTable,
+    job: Job,
+) -> Result<Option<String>, WorkerGone> {
     match job {
         Job::AdoptSubnet(subnet) => Ok(worker.adopt_subnet(subnet)?.err().map(|e| {
             format!(
@@ -205,16 +217,22 @@ fn carry_out(worker: &WorkerHandle, proxy: &Proxy, job: Job) -> Result<Option<St
                 vips,
                 fence,
                 services,
+                stamp,
             } = *answer;
             let backends: BTreeMap<String, SocketAddrV4> = services
                 .iter()
                 .map(|s| (s.name.clone(), SocketAddrV4::new(s.vip, s.port)))
                 .collect();
-            let outcome = worker.cluster_update(pod_cidr, peers, vips, backends, fence)?;
+            let outcome = worker.cluster_update(pod_cidr, peers, vips.clone(), backends, fence)?;
             // After the aliases exist: a listener on a VIP the host does not
             // have yet would fail to bind.
             let mut errors = outcome.errors;
-            errors.extend(proxy.update(&services).iter().map(|e| e.to_string()));
+            errors.extend(
+                table
+                    .from_heartbeat(stamp, vips, &services)
+                    .iter()
+                    .map(|e| e.to_string()),
+            );
             Ok((!errors.is_empty()).then(|| errors.join("; ")))
         }
     }

@@ -1,11 +1,18 @@
 //! What a heartbeat says and how its answer is read, as pure functions: the
 //! request body from the jail statuses ([`heartbeat_request`]), the peer list
 //! held between answers ([`PeerCache`]) and the stale names turned into the
-//! fence list ([`stale_placed`]). It never touches the host or the network.
+//! fence list ([`stale_placed`]), and the proxy's open connections as the
+//! heartbeat reports them ([`connections`]). It never touches the host or
+//! the network.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
+
+use crate::agentd::proxy::ServiceLoads;
 use crate::agentd::reconciler::Phase;
 use crate::common::wire::{
-    HeartbeatRequest, HeartbeatResponse, JailStatus, Peer, PlacedJail, Resources,
+    HeartbeatRequest, HeartbeatResponse, JailStatus, Peer, PlacedJail, ReplicaConnections,
+    Resources,
 };
 
 /// The heartbeat body from the worker's jail list: committed resources and
@@ -38,7 +45,25 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         jails: u32::try_from(tracked.len()).unwrap_or(u32::MAX),
         placed,
         peers_version: None,
+        endpoints_generation: None,
+        connections: Vec::new(),
     }
+}
+
+/// Every replica the proxy has connections open to, listed or only
+/// draining, with their number (summed over services, in address order).
+pub fn connections(loads: &[ServiceLoads]) -> Vec<ReplicaConnections> {
+    let mut open: BTreeMap<SocketAddrV4, u32> = BTreeMap::new();
+    for (_, replicas) in loads {
+        for r in replicas.iter().filter(|r| r.open > 0) {
+            let n = u32::try_from(r.open).unwrap_or(u32::MAX);
+            let sum = open.entry(r.addr).or_default();
+            *sum = sum.saturating_add(n);
+        }
+    }
+    open.into_iter()
+        .map(|(addr, open)| ReplicaConnections { addr, open })
+        .collect()
 }
 
 /// The last peer list the control plane sent in full, and its version, so a
@@ -146,7 +171,41 @@ mod tests {
             services: Vec::new(),
             peers_version: version,
             peers_unchanged: unchanged,
+            endpoints_generation: None,
+            endpoints_origin: None,
         }
+    }
+
+    #[test]
+    fn connections_name_every_replica_with_open_ones_listed_or_draining() {
+        use crate::agentd::proxy::ReplicaLoad;
+        let addr = |last: u8| SocketAddrV4::new(std::net::Ipv4Addr::new(10, 20, 1, last), 80);
+        let load = |last: u8, open: usize, listed: bool| ReplicaLoad {
+            addr: addr(last),
+            open,
+            listed,
+            ejected: false,
+        };
+        let loads = vec![
+            (
+                "web".to_string(),
+                vec![load(2, 3, true), load(3, 0, true), load(4, 1, false)],
+            ),
+            ("api".to_string(), vec![load(2, 2, true)]),
+        ];
+        assert_eq!(
+            connections(&loads),
+            [
+                ReplicaConnections {
+                    addr: addr(2),
+                    open: 5
+                },
+                ReplicaConnections {
+                    addr: addr(4),
+                    open: 1
+                },
+            ]
+        );
     }
 
     #[test]

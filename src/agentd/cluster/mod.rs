@@ -5,7 +5,12 @@
 //! A thread of its own ([`membership::spawn`]) talks to the control plane, so
 //! a slow or unreachable control plane never delays an API request: it
 //! registers (retrying with backoff, 1 s doubling to 30 s, while the agent
-//! serves locally), then heartbeats every `agent.heartbeat_interval`.
+//! serves locally), then heartbeats every `agent.heartbeat_interval`, and
+//! at once when a placed jail's readiness flips or its process starts or
+//! exits. A second thread ([`watch`]) long-polls the control plane for the
+//! endpoint table and gives each newer one to the proxy directly, so a
+//! readiness change elsewhere reaches this node's proxy in well under a
+//! second instead of up to two heartbeat periods.
 //!
 //! Nothing slow stands in front of liveness, in either direction. A heartbeat
 //! is built from the jail statuses the worker last published
@@ -49,6 +54,7 @@
 //! |---|---|
 //! | [`membership`] | the cluster thread and its control-plane client |
 //! | [`applier`] | handing answers to the worker and the proxy, newest first, never waiting |
+//! | [`watch`] | the endpoint watcher (long poll), and the table both paths hand the proxy |
 //! | [`heartbeat`] | the heartbeat body, the held peer list, the fence list (pure) |
 //! | [`identity`] | the node id and the host's capacity, decided at startup |
 //! | [`signed`] | the signing keys and the guard on the agent's TCP listener |
@@ -67,3 +73,4 @@ pub mod heartbeat;
 pub mod identity;
 pub mod membership;
 pub mod signed;
+pub mod watch;

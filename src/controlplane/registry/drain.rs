@@ -5,7 +5,9 @@
 //! A draining replica is left out of every endpoint list (see
 //! `services::replica_view`), so the proxies stop sending it new
 //! connections while the ones they already relay carry on. It is *drained*
-//! when the proxies' own counts say its connections are over, or when the
+//! when the proxies' own counts say its connections are over (every Alive
+//! node's heartbeat reports it applied a table without the replica, and
+//! none reports a connection open to it: see `endpoints`), or when the
 //! service's `drainTimeout` passed, whichever comes first; a replica on a
 //! Dead node, which no proxy can reach, is drained at once. Drains live in
 //! memory only: after a restart a leaving replica simply drains again.
@@ -13,9 +15,11 @@
 //! This file decides when a drain is over; it must never stop a replica
 //! itself (healing does, once told).
 
+use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 
 use super::{Cluster, Refusal};
+use crate::common::names::replica_of;
 use crate::common::wire::Liveness;
 use crate::controlplane::state::Placement;
 
@@ -33,6 +37,9 @@ pub enum DrainThen {
 pub(super) struct Drain {
     /// When it is stopped whatever its connections.
     pub(super) deadline: Instant,
+    /// The first endpoint generation without it: once every Alive node's
+    /// proxy applied it, no proxy sends it a new connection.
+    pub(super) generation: u64,
     pub(super) then: DrainThen,
 }
 
@@ -50,13 +57,26 @@ impl Cluster {
         if self.liveness(&p.node, now) == Some(Liveness::Dead) {
             return true;
         }
-        let drain = self
-            .draining
-            .entry(replica.to_string())
-            .or_insert_with(|| Drain {
-                deadline: now + timeout,
-                then,
-            });
+        if !self.draining.contains_key(replica) {
+            // Out of the table from this generation on (a replica that was
+            // not in it leaves it unchanged, and the current one will do).
+            self.draining.insert(
+                replica.to_string(),
+                Drain {
+                    deadline: now + timeout,
+                    generation: 0,
+                    then,
+                },
+            );
+            self.recompute_endpoints(now);
+            let generation = self.endpoints_generation();
+            if let Some(d) = self.draining.get_mut(replica) {
+                d.generation = generation;
+            }
+        }
+        let Some(drain) = self.draining.get_mut(replica) else {
+            return false;
+        };
         drain.then = then;
         let drain = drain.clone();
         if now >= drain.deadline {
@@ -70,11 +90,25 @@ impl Cluster {
     }
 
     /// Whether every proxy that could hold a connection to the draining
-    /// replica has applied an endpoint list without it and reports none
-    /// open. Until the proxies report their counts, nothing is known, so a
-    /// drain lasts its whole timeout: absence of a count is not zero.
-    fn connections_over(&self, _replica: &str, _p: &Placement, _d: &Drain, _now: Instant) -> bool {
-        false
+    /// replica has applied an endpoint table without it and reports none
+    /// open to it. A node that has not reported since does not count as
+    /// zero: until every Alive node's heartbeat says it applied the
+    /// drain's generation, the drain goes on (absence of a count is not
+    /// zero). A replica never reported with an address was in no table.
+    fn connections_over(&self, replica: &str, p: &Placement, d: &Drain, now: Instant) -> bool {
+        let address = self
+            .live
+            .get(&p.node)
+            .and_then(|l| l.reported.get(replica))
+            .and_then(|r| r.address);
+        let port = replica_of(replica)
+            .and_then(|(service, _)| self.state.services.get(service))
+            .map(|s| s.applied.port);
+        let (Some(address), Some(port)) = (address, port) else {
+            return true;
+        };
+        self.endpoints_caught_up(d.generation, now)
+            && self.open_connections(SocketAddrV4::new(address, port), now) == 0
     }
 
     /// Ends `replica`'s drain of kind `then`, if it has one: it serves again.

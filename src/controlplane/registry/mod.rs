@@ -13,8 +13,11 @@
 //! - [`services`]: replica sets, endpoints and healing.
 //! - [`rollout`]: template revisions, rolling updates, scale and undo.
 //! - [`drain`]: replicas leaving the rotation before they are stopped.
+//! - [`endpoints`]: the published endpoint table and its generation, and
+//!   what each node's proxy applied and still relays.
 
 pub mod drain;
+pub mod endpoints;
 pub mod liveness;
 pub mod nodes;
 pub mod peers;
@@ -25,7 +28,7 @@ pub mod services;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +36,7 @@ use crate::common::cidr::Ipv4Net;
 use crate::common::wire::Resources;
 use crate::controlplane::state::{ClusterState, Op};
 
+use endpoints::PublishedEndpoints;
 use liveness::Rank;
 use peers::first_peers_version;
 pub use peers::{HeartbeatAnswer, PeerListJson};
@@ -105,6 +109,12 @@ struct Live {
     reported: BTreeMap<String, Reported>,
     /// The headroom the node is ranked under in `Cluster::ranked`, while Alive.
     rank: Option<Rank>,
+    /// The endpoint generation its proxy applied last, as its last
+    /// heartbeat said (see [`endpoints`]).
+    endpoints_applied: Option<u64>,
+    /// Connections its proxy has open to each replica, as its last
+    /// heartbeat said.
+    connections: BTreeMap<SocketAddrV4, u32>,
 }
 
 /// See the module docs.
@@ -137,6 +147,8 @@ pub struct Cluster {
     /// The Alive nodes, most headroom first and ties by id: the
     /// scheduled route's pick is the first one, without visiting 5,000 nodes.
     ranked: BTreeSet<(Rank, String)>,
+    /// The endpoint table last published and its generation.
+    published: PublishedEndpoints,
 }
 
 impl Cluster {
@@ -194,8 +206,10 @@ impl Cluster {
             entries: BTreeMap::new(),
             peer_list: None,
             ranked: BTreeSet::new(),
+            published: PublishedEndpoints::default(),
         };
         cluster.encode_every_peer(now);
+        cluster.start_endpoints(now);
         cluster
     }
 

@@ -106,6 +106,13 @@ impl Cluster {
                 (j.name.clone(), reported)
             })
             .collect();
+        live.endpoints_applied = req.endpoints_generation;
+        live.connections = req
+            .connections
+            .iter()
+            .filter(|c| c.open > 0)
+            .map(|c| (c.addr, c.open))
+            .collect();
         // After the committed resources, so the node is ranked by them.
         self.heard_from(id, now);
         let stale = req
@@ -115,13 +122,16 @@ impl Cluster {
             .map(|j| j.name.clone())
             .collect();
         let unchanged = req.peers_version == Some(self.peers_version);
+        let (generation, services) = self.current_endpoints(now);
         Ok(HeartbeatAnswer {
             response: HeartbeatResponse {
                 peers: Vec::new(),
                 stale,
-                services: self.endpoints(now),
+                services,
                 peers_version: Some(self.peers_version),
                 peers_unchanged: unchanged,
+                endpoints_generation: Some(generation),
+                endpoints_origin: Some(self.endpoints_origin()),
             },
             peers: (!unchanged).then(|| self.peer_list()),
         })

@@ -66,6 +66,8 @@ fn beat(
     c.heartbeat(
         id,
         &HeartbeatRequest {
+            endpoints_generation: None,
+            connections: Vec::new(),
             committed: Resources { cpu, memory: 0 },
             ..placed_req(placed)
         },
@@ -86,6 +88,8 @@ fn beat_with(c: &mut Cluster, id: &str, version: Option<u64>, now: Instant) -> H
     c.heartbeat(
         id,
         &HeartbeatRequest {
+            endpoints_generation: None,
+            connections: Vec::new(),
             committed: Resources::default(),
             jails: 0,
             placed: Vec::new(),
@@ -288,6 +292,8 @@ fn scheduled_applies_are_sticky_and_recorded_only_on_success() {
 
 fn placed_req(placed: &[(&str, u64)]) -> HeartbeatRequest {
     HeartbeatRequest {
+        endpoints_generation: None,
+        connections: Vec::new(),
         committed: Resources::default(),
         jails: placed.len() as u32,
         placed: placed
@@ -491,6 +497,8 @@ proptest! {
                 }
                 Step::Beat { node, cpu, mem } => {
                     let req = HeartbeatRequest {
+                        endpoints_generation: None,
+                        connections: Vec::new(),
                         committed: Resources {
                             cpu: f64::from(cpu) / 2.0,
                             memory: u64::from(mem) << 29,
@@ -1127,6 +1135,8 @@ fn reported_by(c: &Cluster, node: &str) -> HeartbeatRequest {
         })
         .collect();
     HeartbeatRequest {
+        endpoints_generation: None,
+        connections: Vec::new(),
         committed: Resources::default(),
         jails: 0,
         placed,
@@ -1314,6 +1324,8 @@ fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
     carry_out(&mut c, plan, t0);
     let epoch = c.state().placements["web-0"].epoch;
     let report = |ready: Option<bool>| HeartbeatRequest {
+        endpoints_generation: None,
+        connections: Vec::new(),
         committed: Resources::default(),
         jails: 1,
         placed: vec![PlacedJail {
@@ -1688,4 +1700,207 @@ fn a_deleted_service_s_replicas_drain_before_the_record_goes() {
     let (_, removals) = c.remove_service("web", t1).expect("remove");
     assert_eq!(removals.len(), 2);
     assert!(c.service_drained("web", t1), "gone is drained");
+}
+
+/// `spread_web` with every node reporting its replica running, the table
+/// refreshed (and handed out) once.
+fn settled_web() -> (Cluster, Instant, u64) {
+    let (mut c, t0) = spread_web();
+    for id in ["a", "b", "c"] {
+        let req = reported_by(&c, id);
+        c.heartbeat(id, &req, t0).expect("beat");
+    }
+    let (generation, table) = c.refresh_endpoints(t0).expect("a first table");
+    assert_eq!(table[0].replicas.len(), 3, "{table:?}");
+    (c, t0, generation)
+}
+
+#[test]
+fn the_endpoint_generation_grows_only_when_the_table_changes() {
+    let (mut c, t0, generation) = settled_web();
+    assert!(
+        generation > 1,
+        "placing and reporting replicas changed the table"
+    );
+    // The same reports again: nothing new to publish.
+    for id in ["a", "b", "c"] {
+        let req = reported_by(&c, id);
+        c.heartbeat(id, &req, t0).expect("beat");
+    }
+    assert_eq!(c.refresh_endpoints(t0), None);
+    assert_eq!(c.endpoints_generation(), generation);
+
+    // b's replica stops being ready: one new generation, carried by the
+    // heartbeat answer too.
+    let mut req = reported_by(&c, "b");
+    req.placed[0].ready = Some(false);
+    let resp = decode(&c.heartbeat("b", &req, t0).expect("beat"), "b");
+    assert_eq!(resp.endpoints_generation, Some(generation + 1));
+    assert_eq!(resp.endpoints_origin, Some(c.endpoints_origin()));
+    assert_eq!(resp.services[0].replicas.len(), 2);
+    let (next, table) = c.refresh_endpoints(t0).expect("the change is published");
+    assert_eq!((next, table), (generation + 1, resp.services));
+    assert_eq!(c.refresh_endpoints(t0), None, "handed out once");
+}
+
+#[test]
+fn liveness_alone_changes_the_endpoint_generation() {
+    let (mut c, t0, generation) = settled_web();
+    // a and b keep heartbeating, c goes silent past dead_after.
+    let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+    for id in ["a", "b"] {
+        let req = reported_by(&c, id);
+        c.heartbeat(id, &req, later).expect("beat");
+    }
+    let (next, table) = c
+        .refresh_endpoints(later)
+        .expect("c's death changes the table");
+    assert!(next > generation);
+    assert_eq!(table[0].replicas.len(), 2, "{table:?}");
+}
+
+#[test]
+fn a_restarted_control_plane_numbers_from_one_under_another_origin() {
+    let (c, _, generation) = settled_web();
+    let r = restarted(&c);
+    assert_eq!(r.endpoints_generation(), 1);
+    assert!(generation > 1);
+    assert_ne!(r.endpoints_origin(), c.endpoints_origin());
+}
+
+#[test]
+fn open_connections_sum_what_nodes_not_dead_report() {
+    let (mut c, t0, _) = settled_web();
+    let replica = SocketAddrV4::new(Ipv4Addr::new(10, 20, 0, 2), 80);
+    let other = SocketAddrV4::new(Ipv4Addr::new(10, 20, 0, 3), 80);
+    let with_connections = |c: &Cluster, id: &str, open: &[(SocketAddrV4, u32)]| {
+        let mut req = reported_by(c, id);
+        req.connections = open
+            .iter()
+            .map(|&(addr, open)| crate::common::wire::ReplicaConnections { addr, open })
+            .collect();
+        req
+    };
+    let req = with_connections(&c, "a", &[(replica, 2), (other, 7)]);
+    c.heartbeat("a", &req, t0).expect("beat");
+    let req = with_connections(&c, "b", &[(replica, 3)]);
+    c.heartbeat("b", &req, t0).expect("beat");
+    assert_eq!(c.open_connections(replica, t0), 5);
+    assert_eq!(c.open_connections(other, t0), 7);
+    assert_eq!(
+        c.open_connections(SocketAddrV4::new(Ipv4Addr::new(10, 20, 9, 9), 80), t0),
+        0
+    );
+    // A later heartbeat replaces what the node reported.
+    let req = with_connections(&c, "b", &[]);
+    c.heartbeat("b", &req, t0).expect("beat");
+    assert_eq!(c.open_connections(replica, t0), 2);
+    // A Dead node's connections no longer count.
+    let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+    let req = reported_by(&c, "b");
+    c.heartbeat("b", &req, later).expect("beat");
+    assert_eq!(c.liveness("a", later), Some(Liveness::Dead));
+    assert_eq!(c.open_connections(replica, later), 0);
+}
+
+#[test]
+fn endpoints_are_caught_up_once_every_alive_node_applied_the_generation() {
+    let (mut c, t0, generation) = settled_web();
+    let applied = |c: &Cluster, id: &str, g: Option<u64>| {
+        let mut req = reported_by(c, id);
+        req.endpoints_generation = g;
+        req
+    };
+    for (id, g) in [
+        ("a", Some(generation)),
+        ("b", Some(generation + 1)),
+        ("c", None),
+    ] {
+        let req = applied(&c, id, g);
+        c.heartbeat(id, &req, t0).expect("beat");
+    }
+    assert!(
+        !c.endpoints_caught_up(generation, t0),
+        "c applied nothing yet"
+    );
+    let req = applied(&c, "c", Some(generation - 1));
+    c.heartbeat("c", &req, t0).expect("beat");
+    assert!(!c.endpoints_caught_up(generation, t0), "c is one behind");
+    let req = applied(&c, "c", Some(generation));
+    c.heartbeat("c", &req, t0).expect("beat");
+    assert!(c.endpoints_caught_up(generation, t0));
+    assert!(
+        !c.endpoints_caught_up(generation + 1, t0),
+        "a is behind that one"
+    );
+
+    // A node that went silent (Dead) does not hold draining up, nor does one
+    // not heard from since a restart (Unknown).
+    let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+    for id in ["b", "c"] {
+        let req = applied(&c, id, Some(generation + 1));
+        c.heartbeat(id, &req, later).expect("beat");
+    }
+    assert_eq!(c.liveness("a", later), Some(Liveness::Dead));
+    assert!(c.endpoints_caught_up(generation + 1, later));
+    let mut r = restarted_at(&c, later);
+    let req = applied(&r, "b", Some(1));
+    r.heartbeat("b", &req, later).expect("beat");
+    assert_eq!(r.liveness("c", later), Some(Liveness::Unknown));
+    assert!(
+        r.endpoints_caught_up(1, later),
+        "unknown c does not hold it up"
+    );
+}
+
+/// Every node reports its replicas ready, that its proxy applied
+/// `generation`, and `open` connections to `to` (if any).
+fn beat_applied(c: &mut Cluster, generation: u64, to: Option<(SocketAddrV4, u32)>, now: Instant) {
+    let nodes: Vec<String> = c.state().nodes.keys().cloned().collect();
+    for node in nodes {
+        let mut req = reported_by(c, &node);
+        req.endpoints_generation = Some(generation);
+        req.connections = to
+            .map(|(addr, open)| vec![crate::common::wire::ReplicaConnections { addr, open }])
+            .unwrap_or_default();
+        c.heartbeat(&node, &req, now).expect("heartbeat");
+    }
+}
+
+#[test]
+fn a_drain_ends_when_every_proxy_applied_the_table_without_the_replica_and_reports_none_open() {
+    let t0 = Instant::now();
+    let mut c = three_ready(t0);
+    let web2 = c
+        .service_status("web", t0)
+        .expect("status")
+        .replicas
+        .iter()
+        .find(|r| r.name == "web-2")
+        .and_then(|r| r.address)
+        .map(|a| SocketAddrV4::new(a, 80))
+        .expect("web-2's address");
+    let mut two = service(2, 80, "t1", false);
+    two.policy.drain_timeout_ms = 60_000;
+    c.put_service("web", &two, t0).expect("scale down");
+    let before = c.endpoints_generation();
+    assert!(c.plan_heal(Some("web"), t0).is_empty(), "draining");
+    let without = c.endpoints_generation();
+    assert!(
+        without > before,
+        "the table without web-2 is a new generation"
+    );
+    // A proxy still on the old table: not over, even with no connection.
+    beat_applied(&mut c, before, None, t0);
+    assert!(c.plan_heal(Some("web"), t0).is_empty());
+    // Every proxy on the new table, one connection still open: not over.
+    beat_applied(&mut c, without, Some((web2, 1)), t0);
+    assert!(c.plan_heal(Some("web"), t0).is_empty());
+    // Closed: removed, long before the drain timeout.
+    beat_applied(&mut c, without, None, t0);
+    let plan = c.plan_heal(Some("web"), t0);
+    assert!(
+        matches!(plan.as_slice(), [HealAction::Remove { replica, .. }] if replica == "web-2"),
+        "{plan:?}"
+    );
 }

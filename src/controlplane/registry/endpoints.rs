@@ -1,0 +1,124 @@
+//! The endpoint table as published to the agents' proxies, numbered by
+//! generation, and what each node's proxy reports it applied and still
+//! relays.
+//!
+//! Generations: the table every proxy routes by ([`Cluster::endpoints`]) is
+//! recomputed after every request that can change it and on the worker's
+//! periodic tick (liveness changes with time alone), and
+//! [`Cluster::refresh_endpoints`] gives it a new generation only when it
+//! differs from the last one published. Generations live in memory only:
+//! they start at 1 when the process starts, under a random
+//! [`Cluster::endpoints_origin`] that tells one process's numbers from
+//! another's, so an agent that held generation 50 of the previous process
+//! is not fooled by this one's 3 (the agent's side of that is
+//! `agentd::cluster::watch`). An agent or control plane restart simply
+//! resyncs: the first heartbeat answer carries the whole table.
+//!
+//! Each heartbeat also reports which generation its node's proxy applied
+//! and the connections it has open to each replica; this file keeps them on
+//! the node's record and answers the two questions connection draining
+//! asks ([`Cluster::open_connections`], [`Cluster::endpoints_caught_up`]).
+//!
+//! This file must never compute the table itself (that is
+//! [`super::services`], through [`Cluster::endpoints`]) nor decide liveness
+//! (that is [`super::liveness`]); it only compares, numbers and remembers.
+
+use std::net::SocketAddrV4;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Cluster;
+use super::peers::first_peers_version;
+use crate::common::wire::{Liveness, ServiceEndpoints};
+
+/// The table last published and its numbering; see the module docs.
+#[derive(Debug, Default)]
+pub(super) struct PublishedEndpoints {
+    /// The generation of `services`; 1 for the table at the start.
+    generation: u64,
+    /// Identifies this process's generations.
+    origin: u64,
+    /// The table of `generation`.
+    services: Arc<Vec<ServiceEndpoints>>,
+    /// The generation [`Cluster::refresh_endpoints`] last handed out.
+    announced: u64,
+}
+
+impl Cluster {
+    /// Generation 1: the table at the start (every node Unknown).
+    pub(super) fn start_endpoints(&mut self, now: Instant) {
+        let services = self.endpoints(now);
+        self.published = PublishedEndpoints {
+            generation: 1,
+            origin: first_peers_version(),
+            services: Arc::new(services),
+            announced: 0,
+        };
+    }
+
+    /// Recomputes the table; a new generation when it differs from the
+    /// published one. True when it changed.
+    pub(super) fn recompute_endpoints(&mut self, now: Instant) -> bool {
+        let services = self.endpoints(now);
+        if *self.published.services == services {
+            return false;
+        }
+        self.published.generation += 1;
+        self.published.services = Arc::new(services);
+        true
+    }
+
+    /// Recomputes the table (see the module docs) and answers it with its
+    /// generation when that generation was not handed out by an earlier
+    /// call: the worker publishes what this answers to the API's board.
+    pub fn refresh_endpoints(&mut self, now: Instant) -> Option<(u64, Vec<ServiceEndpoints>)> {
+        self.recompute_endpoints(now);
+        if self.published.generation == self.published.announced {
+            return None;
+        }
+        self.published.announced = self.published.generation;
+        Some((
+            self.published.generation,
+            self.published.services.as_ref().clone(),
+        ))
+    }
+
+    /// The current table and its generation, recomputed first (a heartbeat
+    /// answer carries them).
+    pub(super) fn current_endpoints(&mut self, now: Instant) -> (u64, Vec<ServiceEndpoints>) {
+        self.recompute_endpoints(now);
+        (
+            self.published.generation,
+            self.published.services.as_ref().clone(),
+        )
+    }
+
+    /// The generation of the table last published, without recomputing.
+    pub fn endpoints_generation(&self) -> u64 {
+        self.published.generation
+    }
+
+    /// Identifies this process's generations; see the module docs.
+    pub fn endpoints_origin(&self) -> u64 {
+        self.published.origin
+    }
+
+    /// Connections to replica `addr` that the proxies of nodes not Dead
+    /// reported open in their last heartbeats.
+    pub(super) fn open_connections(&self, addr: SocketAddrV4, now: Instant) -> u32 {
+        self.live
+            .iter()
+            .filter(|(id, _)| self.not_dead(id, now))
+            .filter_map(|(_, l)| l.connections.get(&addr))
+            .fold(0u32, |sum, open| sum.saturating_add(*open))
+    }
+
+    /// True when every Alive node's proxy has applied `generation` or a
+    /// later one; Unknown and Dead nodes do not hold it up.
+    pub(super) fn endpoints_caught_up(&self, generation: u64, now: Instant) -> bool {
+        self.live
+            .iter()
+            .filter(|(id, _)| self.liveness(id, now) == Some(Liveness::Alive))
+            .all(|(_, l)| l.endpoints_applied.is_some_and(|g| g >= generation))
+    }
+}
