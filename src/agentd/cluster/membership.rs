@@ -69,6 +69,10 @@ pub const REGISTER_RETRY_CAP: Duration = Duration::from_secs(30);
 /// reconcile pass restarting three replicas) make one heartbeat.
 pub const COALESCE: Duration = Duration::from_millis(10);
 
+/// Longest a heartbeat waits for the proxy's connection counts; the proxy's
+/// control loop answers in microseconds unless something is badly wrong.
+pub const LOADS_WAIT: Duration = Duration::from_millis(250);
+
 /// Path of this node's heartbeat.
 pub fn heartbeat_path(node_id: &str) -> String {
     format!("/nodes/{node_id}/heartbeat")
@@ -505,8 +509,23 @@ fn run(
         loop {
             let mut request = heartbeat_request(&worker.published_jails()?);
             request.peers_version = peers.version();
-            request.endpoints_generation = table.applied_generation(origin);
-            request.connections = connections(&table.proxy().loads());
+            // The counts back a drain's end, so a proxy that does not
+            // answer at once claims nothing: no applied generation, and the
+            // control plane waits for the next heartbeat or the drain
+            // timeout. The heartbeat itself never waits longer than this.
+            // The generation is read before the counts, so the counts are
+            // never older than the table it claims.
+            let applied = table.applied_generation(origin);
+            match table.proxy().loads_within(LOADS_WAIT) {
+                Some(loads) => {
+                    request.endpoints_generation = applied;
+                    request.connections = connections(&loads);
+                }
+                None => log::warn!(
+                    "the proxy did not report its connections within {} ms; this heartbeat claims no endpoint table",
+                    LOADS_WAIT.as_millis()
+                ),
+            }
             m.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
             let problem = match cp.heartbeat(&request) {
                 Ok(mut resp) => match peers.absorb(&mut resp) {

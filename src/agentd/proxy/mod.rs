@@ -344,6 +344,17 @@ impl Proxy {
         rx.recv().unwrap_or_default()
     }
 
+    /// [`Proxy::loads`], waiting at most `wait` for the control loop:
+    /// `None` when it did not answer in time (or has stopped), for callers
+    /// on the liveness path that must not hang on a stuck loop.
+    pub fn loads_within(&self, wait: Duration) -> Option<Vec<ServiceLoads>> {
+        let (tx, rx) = std_mpsc::sync_channel(1);
+        if !self.ask(Request::Loads(tx)) {
+            return None;
+        }
+        rx.recv_timeout(wait).ok()
+    }
+
     /// Closes every listener and connection and joins the proxy's threads.
     pub fn shutdown(self) {
         drop(self);
