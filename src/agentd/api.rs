@@ -17,11 +17,13 @@ use serde::Serialize;
 
 use crate::agentd::bases::{BaseFetcher, Started};
 use crate::agentd::ingress::controller::IngressApiError;
+use crate::agentd::metrics::AgentMetrics;
 use crate::agentd::proxy::Proxy;
 use crate::agentd::reconciler::{HostError, ReconcileError};
 use crate::agentd::volumes::VolumeError;
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::http::{Handler, Request, Response};
+use crate::common::metrics::{self, Render, Unavailable};
 use crate::common::spec;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
@@ -116,6 +118,12 @@ impl AgentApi {
         self
     }
 
+    /// What both `/metrics` routes render: the worker's snapshots and, on a
+    /// clustered node, the proxy's counters.
+    pub fn metrics(&self) -> AgentMetrics {
+        AgentMetrics::new(self.worker.clone(), self.proxy.as_ref().map(|p| p.stats()))
+    }
+
     /// What the proxy serves now: the services it listens for, where, and
     /// with how many replicas. It keeps the last table while the control
     /// plane is unreachable, so this shows what clients get meanwhile.
@@ -182,8 +190,10 @@ impl AgentApi {
             ("GET", ["healthz"]) => {
                 supervise::healthz_response(self.worker.health(HEALTH_WAIT), "keel-agentd")
             }
-            ("GET", ["metrics"]) => Response::text(200, self.worker.metrics()?)
-                .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),
+            ("GET", ["metrics"]) => match self.metrics().render() {
+                Err(Unavailable::Gone(_)) => return Err(WorkerGone),
+                rendered => metrics::answer(rendered),
+            },
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
             ("GET", ["proxy"]) => self.proxy_table(),
             ("GET", ["proxy", "replicas"]) => self.proxy_replicas(),

@@ -58,9 +58,10 @@ use crate::common::http::{Client, Endpoint, Handler, OutgoingRequest, Request, R
 use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    COMMITTED_HEADER, EPOCH_HEADER, HeartbeatRequest, Liveness, RegisterRequest, ServiceApply,
-    VolumeStatus, parse_committed, parse_volumes_query, volumes_query,
+    COMMITTED_HEADER, EPOCH_HEADER, HeartbeatRequest, RegisterRequest, ServiceApply, VolumeStatus,
+    parse_committed, parse_volumes_query, volumes_query,
 };
+use crate::controlplane::metrics::ControlPlaneMetrics;
 use crate::controlplane::registry::{HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::worker::{WorkerGone, WorkerHandle};
 
@@ -73,6 +74,7 @@ pub struct ControlPlaneApi {
     worker: WorkerHandle,
     verifier: Verifier,
     forwarder: Forwarder,
+    metrics: ControlPlaneMetrics,
 }
 
 /// Sends requests to agents, signed with the control plane's node key.
@@ -88,12 +90,20 @@ impl ControlPlaneApi {
     /// requests with `signer` (a node key).
     pub fn new(worker: WorkerHandle, verifier: Verifier, signer: Signer) -> ControlPlaneApi {
         ControlPlaneApi {
+            metrics: ControlPlaneMetrics::new(worker.clone()),
             worker,
             verifier,
             forwarder: Forwarder {
                 signer: Arc::new(RwLock::new(signer)),
             },
         }
+    }
+
+    /// What both `/metrics` routes render (the signed one here, and the
+    /// plain `controlplane.metrics_listen`), with the request counts
+    /// [`crate::controlplane::metrics::Metered`] keeps around this API.
+    pub fn metrics_source(&self) -> ControlPlaneMetrics {
+        self.metrics.clone()
     }
 
     /// Swaps in newly loaded keys (SIGHUP): requests in flight finish with the
@@ -483,17 +493,7 @@ impl ControlPlaneApi {
     }
 
     fn metrics(&self) -> Result<Response, WorkerGone> {
-        let nodes = self.worker.nodes()?;
-        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
-        let text = format!(
-            "# HELP keel_nodes Registered nodes by liveness.\n\
-             # TYPE keel_nodes gauge\n\
-             keel_nodes{{status=\"alive\"}} {alive}\n\
-             keel_nodes{{status=\"dead\"}} {}\n",
-            nodes.len() - alive
-        );
-        Ok(Response::text(200, text)
-            .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
+        self.metrics.respond()
     }
 }
 

@@ -7,6 +7,7 @@
 //! | [`state`] | what is persisted, and the ops that change it |
 //! | [`worker`] | the one thread owning the registry and the journal |
 //! | [`api`] | the route table, request signing checks, forwarding to agents |
+//! | [`metrics`] | Prometheus text, and the per-route request counts around the API |
 //! | [`daemon`] | startup and shutdown |
 //! | [`cli`] | flags and `--check-config` |
 //!
@@ -16,6 +17,7 @@
 pub mod api;
 pub mod cli;
 pub mod daemon;
+pub mod metrics;
 pub mod registry;
 pub mod scheduler;
 pub mod state;

@@ -20,6 +20,7 @@
 //! | [`table`] | the pure diff between the services served and a new table |
 //! | [`balance`] | one service's replica list, its round-robin cursor, ejections and connection counts |
 //! | [`relay`] | one connection: connect with timeout and retries, replay until the first answer, relay with half-close |
+//! | [`stats`] | per-service counters (connections open and accepted, bytes each way) the metrics read without asking the control loop |
 //!
 //! Behaviour:
 //! - [`Proxy::update`] is the whole interface to the heartbeat: a new service
@@ -67,6 +68,7 @@
 
 pub mod balance;
 pub mod relay;
+pub mod stats;
 pub mod table;
 
 use std::collections::BTreeMap;
@@ -90,6 +92,7 @@ use crate::common::wire::ServiceEndpoints;
 
 use self::balance::Backends;
 pub use self::balance::ReplicaLoad;
+use self::stats::{ProxyStats, ServiceCounters};
 use self::table::Change;
 
 /// Listen backlog of each service: connections arriving faster than the loop
@@ -260,6 +263,7 @@ pub struct Proxy {
     /// `requests` closes).
     stops: Vec<oneshot::Sender<()>>,
     threads: Vec<JoinHandle<()>>,
+    stats: Arc<ProxyStats>,
 }
 
 impl fmt::Debug for Proxy {
@@ -277,7 +281,9 @@ impl Proxy {
             requests: None,
             stops: Vec::new(),
             threads: Vec::new(),
+            stats: Arc::new(ProxyStats::default()),
         };
+        let stats = Arc::clone(&proxy.stats);
         let tick = timer_tick(config.connect_timeout);
         let mut loops = Vec::with_capacity(config.threads.max(1));
         for i in 1..config.threads.max(1) {
@@ -304,7 +310,7 @@ impl Proxy {
         proxy.threads.push(
             std::thread::Builder::new()
                 .name("keel-proxy".into())
-                .spawn(move || runtime.block_on(control(config, loops, rx)))?,
+                .spawn(move || runtime.block_on(control(config, loops, rx, stats)))?,
         );
         Ok(proxy)
     }
@@ -342,6 +348,11 @@ impl Proxy {
             return Vec::new();
         }
         rx.recv().unwrap_or_default()
+    }
+
+    /// The per-service counters, read without asking the control loop.
+    pub fn stats(&self) -> Arc<ProxyStats> {
+        Arc::clone(&self.stats)
     }
 
     /// Closes every listener and connection and joins the proxy's threads.
@@ -420,13 +431,14 @@ async fn control(
     config: ProxyConfig,
     loops: Vec<Handle>,
     mut requests: mpsc::UnboundedReceiver<Request>,
+    stats: Arc<ProxyStats>,
 ) {
     let ticking = tokio::spawn(keep_timer_armed(timer_tick(config.connect_timeout)));
     let mut served: BTreeMap<String, Served> = BTreeMap::new();
     while let Some(request) = requests.recv().await {
         match request {
             Request::Update(services, reply) => {
-                let errors = apply(&config, &loops, &mut served, &services).await;
+                let errors = apply(&config, &loops, &mut served, &stats, &services).await;
                 let _ = reply.send(errors);
             }
             Request::Services(reply) => {
@@ -452,6 +464,7 @@ async fn apply(
     config: &ProxyConfig,
     loops: &[Handle],
     served: &mut BTreeMap<String, Served>,
+    stats: &ProxyStats,
     services: &[ServiceEndpoints],
 ) -> Vec<ProxyError> {
     let listen_of =
@@ -464,6 +477,7 @@ async fn apply(
     for change in table::plan(&current, services, listen_of) {
         match change {
             Change::Remove(name) => {
+                stats.forget(&name);
                 if let Some(s) = served.remove(&name) {
                     let bound = s.bound;
                     s.close().await;
@@ -483,12 +497,14 @@ async fn apply(
                 if let Some(old) = served.remove(&s.name) {
                     old.close().await;
                 }
-                if let Err(e) = open(config, loops, served, s, listen_of(s)) {
+                let counters = stats.counters(&s.name);
+                if let Err(e) = open(config, loops, served, s, listen_of(s), &counters) {
                     errors.push(e);
                 }
             }
             Change::Add(s) => {
-                if let Err(e) = open(config, loops, served, s, listen_of(s)) {
+                let counters = stats.counters(&s.name);
+                if let Err(e) = open(config, loops, served, s, listen_of(s), &counters) {
                     errors.push(e);
                 }
             }
@@ -506,6 +522,7 @@ fn open(
     served: &mut BTreeMap<String, Served>,
     service: &ServiceEndpoints,
     listen: SocketAddrV4,
+    counters: &Arc<ServiceCounters>,
 ) -> Result<(), ProxyError> {
     let err = |source| ProxyError::Listen {
         service: service.name.clone(),
@@ -544,6 +561,7 @@ fn open(
             Ok(listener) => accepts.push(event_loop.spawn(accept_loop(
                 listener,
                 Arc::clone(&backends),
+                Arc::clone(counters),
                 config.connect_timeout,
             ))),
             Err(e) => {
@@ -607,11 +625,21 @@ fn share_port(socket: &Socket) -> io::Result<()> {
     socket.set_reuse_port(true)
 }
 
-async fn accept_loop(listener: TcpListener, backends: Arc<Backends>, connect_timeout: Duration) {
+async fn accept_loop(
+    listener: TcpListener,
+    backends: Arc<Backends>,
+    counters: Arc<ServiceCounters>,
+    connect_timeout: Duration,
+) {
     loop {
         match listener.accept().await {
             Ok((client, _)) => {
-                tokio::spawn(relay::serve(client, Arc::clone(&backends), connect_timeout));
+                tokio::spawn(relay::serve(
+                    client,
+                    Arc::clone(&backends),
+                    counters.connection(),
+                    connect_timeout,
+                ));
             }
             // The client gave up between SYN and accept: its problem only.
             Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}

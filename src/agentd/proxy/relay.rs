@@ -5,6 +5,9 @@
 //! It owns the two sockets of that connection and nothing else; it never
 //! looks at the service table (it got its [`Backends`] at accept time, and
 //! only tells it how each replica it tried did) and never blocks its thread.
+//! It counts itself open in its service's counters for its whole life and
+//! adds each read's bytes to them (one relaxed atomic add per read, see
+//! `super::stats`).
 //! It decides what counts as a failed replica: a refused or timed-out
 //! connect, a reset before the first byte. A replica that closes cleanly
 //! before sending anything has answered (some protocols end that way).
@@ -32,7 +35,7 @@ use std::io;
 use std::net::{Shutdown, SocketAddrV4};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -42,6 +45,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::balance::Backends;
+use super::stats::OpenConnection;
 
 /// Size of the per-thread read buffer: large reads keep bulk transfers at a
 /// few syscalls per 64 KiB, and since the buffer is shared by every
@@ -59,8 +63,14 @@ pub const REPLAY_MAX: usize = 64 * 1024;
 /// Serves one accepted client connection to the end: tries the replicas of
 /// its turn in order (see [`Backends::pick`]) until one connects and does not
 /// reset before its first byte, reporting each outcome to `backends`, then
-/// relays.
-pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: Duration) {
+/// relays. `conn` counts the connection open until it ends.
+pub async fn serve(
+    client: TcpStream,
+    backends: Arc<Backends>,
+    conn: OpenConnection,
+    connect_timeout: Duration,
+) {
+    let counters = conn.counters();
     let Some(attempts) = backends.pick() else {
         // No replica: the listener stays up, the client learns at once.
         return;
@@ -79,7 +89,7 @@ pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: 
             }
         };
         let open = replica.open();
-        match opening(&client, &backend, &mut replay).await {
+        match opening(&client, &backend, &mut replay, &counters.to_replica).await {
             Ok(Opening::Answered) => backends.succeeded(addr),
             Ok(Opening::Committed) => {}
             Ok(Opening::Reset(e)) => {
@@ -99,7 +109,7 @@ pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: 
         drop(backends);
         // TCP_NODELAY: the client socket inherited it from the listener, the
         // backend's was set before connecting.
-        if let Err(e) = relay(client, backend).await {
+        if let Err(e) = relay(client, backend, &counters.to_replica, &counters.to_client).await {
             log::debug!("proxy: connection ended with {e}");
         }
         drop(open);
@@ -136,11 +146,13 @@ struct Replay {
 /// the replica answers, resets or the copy grows past [`REPLAY_MAX`]. The
 /// answer is peeked, not read: [`relay`] forwards it. Starts by sending what
 /// `replay` already holds (an earlier replica reset). An `Err` is the
-/// client's: nothing is left to serve.
+/// client's: nothing is left to serve. Each client byte is added to
+/// `relayed` once, when read, however often it is replayed.
 async fn opening(
     client: &TcpStream,
     backend: &TcpStream,
     replay: &mut Replay,
+    relayed: &AtomicU64,
 ) -> io::Result<Opening> {
     let broke = |e: io::Error| match e.kind() {
         io::ErrorKind::ConnectionReset
@@ -182,7 +194,8 @@ async fn opening(
                             return broke(e);
                         }
                     }
-                    Ok(_) => {
+                    Ok(n) => {
+                        relayed.fetch_add(n as u64, Ordering::Relaxed);
                         if let Err(e) = send_all(backend, &replay.data[before..]).await {
                             return broke(e);
                         }
@@ -224,14 +237,20 @@ async fn connect(addr: SocketAddrV4, timeout: Duration) -> io::Result<TcpStream>
     }
 }
 
-/// Relays both directions until both reached end of stream, or either failed.
-async fn relay(mut client: TcpStream, mut backend: TcpStream) -> io::Result<()> {
+/// Relays both directions until both reached end of stream, or either
+/// failed, adding the bytes read from each side to its counter.
+async fn relay(
+    mut client: TcpStream,
+    mut backend: TcpStream,
+    to_replica: &AtomicU64,
+    to_client: &AtomicU64,
+) -> io::Result<()> {
     let (mut client_r, mut client_w) = client.split();
     let (mut backend_r, mut backend_w) = backend.split();
     let one_ended = AtomicBool::new(false);
     tokio::try_join!(
-        pipe(&mut client_r, &mut backend_w, &one_ended),
-        pipe(&mut backend_r, &mut client_w, &one_ended)
+        pipe(&mut client_r, &mut backend_w, &one_ended, to_replica),
+        pipe(&mut backend_r, &mut client_w, &one_ended, to_client)
     )?;
     Ok(())
 }
@@ -248,6 +267,7 @@ async fn pipe(
     src: &mut ReadHalf<'_>,
     dst: &mut WriteHalf<'_>,
     one_ended: &AtomicBool,
+    relayed: &AtomicU64,
 ) -> io::Result<()> {
     let mut backlog = Backlog::default();
     loop {
@@ -256,7 +276,7 @@ async fn pipe(
             // Drained: give the memory back before possibly idling for hours.
             backlog = Backlog::default();
         }
-        if poll_fn(|cx| forward(src, dst, &mut backlog, cx)).await? == Flow::Ended {
+        if poll_fn(|cx| forward(src, dst, &mut backlog, relayed, cx)).await? == Flow::Ended {
             // Relaxed: both directions are polled by the same task.
             if !one_ended.swap(true, Ordering::Relaxed) {
                 // The other side may already be gone; the opposite direction
@@ -281,6 +301,7 @@ fn forward(
     src: &mut ReadHalf<'_>,
     dst: &mut WriteHalf<'_>,
     backlog: &mut Backlog,
+    relayed: &AtomicU64,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<Flow>> {
     BUF.with_borrow_mut(|buf| {
@@ -290,6 +311,8 @@ fn forward(
         if data.is_empty() {
             return Poll::Ready(Ok(Flow::Ended));
         }
+        // Relaxed: a counter read by the metrics, ordering nothing else.
+        relayed.fetch_add(data.len() as u64, Ordering::Relaxed);
         let written = write_some(dst, data, cx)?;
         backlog.push(&data[written..]);
         Poll::Ready(Ok(Flow::More))
@@ -358,14 +381,22 @@ mod tests {
             let addr = listener.local_addr().expect("addr");
             let client = TcpStream::connect(addr).await.expect("connect");
             let (accepted, _) = listener.accept().await.expect("accept");
+            let counters = Arc::new(super::super::stats::ServiceCounters::default());
             let serving = serve(
                 accepted,
                 Arc::new(Backends::new(&[])),
+                counters.connection(),
                 Duration::from_secs(1),
             );
             let size = std::mem::size_of_val(&serving);
             assert!(size < 2048, "connection state is {size} bytes");
-            let relaying = relay(client, TcpStream::connect(addr).await.expect("connect"));
+            let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+            let relaying = relay(
+                client,
+                TcpStream::connect(addr).await.expect("connect"),
+                &up,
+                &down,
+            );
             let size = std::mem::size_of_val(&relaying);
             assert!(size < 2048, "relay state is {size} bytes");
         });
