@@ -7,6 +7,8 @@
 //! shows up in its counters; only `GET /metrics` is served; and the body
 //! passes `promtool check metrics` (Debian's `prometheus` package, which
 //! .ci/run installs; without it the check is skipped, except under CI).
+//! And the listener's admission: one host holding as many idle connections
+//! as it can open locks out no other scraper.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -14,8 +16,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use keel::common::http::{Client, ClientResponse, Endpoint};
-use keel::common::metrics::CONTENT_TYPE;
+use keel::common::http::{Client, ClientResponse, Endpoint, ShutdownSignal};
+use keel::common::metrics::{self, CONTENT_TYPE, MAX_CONNECTIONS, Render, Unavailable};
+use socket2::{Domain, Socket, Type};
 
 use crate::util::cluster::{Cluster, free_port, node_ip, standard_controlplane_args};
 use crate::util::fixture_service;
@@ -232,4 +235,65 @@ fn both_daemons_serve_documented_checked_metrics_on_a_plain_listener() {
 
     promtool_check("control plane", &cp_text);
     promtool_check("agent", &agent_text);
+}
+
+struct Up;
+
+impl Render for Up {
+    fn render(&self) -> Result<String, Unavailable> {
+        Ok("# HELP keel_up Up.\n# TYPE keel_up gauge\nkeel_up 1\n".into())
+    }
+}
+
+/// A connection to `to` from the loopback address `from` (Linux answers on
+/// all of 127.0.0.0/8).
+fn connect_from(from: Ipv4Addr, to: SocketAddr) -> TcpStream {
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    socket
+        .bind(&SocketAddr::from((from, 0)).into())
+        .expect("bind the source address");
+    socket
+        .connect_timeout(&to.into(), TIMEOUT)
+        .expect("connect");
+    socket.into()
+}
+
+/// `GET /metrics` over a fresh connection from `from`: the status.
+fn get_from(from: Ipv4Addr, to: SocketAddr) -> Option<u16> {
+    let mut conn = connect_from(from, to);
+    conn.set_read_timeout(Some(TIMEOUT)).ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).ok()?;
+    answer.get(9..12)?.parse().ok()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn one_host_holding_every_connection_it_can_locks_out_no_other_scraper() {
+    let listener =
+        metrics::bind("agent.metrics_listen", "127.0.0.1:0".parse().expect("addr")).expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = ShutdownSignal::new();
+    let server = metrics::serve(listener, Up, shutdown.clone()).expect("serve");
+
+    // The greedy host opens twice the whole budget and sends nothing.
+    let greedy = Ipv4Addr::new(127, 0, 0, 2);
+    let held: Vec<TcpStream> = (0..2 * MAX_CONNECTIONS)
+        .map(|_| connect_from(greedy, addr))
+        .collect();
+    // Every other host still gets its answer, and the greedy one too: its
+    // newest connection takes the slot of its own oldest.
+    for n in 3..3 + MAX_CONNECTIONS as u8 {
+        assert_eq!(
+            get_from(Ipv4Addr::new(127, 0, 0, n), addr),
+            Some(200),
+            "127.0.0.{n}"
+        );
+    }
+    assert_eq!(get_from(greedy, addr), Some(200));
+    drop(held);
+    shutdown.trigger();
+    server.join().expect("the accept loop ends");
 }

@@ -210,7 +210,7 @@ fn proxy_families(exp: &mut Exposition, services: &[(String, ServiceSample)]) {
     exp.family(
         "keel_proxy_open_connections",
         Kind::Gauge,
-        "Client connections the service proxy is serving now (connecting or relaying).",
+        "Client connections the service proxy relays to a replica now.",
     );
     for (name, s) in services {
         exp.sample("keel_proxy_open_connections", &[("service", name)], s.open);

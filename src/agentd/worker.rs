@@ -858,4 +858,33 @@ mod tests {
             "a stopped worker's last jails are not reported as current"
         );
     }
+
+    #[test]
+    fn the_worker_publishes_its_metrics_after_every_command_and_closes_when_it_ends() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let net = FakeNet::new(CallLog::new(), Faults::default());
+        let (worker, thread) = spawn(fake_reconciler(dir.path(), net)).expect("worker");
+        worker
+            .apply(jail("web", None), None)
+            .expect("worker")
+            .expect("applied");
+        worker.list().expect("worker");
+        let published = worker.published_metrics().expect("the worker runs");
+        let jails = worker.published_jails().expect("the worker runs");
+        let text = crate::agentd::metrics::render(&published, &jails, None);
+        assert_eq!(published.desired, 1, "{text}");
+        assert!(
+            text.contains("keel_reconcile_duration_seconds_count 1\n"),
+            "the first pass, and no other: {text}"
+        );
+        assert!(text.contains("keel_jail_ready{jail=\"web\"}"), "{text}");
+
+        worker.shutdown();
+        thread.join().expect("the worker ends cleanly");
+        assert_eq!(
+            worker.published_metrics().map(|m| m.desired),
+            Err(WorkerGone),
+            "a stopped worker's metrics are not served as current"
+        );
+    }
 }

@@ -332,6 +332,27 @@ mod tests {
         assert!(!text.contains("n1"), "no raw path in a label: {text}");
     }
 
+    /// Every route of the API's route table (its module docs) is counted
+    /// under its own pattern, so a route added there without one here fails.
+    #[test]
+    fn every_route_of_the_api_table_has_its_pattern() {
+        let table = include_str!("api.rs");
+        let mut checked = 0;
+        for row in table.lines().filter_map(|l| l.strip_prefix("//! | `")) {
+            let first = row.split(" | ").next().expect("a first column");
+            // `A`, `B` after the leading backtick: A, ", ", B, "".
+            for route in first.split('`').step_by(2) {
+                let Some((_, path)) = route.split_once(' ') else {
+                    continue;
+                };
+                let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+                assert_eq!(route_pattern(&segments), path, "{route}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 20, "{checked} routes read from the API's table");
+    }
+
     #[test]
     fn nodes_and_services_have_one_series_each() {
         let nodes = [node("n1", Liveness::Alive), node("n2", Liveness::Dead)];

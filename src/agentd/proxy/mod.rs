@@ -548,10 +548,11 @@ fn open(
     for _ in 1..loops.len() {
         listeners.push(bind(bound).map_err(err)?);
     }
-    let backends = Arc::new(Backends::with_clock(
+    let backends = Arc::new(Backends::with_counters(
         &service.replicas,
         Arc::new(SystemClock),
         config.eject_initial,
+        Arc::clone(counters),
     ));
     let mut accepts = Vec::with_capacity(loops.len());
     for (listener, event_loop) in listeners.into_iter().zip(loops) {
@@ -561,7 +562,6 @@ fn open(
             Ok(listener) => accepts.push(event_loop.spawn(accept_loop(
                 listener,
                 Arc::clone(&backends),
-                Arc::clone(counters),
                 config.connect_timeout,
             ))),
             Err(e) => {
@@ -625,21 +625,12 @@ fn share_port(socket: &Socket) -> io::Result<()> {
     socket.set_reuse_port(true)
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    backends: Arc<Backends>,
-    counters: Arc<ServiceCounters>,
-    connect_timeout: Duration,
-) {
+async fn accept_loop(listener: TcpListener, backends: Arc<Backends>, connect_timeout: Duration) {
     loop {
         match listener.accept().await {
             Ok((client, _)) => {
-                tokio::spawn(relay::serve(
-                    client,
-                    Arc::clone(&backends),
-                    counters.connection(),
-                    connect_timeout,
-                ));
+                backends.counters().accepted();
+                tokio::spawn(relay::serve(client, Arc::clone(&backends), connect_timeout));
             }
             // The client gave up between SYN and accept: its problem only.
             Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => {}

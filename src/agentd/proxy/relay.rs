@@ -5,8 +5,8 @@
 //! It owns the two sockets of that connection and nothing else; it never
 //! looks at the service table (it got its [`Backends`] at accept time, and
 //! only tells it how each replica it tried did) and never blocks its thread.
-//! It counts itself open in its service's counters for its whole life and
-//! adds each read's bytes to them (one relaxed atomic add per read, see
+//! It counts itself in its service's counters while it relays, and the
+//! bytes relayed (one relaxed atomic add per read while relaying, see
 //! `super::stats`).
 //! It decides what counts as a failed replica: a refused or timed-out
 //! connect, a reset before the first byte. A replica that closes cleanly
@@ -45,7 +45,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::balance::Backends;
-use super::stats::OpenConnection;
+use super::stats::ServiceCounters;
 
 /// Size of the per-thread read buffer: large reads keep bulk transfers at a
 /// few syscalls per 64 KiB, and since the buffer is shared by every
@@ -63,14 +63,8 @@ pub const REPLAY_MAX: usize = 64 * 1024;
 /// Serves one accepted client connection to the end: tries the replicas of
 /// its turn in order (see [`Backends::pick`]) until one connects and does not
 /// reset before its first byte, reporting each outcome to `backends`, then
-/// relays. `conn` counts the connection open until it ends.
-pub async fn serve(
-    client: TcpStream,
-    backends: Arc<Backends>,
-    conn: OpenConnection,
-    connect_timeout: Duration,
-) {
-    let counters = conn.counters();
+/// relays, counted in the service's counters ([`Backends::counters`]).
+pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: Duration) {
     let Some(attempts) = backends.pick() else {
         // No replica: the listener stays up, the client learns at once.
         return;
@@ -89,7 +83,7 @@ pub async fn serve(
             }
         };
         let open = replica.open();
-        match opening(&client, &backend, &mut replay, &counters.to_replica).await {
+        match opening(&client, &backend, &mut replay).await {
             Ok(Opening::Answered) => backends.succeeded(addr),
             Ok(Opening::Committed) => {}
             Ok(Opening::Reset(e)) => {
@@ -103,13 +97,21 @@ pub async fn serve(
                 return;
             }
         }
+        // Everything the client sent so far is in the replay copy and went
+        // to this replica (once, however often it was replayed). Counted
+        // here rather than per read so that the state of a connection still
+        // choosing its replica, the largest one, holds nothing for it.
+        backends
+            .counters()
+            .to_replica
+            .fetch_add(replay.data.len() as u64, Ordering::Relaxed);
         // Answered or committed: nothing will be replayed, and an idle
         // relayed connection must hold no buffer.
         drop(replay);
         drop(backends);
         // TCP_NODELAY: the client socket inherited it from the listener, the
         // backend's was set before connecting.
-        if let Err(e) = relay(client, backend, &counters.to_replica, &counters.to_client).await {
+        if let Err(e) = relay(client, backend, open.counters()).await {
             log::debug!("proxy: connection ended with {e}");
         }
         drop(open);
@@ -146,13 +148,11 @@ struct Replay {
 /// the replica answers, resets or the copy grows past [`REPLAY_MAX`]. The
 /// answer is peeked, not read: [`relay`] forwards it. Starts by sending what
 /// `replay` already holds (an earlier replica reset). An `Err` is the
-/// client's: nothing is left to serve. Each client byte is added to
-/// `relayed` once, when read, however often it is replayed.
+/// client's: nothing is left to serve.
 async fn opening(
     client: &TcpStream,
     backend: &TcpStream,
     replay: &mut Replay,
-    relayed: &AtomicU64,
 ) -> io::Result<Opening> {
     let broke = |e: io::Error| match e.kind() {
         io::ErrorKind::ConnectionReset
@@ -194,8 +194,7 @@ async fn opening(
                             return broke(e);
                         }
                     }
-                    Ok(n) => {
-                        relayed.fetch_add(n as u64, Ordering::Relaxed);
+                    Ok(_) => {
                         if let Err(e) = send_all(backend, &replay.data[before..]).await {
                             return broke(e);
                         }
@@ -237,20 +236,41 @@ async fn connect(addr: SocketAddrV4, timeout: Duration) -> io::Result<TcpStream>
     }
 }
 
+/// What both directions of one relayed connection share.
+struct Ends<'a> {
+    /// One direction reached its end.
+    one_ended: AtomicBool,
+    /// The service's counters.
+    counters: &'a ServiceCounters,
+}
+
+/// The counter of the client-to-replica direction (a function item, so a
+/// direction costs its pipe no state).
+fn to_replica(c: &ServiceCounters) -> &AtomicU64 {
+    &c.to_replica
+}
+
+/// The counter of the replica-to-client direction.
+fn to_client(c: &ServiceCounters) -> &AtomicU64 {
+    &c.to_client
+}
+
 /// Relays both directions until both reached end of stream, or either
 /// failed, adding the bytes read from each side to its counter.
 async fn relay(
     mut client: TcpStream,
     mut backend: TcpStream,
-    to_replica: &AtomicU64,
-    to_client: &AtomicU64,
+    counters: &ServiceCounters,
 ) -> io::Result<()> {
     let (mut client_r, mut client_w) = client.split();
     let (mut backend_r, mut backend_w) = backend.split();
-    let one_ended = AtomicBool::new(false);
+    let ends = Ends {
+        one_ended: AtomicBool::new(false),
+        counters,
+    };
     tokio::try_join!(
-        pipe(&mut client_r, &mut backend_w, &one_ended, to_replica),
-        pipe(&mut backend_r, &mut client_w, &one_ended, to_client)
+        pipe(&mut client_r, &mut backend_w, &ends, to_replica),
+        pipe(&mut backend_r, &mut client_w, &ends, to_client)
     )?;
     Ok(())
 }
@@ -266,8 +286,8 @@ async fn relay(
 async fn pipe(
     src: &mut ReadHalf<'_>,
     dst: &mut WriteHalf<'_>,
-    one_ended: &AtomicBool,
-    relayed: &AtomicU64,
+    ends: &Ends<'_>,
+    counter: impl Fn(&ServiceCounters) -> &AtomicU64,
 ) -> io::Result<()> {
     let mut backlog = Backlog::default();
     loop {
@@ -276,9 +296,11 @@ async fn pipe(
             // Drained: give the memory back before possibly idling for hours.
             backlog = Backlog::default();
         }
-        if poll_fn(|cx| forward(src, dst, &mut backlog, relayed, cx)).await? == Flow::Ended {
+        if poll_fn(|cx| forward(src, dst, &mut backlog, counter(ends.counters), cx)).await?
+            == Flow::Ended
+        {
             // Relaxed: both directions are polled by the same task.
-            if !one_ended.swap(true, Ordering::Relaxed) {
+            if !ends.one_ended.swap(true, Ordering::Relaxed) {
                 // The other side may already be gone; the opposite direction
                 // decides how the connection ends, not this shutdown.
                 let _ = dst.shutdown().await;
@@ -381,21 +403,18 @@ mod tests {
             let addr = listener.local_addr().expect("addr");
             let client = TcpStream::connect(addr).await.expect("connect");
             let (accepted, _) = listener.accept().await.expect("accept");
-            let counters = Arc::new(super::super::stats::ServiceCounters::default());
+            let counters = ServiceCounters::default();
             let serving = serve(
                 accepted,
                 Arc::new(Backends::new(&[])),
-                counters.connection(),
                 Duration::from_secs(1),
             );
             let size = std::mem::size_of_val(&serving);
             assert!(size < 2048, "connection state is {size} bytes");
-            let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
             let relaying = relay(
                 client,
                 TcpStream::connect(addr).await.expect("connect"),
-                &up,
-                &down,
+                &counters,
             );
             let size = std::mem::size_of_val(&relaying);
             assert!(size < 2048, "relay state is {size} bytes");

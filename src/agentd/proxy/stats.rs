@@ -19,7 +19,8 @@ use crate::common::sync::lock;
 /// One service's counters.
 #[derive(Debug, Default)]
 pub struct ServiceCounters {
-    /// Client connections being served now (connecting or relaying).
+    /// Client connections relayed to a replica now (kept by the replica's
+    /// connection guard, `balance::Open`).
     pub open: AtomicU64,
     /// Client connections accepted since the service was added.
     pub accepted: AtomicU64,
@@ -30,28 +31,9 @@ pub struct ServiceCounters {
 }
 
 impl ServiceCounters {
-    /// Counts an accepted connection as open until the guard is dropped.
-    pub fn connection(self: &Arc<ServiceCounters>) -> OpenConnection {
+    /// Counts a connection accepted.
+    pub fn accepted(&self) {
         self.accepted.fetch_add(1, Ordering::Relaxed);
-        self.open.fetch_add(1, Ordering::Relaxed);
-        OpenConnection(Arc::clone(self))
-    }
-}
-
-/// An accepted connection, counted in [`ServiceCounters::open`] while it lives.
-#[derive(Debug)]
-pub struct OpenConnection(Arc<ServiceCounters>);
-
-impl OpenConnection {
-    /// The service's counters.
-    pub fn counters(&self) -> &ServiceCounters {
-        &self.0
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -106,13 +88,26 @@ impl ProxyStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agentd::proxy::balance::{Backends, EJECT_INITIAL};
+    use crate::common::backoff::SystemClock;
+    use std::net::{Ipv4Addr, SocketAddrV4};
 
     #[test]
-    fn a_connection_is_open_while_its_guard_lives_and_counted_once() {
+    fn a_connection_is_open_while_its_replica_guard_lives() {
         let stats = ProxyStats::default();
         let web = stats.counters("web");
-        let first = web.connection();
-        let second = web.connection();
+        let replica = SocketAddrV4::new(Ipv4Addr::new(10, 20, 0, 2), 80);
+        let backends = Backends::with_counters(
+            &[replica],
+            Arc::new(SystemClock),
+            EJECT_INITIAL,
+            Arc::clone(&web),
+        );
+        web.accepted();
+        web.accepted();
+        let pick = |b: &Backends| b.pick().expect("a replica").iter().next().cloned();
+        let first = pick(&backends).expect("first").open();
+        let second = pick(&backends).expect("second").open();
         first.counters().to_client.fetch_add(10, Ordering::Relaxed);
         drop(first);
         let sample = stats.snapshot();
@@ -129,6 +124,7 @@ mod tests {
             )]
         );
         drop(second);
+        assert_eq!(stats.snapshot()[0].1.open, 0);
         assert!(
             Arc::ptr_eq(&web, &stats.counters("web")),
             "kept while served"
