@@ -133,6 +133,7 @@ fn example_value(key: &str) -> &'static str {
         "agent.advertise_addr" => "192.0.2.7:7441",
         "agent.heartbeat_interval" => "2s",
         "agent.proxy_listen" => "127.0.0.7",
+        "agent.metrics_listen" => "127.0.0.7:9741",
         "controlplane.listen" => "127.0.0.1:17440",
         "controlplane.state_dir" => "/srv/keel/controlplane",
         "controlplane.pidfile" => "/srv/keel/controlplane.pid",
@@ -140,6 +141,7 @@ fn example_value(key: &str) -> &'static str {
         "controlplane.service_cidr" => "10.128.0.0/16",
         "controlplane.heartbeat_interval" => "2s",
         "controlplane.dead_after" => "1m",
+        "controlplane.metrics_listen" => "127.0.0.1:9740",
         "log.level" => "debug",
         other => panic!("add an example value for the flag setting {other}"),
     }
@@ -256,8 +258,23 @@ fn bad_flags_exit_2_naming_the_flag() {
 
 #[test]
 fn bad_flag_values_exit_2_naming_flag_and_key() {
-    let cases: [(&str, &[&str], &str); 6] = [
+    let cases: [(&str, &[&str], &str); 9] = [
         (AGENTD, &["--node-subnet", "10.20.0.0"], "agent.node_subnet"),
+        (
+            AGENTD,
+            &["--metrics-listen", "127.0.0.1"],
+            "agent.metrics_listen",
+        ),
+        (
+            AGENTD,
+            &["--metrics-listen", "localhost:9741"],
+            "agent.metrics_listen",
+        ),
+        (
+            CONTROLPLANE,
+            &["--metrics-listen", "0.0.0.0:7440"],
+            "controlplane.metrics_listen",
+        ),
         (
             AGENTD,
             &["--node-subnet", "10.20.0.0/25"],

@@ -668,23 +668,42 @@ fn keel_toml_page_documents_every_key_with_its_default() {
     assert!(count > 50, "{count} keys");
 }
 
-#[test]
-fn docs_and_agent_page_name_every_metric_the_agent_exports() {
-    let exposition = keel::agentd::metrics::Metrics::default().render(0, 0);
-    let names: Vec<&str> = exposition
+/// The family names of an exposition (its `# TYPE` lines).
+fn families(exposition: &str) -> Vec<&str> {
+    exposition
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .filter_map(|l| l.split_whitespace().next())
-        .collect();
-    assert_eq!(names.len(), 5, "{exposition}");
+        .collect()
+}
+
+#[test]
+fn docs_and_daemon_pages_name_every_metric_the_daemons_export() {
+    use keel::agentd::metrics::{WorkerMetrics, render};
+    use keel::agentd::proxy::stats::ServiceSample;
+    // With a proxy, so its families are rendered too (a single node has none).
+    let proxied = [("web".to_string(), ServiceSample::default())];
+    let agent = render(&WorkerMetrics::default(), &[], Some(&proxied));
+    let controlplane = keel::controlplane::metrics::render(
+        &[],
+        &[],
+        &keel::controlplane::metrics::RequestStats::default(),
+    );
     let ops = read("docs/operations.md");
-    let page = read("man/keel-agentd.8");
-    for name in names {
-        assert!(ops.contains(&format!("`{name}`")), "operations.md: {name}");
-        assert!(
-            page.contains(&format!(".It Va {name}\n")),
-            "keel-agentd.8: {name}"
-        );
+    for (exposition, page_path, at_least) in [
+        (&agent, "man/keel-agentd.8", 14),
+        (&controlplane, "man/keel-controlplane.8", 8),
+    ] {
+        let names = families(exposition);
+        assert!(names.len() >= at_least, "{exposition}");
+        let page = read(page_path);
+        for name in names {
+            assert!(ops.contains(&format!("`{name}`")), "operations.md: {name}");
+            assert!(
+                page.contains(&format!(".It Va {name}\n")),
+                "{page_path}: {name}"
+            );
+        }
     }
 }
 

@@ -31,6 +31,7 @@ mod heartbeat_path;
 mod hostile;
 mod http;
 mod ingress_e2e;
+mod metrics;
 mod nginx_conf;
 mod packaging;
 mod partitions;

@@ -18,11 +18,13 @@ use serde::Serialize;
 use crate::agentd::bases::{BaseFetcher, Started};
 use crate::agentd::cluster::watch::ClusterCounters;
 use crate::agentd::ingress::controller::IngressApiError;
+use crate::agentd::metrics::AgentMetrics;
 use crate::agentd::proxy::Proxy;
 use crate::agentd::reconciler::{HostError, ReconcileError};
 use crate::agentd::volumes::VolumeError;
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::http::{Handler, Request, Response};
+use crate::common::metrics::{self, Render, Unavailable};
 use crate::common::spec;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
@@ -126,15 +128,12 @@ impl AgentApi {
         self
     }
 
-    /// `GET /metrics`: the worker's, then the cluster thread's counters
-    /// (read from atomics, never through the worker).
-    fn metrics(&self) -> Result<Response, WorkerGone> {
-        let mut text = self.worker.metrics()?;
-        if let Some(c) = &self.counters {
-            text.push_str(&c.render());
-        }
-        Ok(Response::text(200, text)
-            .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
+    /// What both `/metrics` routes render: the worker's snapshots and, on a
+    /// clustered node, the proxy's and the cluster thread's counters (read
+    /// from atomics, never through the worker).
+    pub fn metrics(&self) -> AgentMetrics {
+        AgentMetrics::new(self.worker.clone(), self.proxy.as_ref().map(|p| p.stats()))
+            .with_cluster(self.counters.clone())
     }
 
     /// What the proxy serves now: the services it listens for, where, and
@@ -203,7 +202,10 @@ impl AgentApi {
             ("GET", ["healthz"]) => {
                 supervise::healthz_response(self.worker.health(HEALTH_WAIT), "keel-agentd")
             }
-            ("GET", ["metrics"]) => self.metrics()?,
+            ("GET", ["metrics"]) => match self.metrics().render() {
+                Err(Unavailable::Gone(_)) => return Err(WorkerGone),
+                rendered => metrics::answer(rendered),
+            },
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
             ("GET", ["proxy"]) => self.proxy_table(),
             ("GET", ["proxy", "replicas"]) => self.proxy_replicas(),

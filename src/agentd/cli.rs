@@ -95,6 +95,12 @@ pub const FLAGS: &[Flag] = &[
         "IP",
         "service proxy listens here instead of on each VIP (empty: alias the VIPs)",
     ),
+    set(
+        "metrics-listen",
+        "agent.metrics_listen",
+        "IP:PORT",
+        "plain HTTP listener serving only GET /metrics (empty: none)",
+    ),
     FLAG_LOG_LEVEL,
     FLAG_HELP,
     FLAG_VERSION,

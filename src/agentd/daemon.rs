@@ -59,6 +59,7 @@ use crate::common::http::{
 };
 use crate::common::lockfile::{LockError, StateDirLock};
 use crate::common::logging;
+use crate::common::metrics::{self, ListenError};
 use crate::common::replay_floor::{self, FloorError};
 use crate::common::store::{Store, StoreError};
 use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
@@ -106,6 +107,8 @@ pub enum RunError {
     /// `jail.devfs_ruleset` does not fit where the agent runs (`inherit` on a
     /// host that is not a jail, where it would hide no device).
     DevfsRuleset(String),
+    /// The listener on `agent.metrics_listen` could not be bound.
+    Metrics(ListenError),
     /// The TCP listener on `agent.advertise_addr` could not be bound.
     Listen {
         /// The address.
@@ -129,6 +132,7 @@ impl fmt::Display for RunError {
             RunError::DevfsRuleset(e) => write!(f, "{e}"),
             RunError::Daemonize(e) => write!(f, "cannot detach (--daemon): {e}"),
             RunError::Cluster(e) => write!(f, "{e}"),
+            RunError::Metrics(e) => write!(f, "{e}"),
             RunError::Listen { addr, source } => write!(
                 f,
                 "cannot listen on agent.advertise_addr {addr}: {source}; it must be an address of this host and a free port"
@@ -529,6 +533,12 @@ where
         }
         None => None,
     };
+    let metrics_tcp = cfg
+        .agent
+        .metrics_listen
+        .map(|addr| metrics::bind("agent.metrics_listen", addr))
+        .transpose()
+        .map_err(RunError::Metrics)?;
     let listener = bind_unix_socket(socket, SOCKET_MODE, group).map_err(RunError::Socket)?;
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
     let mut signals = SignalLoop::new().map_err(setup)?;
@@ -555,6 +565,18 @@ where
         Some(m) => api.with_cluster_counters(m.counters.clone()),
         None => api,
     };
+    // Off the worker and the proxy's control loop: it reads what they publish.
+    let metrics_http = metrics_tcp
+        .map(|l| {
+            let local = l.local_addr().ok();
+            let thread = metrics::serve(l, api.metrics(), shutdown.clone());
+            if let (Ok(_), Some(local)) = (&thread, local) {
+                log::info!("metrics on http://{local}/metrics");
+            }
+            thread
+        })
+        .transpose()
+        .map_err(RunError::Socket)?;
     let verifier = verifier.map(Arc::new);
     let signer = membership.as_ref().map(|m| m.signer.clone());
     let handler: Arc<dyn Handler> = match &verifier {
@@ -600,6 +622,9 @@ where
     worker.shutdown();
     let _ = http.join();
     if let Some(t) = http_tcp {
+        let _ = t.join();
+    }
+    if let Some(t) = metrics_http {
         let _ = t.join();
     }
     let _ = timer.join();

@@ -10,11 +10,12 @@
 //! apply never races a pass.
 //!
 //! One thing is read without a command: after every command it handles and
-//! every pass, the worker publishes its jail statuses
-//! ([`crate::agentd::snapshot`]), and [`WorkerHandle::published_jails`] reads
-//! the last ones without waiting for the worker. That is what the heartbeat
-//! is built from, so a host command that takes 30 s delays the commands
-//! queued behind it but never the node's liveness. The snapshot is at most
+//! every pass, the worker publishes its jail statuses and its metrics
+//! ([`crate::agentd::snapshot`]), and [`WorkerHandle::published_jails`] and
+//! [`WorkerHandle::published_metrics`] read the last ones without waiting for
+//! the worker. That is what the heartbeat and `/metrics` are built from, so a
+//! host command that takes 30 s delays the commands queued behind it but
+//! never the node's liveness or a scrape. The snapshot is at most
 //! one command behind (the one in progress), and it closes when the worker
 //! thread ends, panicking or not.
 
@@ -28,8 +29,8 @@ use std::time::{Duration, Instant};
 use crate::agentd::health::Reports;
 use crate::agentd::health::probe::{ExecSeam, exec_outcome};
 use crate::agentd::ingress::controller::{IngressApiError, IngressController};
-use crate::agentd::metrics::Metrics;
-use crate::agentd::reconciler::{HealthTarget, JailStatus, Phase, ReconcileError, Reconciler};
+use crate::agentd::metrics::{Metrics, WorkerMetrics};
+use crate::agentd::reconciler::{HealthTarget, JailStatus, ReconcileError, Reconciler};
 use crate::agentd::routes::{self, HeartbeatOutcome};
 use crate::agentd::snapshot::{self, Publisher, Snapshot};
 use crate::agentd::volumes::{self, VolumeError};
@@ -96,11 +97,6 @@ pub enum Command {
         name: String,
         /// Where the answer goes.
         reply: Sender<Result<(), VolumeError>>,
-    },
-    /// Prometheus text.
-    Metrics {
-        /// Where the answer goes.
-        reply: Sender<String>,
     },
     /// Run a reconcile pass (the timer's tick).
     Reconcile,
@@ -221,6 +217,7 @@ pub struct WorkerHandle {
     tx: Sender<Command>,
     jails: Snapshot<Vec<JailStatus>>,
     health_targets: Snapshot<Vec<HealthTarget>>,
+    metrics: Snapshot<WorkerMetrics>,
 }
 
 impl WorkerHandle {
@@ -291,6 +288,12 @@ impl WorkerHandle {
         self.jails.on_publish(watcher);
     }
 
+    /// The worker's metrics as it published them last, read without waiting
+    /// for the worker (`agentd::metrics`).
+    pub fn published_metrics(&self) -> Result<Arc<WorkerMetrics>, WorkerGone> {
+        self.metrics.latest().ok_or(WorkerGone)
+    }
+
     /// The running jails with a health probe, as the worker published them
     /// last, for the health checker (`agentd::health`).
     pub fn health_targets(&self) -> Snapshot<Vec<HealthTarget>> {
@@ -355,11 +358,6 @@ impl WorkerHandle {
             name: name.to_string(),
             reply,
         })
-    }
-
-    /// See [`Command::Metrics`].
-    pub fn metrics(&self) -> Result<String, WorkerGone> {
-        self.ask(|reply| Command::Metrics { reply })
     }
 
     /// See [`Command::ReconcileNow`].
@@ -440,9 +438,14 @@ where
     let (tx, rx) = mpsc::channel();
     let (publisher, jails) = snapshot::channel(reconciler.list());
     let (targets_publisher, health_targets) = snapshot::channel(reconciler.health_targets());
+    let (metrics_publisher, metrics) = snapshot::channel(WorkerMetrics {
+        desired: reconciler.state().jails.len(),
+        ..WorkerMetrics::default()
+    });
     let published = Published {
         jails: publisher,
         health_targets: targets_publisher,
+        metrics: metrics_publisher,
     };
     let handle = std::thread::Builder::new()
         .name("keel-worker".into())
@@ -452,6 +455,7 @@ where
             tx,
             jails,
             health_targets,
+            metrics,
         },
         handle,
     ))
@@ -477,7 +481,7 @@ fn run<J, Z, N, M>(
     }
     pass(&mut reconciler, &mut metrics);
     ingress_pass(&mut ingress, &mut reconciler);
-    published.publish(&reconciler);
+    published.publish(&reconciler, &metrics, ingress.as_ref());
     // Replies go to callers that may have given up (a closed connection); a
     // failed send is theirs to lose, never a reason to stop the worker.
     while let Ok(cmd) = rx.recv() {
@@ -540,11 +544,6 @@ fn run<J, Z, N, M>(
                     Err(e) => log::warn!("delete of volume {name}: {e}"),
                 }
                 let _ = reply.send(result);
-            }
-            Command::Metrics { reply } => {
-                let list = reconciler.list();
-                let running = list.iter().filter(|s| s.state == Phase::Running).count();
-                let _ = reply.send(metrics.render(reconciler.state().jails.len(), running));
             }
             Command::Reconcile => {
                 pass(&mut reconciler, &mut metrics);
@@ -621,20 +620,25 @@ fn run<J, Z, N, M>(
         }
         // After every command, read-only ones too: cheaper than knowing
         // which ones changed a status (the list is built from memory).
-        published.publish(&reconciler);
+        published.publish(&reconciler, &metrics, ingress.as_ref());
     }
 }
 
 /// What the worker publishes after every command: the jail statuses (the
-/// heartbeat) and the health checker's targets.
+/// heartbeat), the health checker's targets and the metrics.
 struct Published {
     jails: Publisher<Vec<JailStatus>>,
     health_targets: Publisher<Vec<HealthTarget>>,
+    metrics: Publisher<WorkerMetrics>,
 }
 
 impl Published {
-    fn publish<J, Z, N, M>(&self, reconciler: &Reconciler<J, Z, N, M>)
-    where
+    fn publish<J, Z, N, M>(
+        &self,
+        reconciler: &Reconciler<J, Z, N, M>,
+        metrics: &Metrics,
+        ingress: Option<&IngressController>,
+    ) where
         J: JailRuntime,
         Z: ZfsManager,
         N: NetManager,
@@ -642,6 +646,22 @@ impl Published {
     {
         self.jails.publish(reconciler.list());
         self.health_targets.publish(reconciler.health_targets());
+        let mut certificates = BTreeMap::new();
+        for status in ingress.map(IngressController::statuses).unwrap_or_default() {
+            if let Some(expires) = status.certificate_expires {
+                // Two Ingresses of one host share its certificate; the
+                // earlier expiry is the one to watch.
+                certificates
+                    .entry(status.host)
+                    .and_modify(|e: &mut i64| *e = (*e).min(expires))
+                    .or_insert(expires);
+            }
+        }
+        self.metrics.publish(WorkerMetrics {
+            counters: metrics.clone(),
+            desired: reconciler.state().jails.len(),
+            certificates,
+        });
     }
 }
 
@@ -830,11 +850,11 @@ mod tests {
             .expect("applied");
         // The worker publishes before it takes its next command, so once a
         // later command is answered the snapshot shows the apply.
-        worker.metrics().expect("worker");
+        worker.list().expect("worker");
         assert_eq!(names(&worker), [("web".to_string(), Some(3))]);
 
         worker.delete("web").expect("worker").expect("deleted");
-        worker.metrics().expect("worker");
+        worker.list().expect("worker");
         assert_eq!(names(&worker), []);
 
         worker.shutdown();
@@ -843,6 +863,35 @@ mod tests {
             worker.published_jails().map(|j| j.len()),
             Err(WorkerGone),
             "a stopped worker's last jails are not reported as current"
+        );
+    }
+
+    #[test]
+    fn the_worker_publishes_its_metrics_after_every_command_and_closes_when_it_ends() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let net = FakeNet::new(CallLog::new(), Faults::default());
+        let (worker, thread) = spawn(fake_reconciler(dir.path(), net)).expect("worker");
+        worker
+            .apply(jail("web", None), None)
+            .expect("worker")
+            .expect("applied");
+        worker.list().expect("worker");
+        let published = worker.published_metrics().expect("the worker runs");
+        let jails = worker.published_jails().expect("the worker runs");
+        let text = crate::agentd::metrics::render(&published, &jails, None);
+        assert_eq!(published.desired, 1, "{text}");
+        assert!(
+            text.contains("keel_reconcile_duration_seconds_count 1\n"),
+            "the first pass, and no other: {text}"
+        );
+        assert!(text.contains("keel_jail_ready{jail=\"web\"}"), "{text}");
+
+        worker.shutdown();
+        thread.join().expect("the worker ends cleanly");
+        assert_eq!(
+            worker.published_metrics().map(|m| m.desired),
+            Err(WorkerGone),
+            "a stopped worker's metrics are not served as current"
         );
     }
 }

@@ -117,6 +117,11 @@ pub struct AgentConfig {
     /// Default `""`.
     #[serde(with = "empty_is_none")]
     pub proxy_listen: Option<Ipv4Addr>,
+    /// `IP:PORT` of the plain, unauthenticated HTTP listener that serves
+    /// only `GET /metrics` (`common::metrics`); `""` (None) opens none.
+    /// Default `""`.
+    #[serde(with = "empty_is_none")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Key the agent signs its control-plane requests with.
     /// Default `/usr/local/etc/keel/node.key`.
     pub key_file: PathBuf,
@@ -149,6 +154,7 @@ impl Default for AgentConfig {
             proxy_connect_timeout: Interval::secs(1),
             proxy_threads: 0,
             proxy_listen: None,
+            metrics_listen: None,
             key_file: "/usr/local/etc/keel/node.key".into(),
             base_mirror: "https://download.freebsd.org/releases/amd64/amd64".into(),
             base_archive: Some(
@@ -292,6 +298,11 @@ pub struct ControlPlaneConfig {
     pub heartbeat_interval: Interval,
     /// Silence after which a node counts as dead. Default `15s`.
     pub dead_after: Interval,
+    /// `IP:PORT` of the plain, unauthenticated HTTP listener that serves
+    /// only `GET /metrics` (`common::metrics`); `""` (None) opens none.
+    /// Default `""`.
+    #[serde(with = "empty_is_none")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Node key the control plane signs the requests it forwards to agents
     /// with (agents accept node keys only). Default `/usr/local/etc/keel/node.key`.
     pub key_file: PathBuf,
@@ -307,6 +318,7 @@ impl Default for ControlPlaneConfig {
             service_cidr: net([10, 96, 0, 0], 16),
             heartbeat_interval: Interval::secs(5),
             dead_after: Interval::secs(15),
+            metrics_listen: None,
             key_file: "/usr/local/etc/keel/node.key".into(),
         }
     }
@@ -935,6 +947,14 @@ impl Config {
                 ),
             ));
         }
+        if let Some(metrics) = a.metrics_listen {
+            check_distinct_listener(
+                "agent.metrics_listen",
+                metrics,
+                "agent.advertise_addr",
+                a.advertise_addr,
+            )?;
+        }
         check_path("agent.key_file", &a.key_file)?;
         check_mirror_url("agent.base_mirror", &a.base_mirror)?;
         if let Some(archive) = &a.base_archive {
@@ -979,6 +999,14 @@ impl Config {
                     a.node_subnet, c.service_cidr
                 ),
             ));
+        }
+        if let Some(metrics) = c.metrics_listen {
+            check_distinct_listener(
+                "controlplane.metrics_listen",
+                metrics,
+                "controlplane.listen",
+                Some(c.listen),
+            )?;
         }
         check_interval("controlplane.heartbeat_interval", c.heartbeat_interval)?;
         check_interval("controlplane.dead_after", c.dead_after)?;
@@ -1153,6 +1181,30 @@ fn check_dns_label(key: &str, label: &str) -> Result<(), ConfigError> {
             key,
             format!(
                 "`{label}` is not a DNS label (lowercase letters, digits and inner `-`, at most 63 characters)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A metrics listener (`key`, at `addr`) must not take the port of the
+/// daemon's API listener (`api_key`): the second bind would fail at start,
+/// or, with an unspecified address on one side, both could not be told apart.
+fn check_distinct_listener(
+    key: &str,
+    addr: SocketAddr,
+    api_key: &str,
+    api: Option<SocketAddr>,
+) -> Result<(), ConfigError> {
+    let Some(api) = api else {
+        return Ok(());
+    };
+    let same_ip = addr.ip() == api.ip() || addr.ip().is_unspecified() || api.ip().is_unspecified();
+    if addr.port() != 0 && addr.port() == api.port() && same_ip {
+        return Err(invalid(
+            key,
+            format!(
+                "{addr} is the address of {api_key} ({api}); the metrics listener needs a port of its own"
             ),
         ));
     }
@@ -1844,6 +1896,14 @@ mod tests {
                 "[agent]\nproxy_listen = \"10.0.0.1:80\"\n",
                 "agent.proxy_listen",
             ),
+            (
+                "[agent]\nmetrics_listen = \"10.0.0.1\"\n",
+                "agent.metrics_listen",
+            ),
+            (
+                "[controlplane]\nmetrics_listen = \"localhost:9740\"\n",
+                "controlplane.metrics_listen",
+            ),
             ("[agent]\nproxy_threads = -1\n", "agent.proxy_threads"),
             ("[log]\nlevel = \"loud\"\n", "log.level"),
             (
@@ -1976,6 +2036,14 @@ mod tests {
             ("[ingress]\nacme_contact = \"me\"\n", "ingress.acme_contact"),
             ("[ingress]\nresolvers = []\n", "ingress.resolvers"),
             ("[agent]\nproxy_threads = 65\n", "agent.proxy_threads"),
+            (
+                "[agent]\ncontrolplane = \"cp:7440\"\nadvertise_addr = \"10.0.0.2:7441\"\nmetrics_listen = \"0.0.0.0:7441\"\n",
+                "agent.metrics_listen",
+            ),
+            (
+                "[controlplane]\nmetrics_listen = \"0.0.0.0:7440\"\n",
+                "controlplane.metrics_listen",
+            ),
             (
                 "[ingress]\npublic_interface = \"em 0\"\n",
                 "ingress.public_interface",

@@ -13,6 +13,7 @@ pub mod http;
 pub mod journal;
 pub mod lockfile;
 pub mod logging;
+pub mod metrics;
 pub mod names;
 pub mod refusals;
 pub mod replay_floor;

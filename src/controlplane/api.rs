@@ -74,11 +74,12 @@ use crate::common::http::{Client, Endpoint, Handler, OutgoingRequest, Request, R
 use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, HeartbeatRequest, Liveness,
+    COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, HeartbeatRequest,
     RegisterRequest, ServiceApply, VolumeStatus, parse_committed, parse_volumes_query,
     volumes_query,
 };
 use crate::controlplane::endpoint_board::EndpointBoard;
+use crate::controlplane::metrics::ControlPlaneMetrics;
 use crate::controlplane::registry::{HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::worker::{WorkerGone, WorkerHandle};
 
@@ -98,8 +99,9 @@ pub struct ControlPlaneApi {
     worker: WorkerHandle,
     verifier: Verifier,
     forwarder: Forwarder,
-    /// Endpoint long polls waiting now.
-    waiting_polls: AtomicUsize,
+    /// Endpoint long polls waiting now (also read by the metrics).
+    waiting_polls: Arc<AtomicUsize>,
+    metrics: ControlPlaneMetrics,
 }
 
 /// Sends requests to agents, signed with the control plane's node key.
@@ -114,14 +116,23 @@ impl ControlPlaneApi {
     /// Routes to `worker`, verifying with `verifier` and signing forwarded
     /// requests with `signer` (a node key).
     pub fn new(worker: WorkerHandle, verifier: Verifier, signer: Signer) -> ControlPlaneApi {
+        let waiting_polls = Arc::new(AtomicUsize::new(0));
         ControlPlaneApi {
+            metrics: ControlPlaneMetrics::new(worker.clone(), Arc::clone(&waiting_polls)),
             worker,
             verifier,
             forwarder: Forwarder {
                 signer: Arc::new(RwLock::new(signer)),
             },
-            waiting_polls: AtomicUsize::new(0),
+            waiting_polls,
         }
+    }
+
+    /// What both `/metrics` routes render (the signed one here, and the
+    /// plain `controlplane.metrics_listen`), with the request counts
+    /// [`crate::controlplane::metrics::Metered`] keeps around this API.
+    pub fn metrics_source(&self) -> ControlPlaneMetrics {
+        self.metrics.clone()
     }
 
     /// Swaps in newly loaded keys (SIGHUP): requests in flight finish with the
@@ -616,25 +627,7 @@ impl ControlPlaneApi {
     }
 
     fn metrics(&self) -> Result<Response, WorkerGone> {
-        let nodes = self.worker.nodes()?;
-        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
-        let text = format!(
-            "# HELP keel_nodes Registered nodes by liveness.\n\
-             # TYPE keel_nodes gauge\n\
-             keel_nodes{{status=\"alive\"}} {alive}\n\
-             keel_nodes{{status=\"dead\"}} {}\n\
-             # HELP keel_endpoint_polls_waiting Endpoint long polls waiting for a newer generation.\n\
-             # TYPE keel_endpoint_polls_waiting gauge\n\
-             keel_endpoint_polls_waiting {}\n\
-             # HELP keel_endpoint_generation Generation of the endpoint table published last.\n\
-             # TYPE keel_endpoint_generation gauge\n\
-             keel_endpoint_generation {}\n",
-            nodes.len() - alive,
-            self.waiting_polls.load(Ordering::SeqCst),
-            self.worker.endpoint_board().current().0,
-        );
-        Ok(Response::text(200, text)
-            .with_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8"))
+        self.metrics.respond()
     }
 }
 

@@ -76,6 +76,12 @@ pub const FLAGS: &[Flag] = &[
         "DURATION",
         "silence after which a node is dead (longer than the heartbeat)",
     ),
+    set(
+        "metrics-listen",
+        "controlplane.metrics_listen",
+        "IP:PORT",
+        "plain HTTP listener serving only GET /metrics (empty: none)",
+    ),
     FLAG_LOG_LEVEL,
     FLAG_HELP,
     FLAG_VERSION,

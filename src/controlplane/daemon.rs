@@ -25,10 +25,12 @@ use crate::common::http::{HttpError, Server, ServerLimits, ShutdownSignal};
 use crate::common::journal::JournalError;
 use crate::common::lockfile::{LockError, StateDirLock};
 use crate::common::logging;
+use crate::common::metrics::{self, ListenError};
 use crate::common::replay_floor::{self, FloorError};
 use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
 use crate::controlplane::api::ControlPlaneApi;
 use crate::controlplane::cli::Options;
+use crate::controlplane::metrics::Metered;
 use crate::controlplane::registry::Cluster;
 use crate::controlplane::worker::{Worker, open_state};
 
@@ -53,6 +55,8 @@ pub enum RunError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The listener on `controlplane.metrics_listen` could not be bound.
+    Metrics(ListenError),
     /// The HTTP server could not start.
     Http(HttpError),
     /// A thread or the signal handler could not be set up.
@@ -76,6 +80,7 @@ impl fmt::Display for RunError {
                 "cannot listen on {addr}: {source} (is another keel-controlplane running? set controlplane.listen or --listen)"
             ),
             RunError::Http(e) => write!(f, "{e}"),
+            RunError::Metrics(e) => write!(f, "{e}"),
             RunError::Setup(e) => write!(f, "{e}"),
             RunError::Daemonize(e) => write!(f, "cannot detach (--daemon): {e}"),
             RunError::Faults(e) => write!(f, "{e}"),
@@ -119,6 +124,11 @@ pub fn run(options: Options) -> Result<(), RunError> {
         addr: c.listen,
         source,
     })?;
+    let metrics_listener = c
+        .metrics_listen
+        .map(|addr| metrics::bind("controlplane.metrics_listen", addr))
+        .transpose()
+        .map_err(RunError::Metrics)?;
 
     if options.daemon {
         daemonize::Daemonize::new()
@@ -158,10 +168,22 @@ pub fn run(options: Options) -> Result<(), RunError> {
         .with_replay_floor(floor);
     let shutdown = ShutdownSignal::new();
     let api = Arc::new(ControlPlaneApi::new(worker.clone(), verifier, signer));
-    let server = Server::new(api.clone(), ServerLimits::default(), shutdown.clone());
+    let source = api.metrics_source();
+    // Requests are counted around the route table, not in the server core.
+    let metered = Arc::new(Metered::new(api.clone(), source.requests()));
+    let server = Server::new(metered, ServerLimits::default(), shutdown.clone());
     let local = listener.local_addr().map_err(setup)?;
     let http = server.serve_tcp(listener).map_err(RunError::Http)?;
     log::info!("listening on {local}");
+    let metrics_http = match metrics_listener {
+        Some(l) => {
+            let local = l.local_addr().map_err(setup)?;
+            let thread = metrics::serve(l, source, shutdown.clone()).map_err(RunError::Http)?;
+            log::info!("metrics on http://{local}/metrics");
+            Some(thread)
+        }
+        None => None,
+    };
 
     let stop = signals.run(|| {
         // Key rotation without downtime: keel.toml and the key files it
@@ -186,6 +208,9 @@ pub fn run(options: Options) -> Result<(), RunError> {
     shutdown.trigger();
     worker.shutdown();
     let _ = http.join();
+    if let Some(t) = metrics_http {
+        let _ = t.join();
+    }
     let worker_end = watcher.join();
     drop(lock);
     worker_end.map_err(RunError::Worker)

@@ -8,6 +8,7 @@
 //! | [`worker`] | the one thread owning the registry and the journal |
 //! | [`endpoint_board`] | the endpoint table the worker publishes and long polls wait on |
 //! | [`api`] | the route table, request signing checks, forwarding to agents |
+//! | [`metrics`] | Prometheus text, and the per-route request counts around the API |
 //! | [`daemon`] | startup and shutdown |
 //! | [`cli`] | flags and `--check-config` |
 //!
@@ -18,6 +19,7 @@ pub mod api;
 pub mod cli;
 pub mod daemon;
 pub mod endpoint_board;
+pub mod metrics;
 pub mod registry;
 pub mod scheduler;
 pub mod state;

@@ -31,9 +31,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::common::journal::{Journal, JournalError};
+use crate::common::metrics::Unavailable;
 use crate::common::supervise::{self, WorkerHealth};
 use crate::common::wire::NodeRemoval;
 use crate::common::wire::{
@@ -416,6 +417,40 @@ impl WorkerHandle {
     /// See [`Command::HealDone`].
     pub fn heal_done(&self, services: Vec<String>) {
         let _ = self.tx.send(Command::HealDone(services));
+    }
+
+    /// [`Command::Nodes`] and [`Command::Services`], both queued at once and
+    /// waited for at most `wait` in all: the metrics must not wait behind a
+    /// long batch. A late answer goes to a closed channel, which the worker
+    /// ignores.
+    pub fn nodes_and_services_within(
+        &self,
+        wait: Duration,
+    ) -> Result<(Vec<NodeStatus>, Vec<ServiceStatus>), Unavailable> {
+        let gone = || Unavailable::Gone(WorkerGone.to_string());
+        let (nodes_reply, nodes) = mpsc::channel();
+        let (services_reply, services) = mpsc::channel();
+        self.tx
+            .send(Command::Nodes(nodes_reply))
+            .map_err(|_| gone())?;
+        self.tx
+            .send(Command::Services(services_reply))
+            .map_err(|_| gone())?;
+        let deadline = Instant::now() + wait;
+        let busy = || {
+            Unavailable::Busy(format!(
+                "keel-controlplane's worker has not answered within {} s (a long batch or a slow journal write); retry the scrape",
+                wait.as_secs_f64()
+            ))
+        };
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let fail = |e| match e {
+            mpsc::RecvTimeoutError::Timeout => busy(),
+            mpsc::RecvTimeoutError::Disconnected => gone(),
+        };
+        let nodes = nodes.recv_timeout(left()).map_err(fail)?;
+        let services = services.recv_timeout(left()).map_err(fail)?;
+        Ok((nodes, services))
     }
 
     /// See [`Command::Health`]: whether the worker answers within `wait`.

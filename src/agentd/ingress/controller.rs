@@ -1054,7 +1054,7 @@ mod tests {
             crate::agentd::worker::spawn_with_ingress(reconciler, Some(controller))
                 .expect("worker");
         // Answered after the worker's first reconcile and ingress passes.
-        worker.metrics().expect("worker");
+        worker.list().expect("worker");
         worker.shutdown();
         thread.join().expect("the worker ends cleanly");
         assert!(

@@ -35,6 +35,8 @@ use std::time::Duration;
 use crate::common::backoff::{Backoff, Clock, Policy, SystemClock};
 use crate::common::sync::lock;
 
+use super::stats::ServiceCounters;
+
 /// Most replicas one connection tries (fewer when the service has fewer):
 /// enough to get past a replica that just died and one more, few enough that
 /// a client of a service that is down everywhere learns it within a few
@@ -52,6 +54,9 @@ pub const EJECT_CAP: Duration = Duration::from_secs(30);
 pub struct Replica {
     addr: SocketAddrV4,
     open: AtomicUsize,
+    /// Its service's counters: a connection's [`Open`] reaches them through
+    /// its replica, so the connection's own state holds nothing for them.
+    counters: Arc<ServiceCounters>,
 }
 
 impl Replica {
@@ -65,6 +70,7 @@ impl Replica {
         // Relaxed: the count orders nothing; readers want a number, not a
         // happens-before edge.
         self.open.fetch_add(1, Ordering::Relaxed);
+        self.counters.open.fetch_add(1, Ordering::Relaxed);
         Open(Arc::clone(self))
     }
 
@@ -77,9 +83,17 @@ impl Replica {
 #[derive(Debug)]
 pub struct Open(Arc<Replica>);
 
+impl Open {
+    /// The service's counters (the connection is one of its open ones).
+    pub fn counters(&self) -> &ServiceCounters {
+        &self.0.counters
+    }
+}
+
 impl Drop for Open {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::Relaxed);
+        self.0.counters.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -138,6 +152,10 @@ pub struct Backends {
     /// off the `ejections` lock.
     failing: AtomicUsize,
     clock: Arc<dyn Clock>,
+    /// The service's counters (`super::stats`), reached through the
+    /// connection's `Backends` and [`Open`], so a connection's own state
+    /// holds no field for them.
+    counters: Arc<ServiceCounters>,
 }
 
 impl std::fmt::Debug for Backends {
@@ -161,7 +179,21 @@ impl Backends {
         clock: Arc<dyn Clock>,
         eject_initial: Duration,
     ) -> Backends {
-        let list: Vec<Arc<Replica>> = replicas.iter().map(|a| new_replica(*a)).collect();
+        Backends::with_counters(replicas, clock, eject_initial, Arc::default())
+    }
+
+    /// [`Backends::with_clock`], counting into `counters` (the service's,
+    /// `super::stats`).
+    pub fn with_counters(
+        replicas: &[SocketAddrV4],
+        clock: Arc<dyn Clock>,
+        eject_initial: Duration,
+        counters: Arc<ServiceCounters>,
+    ) -> Backends {
+        let list: Vec<Arc<Replica>> = replicas
+            .iter()
+            .map(|a| new_replica(*a, &counters))
+            .collect();
         Backends {
             replicas: Mutex::new(list.into()),
             draining: Mutex::new(Vec::new()),
@@ -175,7 +207,13 @@ impl Backends {
             })),
             failing: AtomicUsize::new(0),
             clock,
+            counters,
         }
+    }
+
+    /// The service's counters.
+    pub fn counters(&self) -> &Arc<ServiceCounters> {
+        &self.counters
     }
 
     /// Replaces the list in place; connections already relaying are not
@@ -193,7 +231,7 @@ impl Backends {
         };
         let list: Vec<Arc<Replica>> = replicas
             .iter()
-            .map(|a| known(a).unwrap_or_else(|| new_replica(*a)))
+            .map(|a| known(a).unwrap_or_else(|| new_replica(*a, &self.counters)))
             .collect();
         let dropped: Vec<Arc<Replica>> = old
             .into_iter()
@@ -326,10 +364,11 @@ impl Backends {
     }
 }
 
-fn new_replica(addr: SocketAddrV4) -> Arc<Replica> {
+fn new_replica(addr: SocketAddrV4, counters: &Arc<ServiceCounters>) -> Arc<Replica> {
     Arc::new(Replica {
         addr,
         open: AtomicUsize::new(0),
+        counters: Arc::clone(counters),
     })
 }
 

@@ -20,6 +20,7 @@
 //! | [`table`] | the pure diff between the services served and a new table |
 //! | [`balance`] | one service's replica list, its round-robin cursor, ejections and connection counts |
 //! | [`relay`] | one connection: connect with timeout and retries, replay until the first answer, relay with half-close |
+//! | [`stats`] | per-service counters (connections open and accepted, bytes each way) the metrics read without asking the control loop |
 //!
 //! Behaviour:
 //! - [`Proxy::update`] is the whole interface to the heartbeat: a new service
@@ -67,6 +68,7 @@
 
 pub mod balance;
 pub mod relay;
+pub mod stats;
 pub mod table;
 
 use std::collections::BTreeMap;
@@ -90,6 +92,7 @@ use crate::common::wire::ServiceEndpoints;
 
 use self::balance::Backends;
 pub use self::balance::ReplicaLoad;
+use self::stats::{ProxyStats, ServiceCounters};
 use self::table::Change;
 
 /// Listen backlog of each service: connections arriving faster than the loop
@@ -260,6 +263,7 @@ pub struct Proxy {
     /// `requests` closes).
     stops: Vec<oneshot::Sender<()>>,
     threads: Vec<JoinHandle<()>>,
+    stats: Arc<ProxyStats>,
 }
 
 impl fmt::Debug for Proxy {
@@ -277,7 +281,9 @@ impl Proxy {
             requests: None,
             stops: Vec::new(),
             threads: Vec::new(),
+            stats: Arc::new(ProxyStats::default()),
         };
+        let stats = Arc::clone(&proxy.stats);
         let tick = timer_tick(config.connect_timeout);
         let mut loops = Vec::with_capacity(config.threads.max(1));
         for i in 1..config.threads.max(1) {
@@ -304,7 +310,7 @@ impl Proxy {
         proxy.threads.push(
             std::thread::Builder::new()
                 .name("keel-proxy".into())
-                .spawn(move || runtime.block_on(control(config, loops, rx)))?,
+                .spawn(move || runtime.block_on(control(config, loops, rx, stats)))?,
         );
         Ok(proxy)
     }
@@ -353,6 +359,11 @@ impl Proxy {
             return None;
         }
         rx.recv_timeout(wait).ok()
+    }
+
+    /// The per-service counters, read without asking the control loop.
+    pub fn stats(&self) -> Arc<ProxyStats> {
+        Arc::clone(&self.stats)
     }
 
     /// Closes every listener and connection and joins the proxy's threads.
@@ -431,13 +442,14 @@ async fn control(
     config: ProxyConfig,
     loops: Vec<Handle>,
     mut requests: mpsc::UnboundedReceiver<Request>,
+    stats: Arc<ProxyStats>,
 ) {
     let ticking = tokio::spawn(keep_timer_armed(timer_tick(config.connect_timeout)));
     let mut served: BTreeMap<String, Served> = BTreeMap::new();
     while let Some(request) = requests.recv().await {
         match request {
             Request::Update(services, reply) => {
-                let errors = apply(&config, &loops, &mut served, &services).await;
+                let errors = apply(&config, &loops, &mut served, &stats, &services).await;
                 let _ = reply.send(errors);
             }
             Request::Services(reply) => {
@@ -463,6 +475,7 @@ async fn apply(
     config: &ProxyConfig,
     loops: &[Handle],
     served: &mut BTreeMap<String, Served>,
+    stats: &ProxyStats,
     services: &[ServiceEndpoints],
 ) -> Vec<ProxyError> {
     let listen_of =
@@ -475,6 +488,7 @@ async fn apply(
     for change in table::plan(&current, services, listen_of) {
         match change {
             Change::Remove(name) => {
+                stats.forget(&name);
                 if let Some(s) = served.remove(&name) {
                     let bound = s.bound;
                     s.close().await;
@@ -494,12 +508,14 @@ async fn apply(
                 if let Some(old) = served.remove(&s.name) {
                     old.close().await;
                 }
-                if let Err(e) = open(config, loops, served, s, listen_of(s)) {
+                let counters = stats.counters(&s.name);
+                if let Err(e) = open(config, loops, served, s, listen_of(s), &counters) {
                     errors.push(e);
                 }
             }
             Change::Add(s) => {
-                if let Err(e) = open(config, loops, served, s, listen_of(s)) {
+                let counters = stats.counters(&s.name);
+                if let Err(e) = open(config, loops, served, s, listen_of(s), &counters) {
                     errors.push(e);
                 }
             }
@@ -517,6 +533,7 @@ fn open(
     served: &mut BTreeMap<String, Served>,
     service: &ServiceEndpoints,
     listen: SocketAddrV4,
+    counters: &Arc<ServiceCounters>,
 ) -> Result<(), ProxyError> {
     let err = |source| ProxyError::Listen {
         service: service.name.clone(),
@@ -542,10 +559,11 @@ fn open(
     for _ in 1..loops.len() {
         listeners.push(bind(bound).map_err(err)?);
     }
-    let backends = Arc::new(Backends::with_clock(
+    let backends = Arc::new(Backends::with_counters(
         &service.replicas,
         Arc::new(SystemClock),
         config.eject_initial,
+        Arc::clone(counters),
     ));
     let mut accepts = Vec::with_capacity(loops.len());
     for (listener, event_loop) in listeners.into_iter().zip(loops) {
@@ -622,6 +640,7 @@ async fn accept_loop(listener: TcpListener, backends: Arc<Backends>, connect_tim
     loop {
         match listener.accept().await {
             Ok((client, _)) => {
+                backends.counters().accepted();
                 tokio::spawn(relay::serve(client, Arc::clone(&backends), connect_timeout));
             }
             // The client gave up between SYN and accept: its problem only.

@@ -5,6 +5,9 @@
 //! It owns the two sockets of that connection and nothing else; it never
 //! looks at the service table (it got its [`Backends`] at accept time, and
 //! only tells it how each replica it tried did) and never blocks its thread.
+//! It counts itself in its service's counters while it relays, and the
+//! bytes relayed (one relaxed atomic add per read while relaying, see
+//! `super::stats`).
 //! It decides what counts as a failed replica: a refused or timed-out
 //! connect, a reset before the first byte. A replica that closes cleanly
 //! before sending anything has answered (some protocols end that way).
@@ -32,7 +35,7 @@ use std::io;
 use std::net::{Shutdown, SocketAddrV4};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -42,6 +45,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 
 use super::balance::Backends;
+use super::stats::ServiceCounters;
 
 /// Size of the per-thread read buffer: large reads keep bulk transfers at a
 /// few syscalls per 64 KiB, and since the buffer is shared by every
@@ -59,7 +63,7 @@ pub const REPLAY_MAX: usize = 64 * 1024;
 /// Serves one accepted client connection to the end: tries the replicas of
 /// its turn in order (see [`Backends::pick`]) until one connects and does not
 /// reset before its first byte, reporting each outcome to `backends`, then
-/// relays.
+/// relays, counted in the service's counters ([`Backends::counters`]).
 pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: Duration) {
     let Some(attempts) = backends.pick() else {
         // No replica: the listener stays up, the client learns at once.
@@ -93,13 +97,21 @@ pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: 
                 return;
             }
         }
+        // Everything the client sent so far is in the replay copy and went
+        // to this replica (once, however often it was replayed). Counted
+        // here rather than per read so that the state of a connection still
+        // choosing its replica, the largest one, holds nothing for it.
+        backends
+            .counters()
+            .to_replica
+            .fetch_add(replay.data.len() as u64, Ordering::Relaxed);
         // Answered or committed: nothing will be replayed, and an idle
         // relayed connection must hold no buffer.
         drop(replay);
         drop(backends);
         // TCP_NODELAY: the client socket inherited it from the listener, the
         // backend's was set before connecting.
-        if let Err(e) = relay(client, backend).await {
+        if let Err(e) = relay(client, backend, open.counters()).await {
             log::debug!("proxy: connection ended with {e}");
         }
         drop(open);
@@ -224,14 +236,41 @@ async fn connect(addr: SocketAddrV4, timeout: Duration) -> io::Result<TcpStream>
     }
 }
 
-/// Relays both directions until both reached end of stream, or either failed.
-async fn relay(mut client: TcpStream, mut backend: TcpStream) -> io::Result<()> {
+/// What both directions of one relayed connection share.
+struct Ends<'a> {
+    /// One direction reached its end.
+    one_ended: AtomicBool,
+    /// The service's counters.
+    counters: &'a ServiceCounters,
+}
+
+/// The counter of the client-to-replica direction (a function item, so a
+/// direction costs its pipe no state).
+fn to_replica(c: &ServiceCounters) -> &AtomicU64 {
+    &c.to_replica
+}
+
+/// The counter of the replica-to-client direction.
+fn to_client(c: &ServiceCounters) -> &AtomicU64 {
+    &c.to_client
+}
+
+/// Relays both directions until both reached end of stream, or either
+/// failed, adding the bytes read from each side to its counter.
+async fn relay(
+    mut client: TcpStream,
+    mut backend: TcpStream,
+    counters: &ServiceCounters,
+) -> io::Result<()> {
     let (mut client_r, mut client_w) = client.split();
     let (mut backend_r, mut backend_w) = backend.split();
-    let one_ended = AtomicBool::new(false);
+    let ends = Ends {
+        one_ended: AtomicBool::new(false),
+        counters,
+    };
     tokio::try_join!(
-        pipe(&mut client_r, &mut backend_w, &one_ended),
-        pipe(&mut backend_r, &mut client_w, &one_ended)
+        pipe(&mut client_r, &mut backend_w, &ends, to_replica),
+        pipe(&mut backend_r, &mut client_w, &ends, to_client)
     )?;
     Ok(())
 }
@@ -247,7 +286,8 @@ async fn relay(mut client: TcpStream, mut backend: TcpStream) -> io::Result<()> 
 async fn pipe(
     src: &mut ReadHalf<'_>,
     dst: &mut WriteHalf<'_>,
-    one_ended: &AtomicBool,
+    ends: &Ends<'_>,
+    counter: impl Fn(&ServiceCounters) -> &AtomicU64,
 ) -> io::Result<()> {
     let mut backlog = Backlog::default();
     loop {
@@ -256,9 +296,11 @@ async fn pipe(
             // Drained: give the memory back before possibly idling for hours.
             backlog = Backlog::default();
         }
-        if poll_fn(|cx| forward(src, dst, &mut backlog, cx)).await? == Flow::Ended {
+        if poll_fn(|cx| forward(src, dst, &mut backlog, counter(ends.counters), cx)).await?
+            == Flow::Ended
+        {
             // Relaxed: both directions are polled by the same task.
-            if !one_ended.swap(true, Ordering::Relaxed) {
+            if !ends.one_ended.swap(true, Ordering::Relaxed) {
                 // The other side may already be gone; the opposite direction
                 // decides how the connection ends, not this shutdown.
                 let _ = dst.shutdown().await;
@@ -281,6 +323,7 @@ fn forward(
     src: &mut ReadHalf<'_>,
     dst: &mut WriteHalf<'_>,
     backlog: &mut Backlog,
+    relayed: &AtomicU64,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<Flow>> {
     BUF.with_borrow_mut(|buf| {
@@ -290,6 +333,8 @@ fn forward(
         if data.is_empty() {
             return Poll::Ready(Ok(Flow::Ended));
         }
+        // Relaxed: a counter read by the metrics, ordering nothing else.
+        relayed.fetch_add(data.len() as u64, Ordering::Relaxed);
         let written = write_some(dst, data, cx)?;
         backlog.push(&data[written..]);
         Poll::Ready(Ok(Flow::More))
@@ -358,6 +403,7 @@ mod tests {
             let addr = listener.local_addr().expect("addr");
             let client = TcpStream::connect(addr).await.expect("connect");
             let (accepted, _) = listener.accept().await.expect("accept");
+            let counters = ServiceCounters::default();
             let serving = serve(
                 accepted,
                 Arc::new(Backends::new(&[])),
@@ -365,7 +411,11 @@ mod tests {
             );
             let size = std::mem::size_of_val(&serving);
             assert!(size < 2048, "connection state is {size} bytes");
-            let relaying = relay(client, TcpStream::connect(addr).await.expect("connect"));
+            let relaying = relay(
+                client,
+                TcpStream::connect(addr).await.expect("connect"),
+                &counters,
+            );
             let size = std::mem::size_of_val(&relaying);
             assert!(size < 2048, "relay state is {size} bytes");
         });
