@@ -209,6 +209,9 @@ impl Cluster {
             published: PublishedEndpoints::default(),
         };
         cluster.encode_every_peer(now);
+        // A rollout in progress gets a whole deadline from this start: the
+        // time this process was not running is no evidence against it.
+        cluster.restart_rollout_clocks(now);
         cluster.start_endpoints(now);
         cluster
     }

@@ -83,6 +83,37 @@ impl Cluster {
         self.progress.insert(service.to_string(), (now, 0));
     }
 
+    /// Starts the progress clock of every rollout in progress at `now` (a
+    /// control plane's start).
+    pub(super) fn restart_rollout_clocks(&mut self, now: Instant) {
+        let progressing: Vec<String> = self
+            .state
+            .services
+            .iter()
+            .filter(|(_, r)| progressing(r))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in progressing {
+            let score = self.rollout_score(&name, now);
+            self.progress.insert(name, (now, score));
+        }
+    }
+
+    /// How far a rollout got: replicas below the desired count on the
+    /// current template, plus those of them ready. It grows with every
+    /// replica applied and every one that becomes ready (see the module
+    /// docs).
+    fn rollout_score(&self, name: &str, now: Instant) -> u32 {
+        let Some(n) = self.state.services.get(name).map(|r| r.applied.replicas) else {
+            return 0;
+        };
+        self.replica_view(name, now)
+            .iter()
+            .filter(|r| r.updated && replica_of(&r.name).is_some_and(|(_, i)| i < n))
+            .map(|r| 1 + u32::from(r.ready))
+            .sum()
+    }
+
     /// Indices a service may have placed now: its desired count, and during
     /// a rollout as many surge slots as `maxSurge` allows while replicas on
     /// an older template remain.
@@ -187,10 +218,7 @@ impl Cluster {
                 .filter(in_range)
                 .filter(|r| r.updated && r.ready)
                 .count() as u32;
-            // Progress, as Kubernetes counts it for a Deployment: a replica
-            // applied with the new template, or one of them becoming ready.
-            let score =
-                updated_ready + view.iter().filter(in_range).filter(|r| r.updated).count() as u32;
+            let score = self.rollout_score(&name, now);
             let settled = view.iter().all(|r| r.updated)
                 && view.iter().filter(in_range).count() as u32 == n
                 && !view

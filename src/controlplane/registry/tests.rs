@@ -1904,3 +1904,93 @@ fn a_drain_ends_when_every_proxy_applied_the_table_without_the_replica_and_repor
         "{plan:?}"
     );
 }
+
+#[test]
+fn stateful_replicas_update_in_place_one_at_a_time_whatever_the_budget() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    c.put_service("db", &service(3, 5432, "t1", true), t0)
+        .expect("put");
+    let plan = c.plan_heal(Some("db"), t0);
+    carry_out(&mut c, plan, t0);
+    let homes: BTreeMap<String, String> = c
+        .placed_replicas("db")
+        .into_iter()
+        .map(|(_, n, p)| (n, p.node))
+        .collect();
+    let mut wide = service(3, 5432, "t2", true);
+    wide.policy.max_unavailable = 3;
+    wide.policy.max_surge = 2;
+    c.put_service("db", &wide, t0).expect("update");
+    for _ in 0..3 {
+        let plan = c.plan_heal(Some("db"), t0);
+        assert_eq!(
+            placed_names(&plan).len(),
+            1,
+            "one at a time, no surge: {plan:?}"
+        );
+        for a in &plan {
+            if let HealAction::Place {
+                replica,
+                target,
+                volumes,
+                ..
+            } = a
+            {
+                assert_eq!(target.node, homes[replica], "it stays with its data");
+                assert_eq!(volumes, &[format!("{replica}-data")]);
+            }
+        }
+        carry_out(&mut c, plan, t0);
+    }
+    assert_eq!(c.advance_rollouts(t0).len(), 1);
+    let s = c.service_status("db", t0).expect("status");
+    assert_eq!((s.updated, s.ready, s.replicas.len()), (3, 3, 3));
+}
+
+#[test]
+fn a_restarted_control_plane_keeps_revisions_and_a_stopped_rollout_and_restarts_the_clock() {
+    let t0 = Instant::now();
+    let mut c = three_ready(t0);
+    let mut quick = service(3, 80, "t2", false);
+    quick.policy.progress_deadline_ms = 5_000;
+    c.put_service("web", &quick, t0).expect("update");
+    let plan = c.plan_heal(Some("web"), t0);
+    let first = placed_names(&plan);
+    carry_out_with(&mut c, plan, &[first[0].as_str()], t0);
+    assert!(c.advance_rollouts(t0).is_empty());
+
+    // A restart 4 s in: the deadline is not 1 s away but a whole one again.
+    let t1 = t0 + Duration::from_secs(4);
+    let mut r = restarted_at(&c, t1);
+    beat_all(&mut r, &[first[0].as_str()], t1);
+    let t2 = t0 + Duration::from_secs(6);
+    beat_all(&mut r, &[first[0].as_str()], t2);
+    assert!(r.advance_rollouts(t2).is_empty(), "a fresh deadline");
+    let t3 = t1 + Duration::from_secs(6);
+    beat_all(&mut r, &[first[0].as_str()], t3);
+    assert_eq!(
+        r.advance_rollouts(t3).len(),
+        1,
+        "stopped one deadline after the restart"
+    );
+    let s = r.service_status("web", t3).expect("status");
+    assert_eq!(s.rollout.map(|x| x.state), Some("Stopped".to_string()));
+
+    // Stopped survives the next restart; the revisions too.
+    let mut again = restarted_at(&r, t3);
+    beat_all(&mut again, &[first[0].as_str()], t3);
+    let s = again.service_status("web", t3).expect("status");
+    assert_eq!(
+        (s.revision, s.rollout.map(|x| x.state)),
+        (2, Some("Stopped".to_string()))
+    );
+    assert!(
+        again.plan_heal(Some("web"), t3).is_empty(),
+        "nothing resumes"
+    );
+    assert_eq!(again.service_revisions("web").expect("revisions").len(), 2);
+}
