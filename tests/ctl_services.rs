@@ -31,15 +31,13 @@ spec:
     exec: {start: [/bin/sleep, '300']}
 ";
 
-fn ok(cluster: &Cluster, args: &[&str]) -> Run {
-    let run = cluster.keelctl(args);
-    assert_eq!(run.code, 0, "keelctl {args:?}: {run:?}\n{}", cluster.logs());
-    run
-}
-
 fn services(cluster: &Cluster) -> Vec<ServiceStatus> {
-    serde_json::from_str(&ok(cluster, &["get", "services", "-o", "json"]).stdout)
-        .expect("get services -o json is a list of services")
+    serde_json::from_str(
+        &cluster
+            .keelctl_ok(&["get", "services", "-o", "json"])
+            .stdout,
+    )
+    .expect("get services -o json is a list of services")
 }
 
 fn web_status(cluster: &Cluster) -> Option<ServiceStatus> {
@@ -49,17 +47,12 @@ fn web_status(cluster: &Cluster) -> Option<ServiceStatus> {
 #[test]
 fn keelctl_applies_lists_scales_and_deletes_a_service() {
     let cluster = Cluster::standard(3);
-    cluster.wait_for("three Alive nodes", || {
-        let nodes: Vec<NodeStatus> =
-            serde_json::from_str(&ok(&cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
-        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
-        (alive == 3).then_some(())
-    });
+    cluster.wait_alive(3);
     let file = cluster.dir().join("web.yaml");
     let file_arg = file.to_str().expect("utf-8 path");
 
     std::fs::write(&file, web(3, 8080)).expect("write web.yaml");
-    let applied = ok(&cluster, &["apply", "-f", file_arg]);
+    let applied = cluster.keelctl_ok(&["apply", "-f", file_arg]);
     assert!(
         applied
             .stdout
@@ -74,7 +67,7 @@ fn keelctl_applies_lists_scales_and_deletes_a_service() {
     let nodes: BTreeSet<&str> = status.replicas.iter().map(|r| r.node.as_str()).collect();
     assert_eq!(nodes, BTreeSet::from(["n1", "n2", "n3"]), "{status:?}");
 
-    let table = ok(&cluster, &["get", "services"]).stdout;
+    let table = cluster.keelctl_ok(&["get", "services"]).stdout;
     let want = format!(
         "web    {}:8080   3/3     3            1          n1,n2,n3\n",
         status.vip
@@ -83,7 +76,7 @@ fn keelctl_applies_lists_scales_and_deletes_a_service() {
         table.starts_with("NAME   VIP:PORT") && table.ends_with(&want),
         "{table}"
     );
-    let replicas = ok(&cluster, &["get", "service", "web"]).stdout;
+    let replicas = cluster.keelctl_ok(&["get", "service", "web"]).stdout;
     let lines: Vec<&str> = replicas.lines().collect();
     assert_eq!(lines.len(), 4, "{replicas}");
     assert!(lines[0].starts_with("NAME    NODE   ADDRESS"), "{replicas}");
@@ -91,9 +84,12 @@ fn keelctl_applies_lists_scales_and_deletes_a_service() {
         assert!(line.starts_with(&format!("web-{i}   n")), "{replicas}");
         assert!(line.ends_with("Running   1"), "{replicas}");
     }
-    let one: ServiceStatus =
-        serde_yaml::from_str(&ok(&cluster, &["get", "service", "web", "-o", "yaml"]).stdout)
-            .expect("get service -o yaml is a service");
+    let one: ServiceStatus = serde_yaml::from_str(
+        &cluster
+            .keelctl_ok(&["get", "service", "web", "-o", "yaml"])
+            .stdout,
+    )
+    .expect("get service -o yaml is a service");
     assert_eq!(one.vip, status.vip);
 
     // The port is immutable: refused with the field named, exit 1.
@@ -111,16 +107,16 @@ fn keelctl_applies_lists_scales_and_deletes_a_service() {
 
     // Scale down by applying again with replicas: 1.
     std::fs::write(&file, web(1, 8080)).expect("write web.yaml");
-    let scaled = ok(&cluster, &["apply", "-f", file_arg]);
+    let scaled = cluster.keelctl_ok(&["apply", "-f", file_arg]);
     assert!(scaled.stdout.contains(", 1/1 ready)"), "{scaled:?}");
     cluster.wait_for("one replica left", || {
         web_status(&cluster).filter(|s| s.replicas.len() == 1 && s.ready == 1)
     });
     assert_eq!(web_status(&cluster).map(|s| s.vip), Some(status.vip));
 
-    let deleted = ok(&cluster, &["delete", "service", "web"]);
+    let deleted = cluster.keelctl_ok(&["delete", "service", "web"]);
     assert_eq!(deleted.stdout, "service/web deleted\n");
-    let empty = ok(&cluster, &["get", "services"]);
+    let empty = cluster.keelctl_ok(&["get", "services"]);
     assert_eq!(
         (empty.stdout.as_str(), empty.stderr.as_str()),
         ("", "No services found.\n")
@@ -170,7 +166,8 @@ fn a_jail_and_a_service_replica_never_share_a_name_in_either_order() {
     let cluster = Cluster::standard(2);
     cluster.wait_for("two Alive nodes", || {
         let nodes: Vec<NodeStatus> =
-            serde_json::from_str(&ok(&cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
+            serde_json::from_str(&cluster.keelctl_ok(&["get", "nodes", "-o", "json"]).stdout)
+                .ok()?;
         (nodes.iter().filter(|n| n.status == Liveness::Alive).count() == 2).then_some(())
     });
 
@@ -191,7 +188,7 @@ fn a_jail_and_a_service_replica_never_share_a_name_in_either_order() {
 
     // A service first: a jail named like any of its replicas is refused,
     // scheduled or named to a node, and the replica keeps its spec.
-    ok(&cluster, &["delete", "jail", "svcx-1"]);
+    cluster.keelctl_ok(&["delete", "jail", "svcx-1"]);
     let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&svcx));
     assert_eq!(run.code, 0, "{run:?}");
     cluster.wait_for("2/2 ready", || {

@@ -12,28 +12,19 @@
 //! the nudge can have sent it). Causality, not timing, is asserted.
 
 use std::collections::BTreeSet;
-use std::net::{SocketAddr, SocketAddrV4, TcpListener};
-use std::path::PathBuf;
+use std::net::{SocketAddr, SocketAddrV4};
 
 use keel::common::http::{Client, Endpoint};
-use keel::common::wire::{Liveness, NodeStatus, ServiceStatus};
+use keel::common::wire::ServiceStatus;
 use serde::Deserialize;
 
-use crate::util::cluster::{Cluster, Run, free_port, node_ip, standard_controlplane_args};
+use crate::util::cluster::{
+    Cluster, free_port, node_ip, port_free_on_nodes, standard_controlplane_args,
+};
 use crate::util::fixture_service;
 
 /// No periodic heartbeat within a test run.
 const HEARTBEAT: &str = "1h";
-
-fn python3() -> PathBuf {
-    crate::util::python3().expect("python3 on PATH (the replicas' workload; .ci/run installs it)")
-}
-
-fn ok(cluster: &Cluster, args: &[&str]) -> Run {
-    let run = cluster.keelctl(args);
-    assert_eq!(run.code, 0, "keelctl {args:?}: {run:?}\n{}", cluster.logs());
-    run
-}
 
 /// A control plane and agents `n1`, `n2` as in [`Cluster::standard`], but
 /// heartbeating every [`HEARTBEAT`] (and Dead only after twice that).
@@ -64,19 +55,6 @@ fn set_flag(args: &mut [String], flag: &str, value: &str) {
         .position(|a| a == flag)
         .unwrap_or_else(|| panic!("{flag} in {args:?}"));
     args[at + 1] = value.to_string();
-}
-
-/// A port free on both nodes' addresses (both proxies listen on it).
-fn port_free_on_both() -> u16 {
-    loop {
-        let port = TcpListener::bind((node_ip(1), 0))
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        if TcpListener::bind((node_ip(2), port)).is_ok() {
-            return port;
-        }
-    }
 }
 
 fn agent(cluster: &Cluster, node: &str, path: &str) -> Option<Vec<u8>> {
@@ -116,25 +94,31 @@ fn listed(cluster: &Cluster, node: &str) -> Option<BTreeSet<SocketAddrV4>> {
 }
 
 fn status(cluster: &Cluster) -> Option<ServiceStatus> {
-    serde_json::from_str(&ok(cluster, &["get", "service", "web", "-o", "json"]).stdout).ok()
+    serde_json::from_str(
+        &cluster
+            .keelctl_ok(&["get", "service", "web", "-o", "json"])
+            .stdout,
+    )
+    .ok()
 }
 
 #[test]
 fn a_readiness_flip_reaches_the_other_proxy_without_its_heartbeat() {
     let cluster = slow_heartbeat_cluster();
-    cluster.wait_for("two Alive nodes", || {
-        let nodes: Vec<NodeStatus> =
-            serde_json::from_str(&ok(&cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
-        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
-        (alive == 2).then_some(())
-    });
-    let port = port_free_on_both();
+    cluster.wait_alive(2);
+    let port = port_free_on_nodes(2);
     // Failing for 10 probes (2 s) before the restart: the window in which
     // the replica is out of rotation and its process still the same.
     let doc = format!(
         "{}    health:\n      http: {{port: {port}, path: /healthz}}\n      interval: 200ms\n      \
          timeout: 200ms\n      failureThreshold: 10\n",
-        fixture_service("web", "health_name.py", 2, port, &python3())
+        fixture_service(
+            "web",
+            "health_name.py",
+            2,
+            port,
+            &crate::util::require_python3()
+        )
     );
     let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&doc));
     assert_eq!(run.code, 0, "{run:?}\n{}", cluster.logs());

@@ -9,42 +9,18 @@
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use keel::common::http::{Client, Endpoint};
-use keel::common::wire::{JailStatus, Liveness, NodeStatus, ServiceStatus};
+use keel::common::wire::{JailStatus, ServiceStatus};
 
-use crate::util::cluster::{Cluster, Run, node_ip};
+use crate::util::cluster::{Cluster, node_ip, port_free_on_nodes};
 use crate::util::fixture_service;
 use crate::util::traffic::Traffic;
 
 /// Bound on one request (to a proxy or to a replica).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn python3() -> PathBuf {
-    crate::util::python3().expect("python3 on PATH (the replicas' workload; .ci/run installs it)")
-}
-
-fn ok(cluster: &Cluster, args: &[&str]) -> Run {
-    let run = cluster.keelctl(args);
-    assert_eq!(run.code, 0, "keelctl {args:?}: {run:?}\n{}", cluster.logs());
-    run
-}
-
-/// A port free on both nodes' addresses (both proxies listen on it).
-fn port_free_on_both() -> u16 {
-    loop {
-        let port = TcpListener::bind((node_ip(1), 0))
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        if TcpListener::bind((node_ip(2), port)).is_ok() {
-            return port;
-        }
-    }
-}
 
 /// `GET path` on `addr`: the status code and the body.
 fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
@@ -69,7 +45,12 @@ fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
 }
 
 fn status(cluster: &Cluster) -> Option<ServiceStatus> {
-    serde_json::from_str(&ok(cluster, &["get", "service", "web", "-o", "json"]).stdout).ok()
+    serde_json::from_str(
+        &cluster
+            .keelctl_ok(&["get", "service", "web", "-o", "json"])
+            .stdout,
+    )
+    .ok()
 }
 
 /// The names `rounds * 2` requests through node 1's proxy were answered by,
@@ -92,17 +73,18 @@ fn jail_on(cluster: &Cluster, node: &str, name: &str) -> Option<JailStatus> {
 #[test]
 fn a_replica_whose_health_check_fails_leaves_the_rotation_and_is_restarted() {
     let cluster = Cluster::standard(2);
-    cluster.wait_for("two Alive nodes", || {
-        let nodes: Vec<NodeStatus> =
-            serde_json::from_str(&ok(&cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
-        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
-        (alive == 2).then_some(())
-    });
-    let port = port_free_on_both();
+    cluster.wait_alive(2);
+    let port = port_free_on_nodes(2);
     let doc = format!(
         "{}    health:\n      http: {{port: {port}, path: /healthz}}\n      interval: 300ms\n      \
          timeout: 300ms\n      failureThreshold: 5\n",
-        fixture_service("web", "health_name.py", 2, port, &python3())
+        fixture_service(
+            "web",
+            "health_name.py",
+            2,
+            port,
+            &crate::util::require_python3()
+        )
     );
     let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&doc));
     assert_eq!(run.code, 0, "{run:?}\n{}", cluster.logs());
@@ -180,7 +162,7 @@ fn a_replica_whose_health_check_fails_leaves_the_rotation_and_is_restarted() {
         seen.failures.len() + seen.answers.len(),
         seen.failures
     );
-    let table = ok(&cluster, &["get", "jails"]).stdout;
+    let table = cluster.keelctl_ok(&["get", "jails"]).stdout;
     assert!(
         table.lines().next().is_some_and(|h| h.contains("READY")),
         "{table}"

@@ -36,18 +36,12 @@ use crate::util::acme::{
     AK, AS, CK, FakeOvh, Peers, assert_chains_to_root, assert_no_challenge_record, mode_of,
     start_fake_ovh, start_peers, write_ovh_credentials,
 };
-use crate::util::cluster::{Cluster, Run, free_port, node_ip};
+use crate::util::cluster::{Cluster, free_port, node_ip};
 use crate::util::nginx::{self, https_client_at, raw_http_at};
 use crate::util::{DEADLINE, fixture_service, python3};
 
 const NODE: &str = "n1";
 const HOST: &str = "shop.example.com";
-
-fn ok(cluster: &Cluster, args: &[&str]) -> Run {
-    let run = cluster.keelctl(args);
-    assert_eq!(run.code, 0, "keelctl {args:?}: {run:?}\n{}", cluster.logs());
-    run
-}
 
 fn apply(cluster: &Cluster, args: &[&str], doc: &str) {
     let mut all = vec!["apply", "-f", "-"];
@@ -129,12 +123,16 @@ spec: {host: shop.example.com, service: web}
 /// The node's jails as keelctl lists them through the control plane (the
 /// ingress jail among them, though the control plane did not place it).
 fn jails(cluster: &Cluster) -> Vec<JailStatus> {
-    let out = ok(cluster, &["get", "jails", "--node", NODE, "-o", "json"]).stdout;
+    let out = cluster
+        .keelctl_ok(&["get", "jails", "--node", NODE, "-o", "json"])
+        .stdout;
     serde_json::from_str(&out).expect("jail list")
 }
 
 fn ingresses(cluster: &Cluster) -> Vec<IngressStatus> {
-    let out = ok(cluster, &["get", "ingresses", "--node", NODE, "-o", "json"]).stdout;
+    let out = cluster
+        .keelctl_ok(&["get", "ingresses", "--node", NODE, "-o", "json"])
+        .stdout;
     serde_json::from_str(&out).expect("ingress list")
 }
 
@@ -255,11 +253,9 @@ fn an_ingress_through_the_agent_serves_https_with_an_issued_certificate() {
         .expect("the agent answers");
     assert_eq!(from_agent.status, 200);
     let from_agent = String::from_utf8(from_agent.body).expect("utf-8");
-    let from_cp = ok(
-        &cluster,
-        &["get", "ingress", "shop", "--node", NODE, "-o", "json"],
-    )
-    .stdout;
+    let from_cp = cluster
+        .keelctl_ok(&["get", "ingress", "shop", "--node", NODE, "-o", "json"])
+        .stdout;
     for shown in [&from_agent, &from_cp] {
         assert!(shown.contains(HOST), "{shown}");
         for secret in [AK, AS, CK, "PRIVATE KEY", &peers.directory_url, &ovh.base] {
@@ -317,7 +313,7 @@ fn an_ingress_through_the_agent_serves_https_with_an_issued_certificate() {
     );
 
     // Deleting the Ingress, the node's last, takes the jail away.
-    ok(&cluster, &["delete", "ingress", "shop", "--node", NODE]);
+    cluster.keelctl_ok(&["delete", "ingress", "shop", "--node", NODE]);
     cluster.wait_for("the ingress jail removed", || {
         (!jails(&cluster).iter().any(|j| j.name == INGRESS_JAIL)).then_some(())
     });

@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -18,17 +17,13 @@ use std::time::{Duration, Instant};
 use keel::common::http::{Client, Endpoint};
 use keel::common::wire::{JailStatus, Liveness, NodeStatus, ServiceStatus};
 
-use crate::util::cluster::{Cluster, Run, node_ip};
+use crate::util::cluster::{Cluster, node_ip};
 use crate::util::fixture_service;
 
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 
 /// Bound on one client request through a proxy.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn python3() -> PathBuf {
-    crate::util::python3().expect("python3 on PATH (the replicas' workload; .ci/run installs it)")
-}
 
 /// A port free on every node's address (the three proxies listen on it).
 fn port_free_everywhere() -> u16 {
@@ -46,12 +41,6 @@ fn port_free_everywhere() -> u16 {
     }
 }
 
-fn ok(cluster: &Cluster, args: &[&str]) -> Run {
-    let run = cluster.keelctl(args);
-    assert_eq!(run.code, 0, "keelctl {args:?}: {run:?}\n{}", cluster.logs());
-    run
-}
-
 fn apply(cluster: &Cluster, replicas: u32, port: u16) {
     let run = cluster.keelctl_with(
         &["apply", "-f", "-"],
@@ -60,14 +49,19 @@ fn apply(cluster: &Cluster, replicas: u32, port: u16) {
             "echo_name.py",
             replicas,
             port,
-            &python3(),
+            &crate::util::require_python3(),
         )),
     );
     assert_eq!(run.code, 0, "{run:?}\n{}", cluster.logs());
 }
 
 fn status(cluster: &Cluster) -> Option<ServiceStatus> {
-    serde_json::from_str(&ok(cluster, &["get", "service", "echo", "-o", "json"]).stdout).ok()
+    serde_json::from_str(
+        &cluster
+            .keelctl_ok(&["get", "service", "echo", "-o", "json"])
+            .stdout,
+    )
+    .ok()
 }
 
 /// One request through the proxy at `addr`: the name of the replica that
@@ -340,12 +334,7 @@ fn requests_to_the_vip_rotate_over_replicas_and_survive_a_lost_node() {
 }
 
 fn wait_three_alive(cluster: &Cluster) {
-    cluster.wait_for("three Alive nodes", || {
-        let nodes: Vec<NodeStatus> =
-            serde_json::from_str(&ok(cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
-        let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
-        (alive == 3).then_some(())
-    });
+    cluster.wait_alive(3);
 }
 
 /// Watches `get nodes` for longer than the cluster's dead_after (2 s),
@@ -354,7 +343,8 @@ fn watch_no_death(cluster: &Cluster, what: &str) {
     let from = Instant::now();
     cluster.wait_for("dead_after to pass with no node Dead", || {
         let nodes: Vec<NodeStatus> =
-            serde_json::from_str(&ok(cluster, &["get", "nodes", "-o", "json"]).stdout).ok()?;
+            serde_json::from_str(&cluster.keelctl_ok(&["get", "nodes", "-o", "json"]).stdout)
+                .ok()?;
         assert!(
             nodes.iter().all(|n| n.status != Liveness::Dead),
             "a node died of {what}: {nodes:?}\n{}",

@@ -32,6 +32,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use keel::common::http::{Client, Endpoint};
+use keel::common::wire::{Liveness, NodeStatus};
 use keel::host::JailRuntime;
 use keel::host::jail::Removal;
 use keel::host::sim::SimJails;
@@ -79,6 +80,17 @@ pub fn free_port(ip: Ipv4Addr) -> u16 {
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port()
+}
+
+/// A port free on the addresses of nodes 1 to `nodes` (every node's proxy
+/// listens on a service's port).
+pub fn port_free_on_nodes(nodes: u8) -> u16 {
+    loop {
+        let port = free_port(node_ip(1));
+        if (2..=nodes).all(|n| TcpListener::bind((node_ip(n), port)).is_ok()) {
+            return port;
+        }
+    }
 }
 
 /// Loopback address number `n` (1-based) for a node: distinct addresses on
@@ -286,6 +298,25 @@ impl Cluster {
             "--proxy-listen".into(),
             proxy_ip.to_string(),
         ]
+    }
+
+    /// `keelctl args` against this cluster, which must exit 0 (else the
+    /// test fails with the run and every daemon's log).
+    pub fn keelctl_ok(&self, args: &[&str]) -> Run {
+        let run = self.keelctl(args);
+        assert_eq!(run.code, 0, "keelctl {args:?}: {run:?}\n{}", self.logs());
+        run
+    }
+
+    /// Waits until `n` nodes are Alive.
+    pub fn wait_alive(&self, n: usize) {
+        self.wait_for(&format!("{n} Alive nodes"), || {
+            let nodes: Vec<NodeStatus> =
+                serde_json::from_str(&self.keelctl_ok(&["get", "nodes", "-o", "json"]).stdout)
+                    .ok()?;
+            let alive = nodes.iter().filter(|n| n.status == Liveness::Alive).count();
+            (alive == n).then_some(())
+        });
     }
 
     /// The directory every daemon runs in.

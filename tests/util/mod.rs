@@ -42,6 +42,12 @@ pub fn python3() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// [`python3`], for tests whose workload it is: missing, the test fails
+/// saying so.
+pub fn require_python3() -> PathBuf {
+    python3().expect("python3 on PATH (the replicas' workload; .ci/run installs it)")
+}
+
 /// A `kind: Service` document with `replicas` replicas on `port`, each
 /// running `start` (YAML flow-list items, already quoted where needed).
 pub fn service_doc(name: &str, replicas: u32, port: u16, start: &str) -> String {

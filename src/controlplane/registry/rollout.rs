@@ -86,17 +86,20 @@ impl Cluster {
     /// Starts the progress clock of every rollout in progress at `now` (a
     /// control plane's start).
     pub(super) fn restart_rollout_clocks(&mut self, now: Instant) {
-        let progressing: Vec<String> = self
-            .state
+        for name in self.progressing_services() {
+            let score = self.rollout_score(&name, now);
+            self.progress.insert(name, (now, score));
+        }
+    }
+
+    /// The services whose rollout is in progress.
+    fn progressing_services(&self) -> Vec<String> {
+        self.state
             .services
             .iter()
             .filter(|(_, r)| progressing(r))
             .map(|(n, _)| n.clone())
-            .collect();
-        for name in progressing {
-            let score = self.rollout_score(&name, now);
-            self.progress.insert(name, (now, score));
-        }
+            .collect()
     }
 
     /// How far a rollout got: replicas below the desired count on the
@@ -197,14 +200,7 @@ impl Cluster {
     /// outcomes.
     pub fn advance_rollouts(&mut self, now: Instant) -> Vec<Op> {
         let mut ops = Vec::new();
-        let names: Vec<String> = self
-            .state
-            .services
-            .iter()
-            .filter(|(_, r)| progressing(r))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in names {
+        for name in self.progressing_services() {
             let Some(mut rec) = self.state.services.get(&name).cloned() else {
                 continue;
             };

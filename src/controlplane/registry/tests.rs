@@ -906,40 +906,9 @@ fn a_stateful_replica_scaled_away_comes_back_to_its_data() {
 }
 
 /// Places every planned replica as if its node answered success, and has
-/// each node report its replicas running with an address.
+/// each node not Dead report its replicas running and ready with an address.
 fn carry_out(c: &mut Cluster, actions: Vec<HealAction>, now: Instant) {
-    let mut services = Vec::new();
-    for a in actions {
-        match a {
-            HealAction::Place {
-                service,
-                replica,
-                target,
-                ..
-            } => {
-                services.push(service);
-                c.finish_apply(&replica, &target, true);
-            }
-            HealAction::Remove {
-                service,
-                replica,
-                node,
-                ..
-            } => {
-                services.push(service);
-                c.remove_placement(&replica, &node);
-            }
-        }
-    }
-    c.heal_done(&services);
-    let nodes: Vec<String> = c.state().nodes.keys().cloned().collect();
-    for node in nodes {
-        if c.liveness(&node, now) != Some(Liveness::Alive) {
-            continue;
-        }
-        let req = reported_by(c, &node);
-        c.heartbeat(&node, &req, now).expect("heartbeat");
-    }
+    carry_out_with(c, actions, &[], now);
 }
 
 fn nodes_of(c: &Cluster, svc: &str) -> Vec<String> {
@@ -1357,11 +1326,14 @@ fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
 
 // Rolling updates, scaling and draining.
 
-/// Every node reports its placed replicas running, ready unless named in
-/// `not_ready`, at `now`.
+/// Every node not Dead reports its placed replicas running, ready unless
+/// named in `not_ready`, at `now`.
 fn beat_all(c: &mut Cluster, not_ready: &[&str], now: Instant) {
     let nodes: Vec<String> = c.state().nodes.keys().cloned().collect();
     for node in nodes {
+        if c.liveness(&node, now) == Some(Liveness::Dead) {
+            continue;
+        }
         let mut req = reported_by(c, &node);
         for j in &mut req.placed {
             j.ready = Some(!not_ready.contains(&j.name.as_str()));
