@@ -53,6 +53,7 @@ fn every_example_validates() {
         "stateful-service.yaml",
         "ingress.yaml",
         "sim-web.yaml",
+        "sim-service.yaml",
     ] {
         assert!(
             names.iter().any(|n| n == required),
@@ -100,6 +101,21 @@ fn examples_are_what_their_names_say() {
                 .any(|a| a.contains("KEEL_JAIL_ADDRESS"))
         ),
         other => panic!("sim-web.yaml: {other:?}"),
+    }
+    match read("sim-service.yaml").as_slice() {
+        [Document::Service(s)] => {
+            assert_eq!(s.spec.replicas, 3);
+            assert!(s.spec.template.health.is_some(), "probed before it serves");
+            assert!(
+                s.spec
+                    .template
+                    .exec
+                    .start
+                    .iter()
+                    .any(|a| a.contains("KEEL_JAIL_ADDRESS"))
+            );
+        }
+        other => panic!("sim-service.yaml: {other:?}"),
     }
 }
 

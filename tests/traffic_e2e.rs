@@ -302,3 +302,29 @@ fn a_hung_replica_fails_no_request_once_it_left_the_rotation() {
         seen.answers.len() + seen.failures.len() - mark
     );
 }
+
+/// `examples/sim-service.yaml`, as the README applies it, serves through a
+/// node's proxy once its replicas passed their health check.
+#[test]
+fn the_simulate_mode_service_example_serves_through_a_proxy() {
+    let cluster = Cluster::standard(3);
+    cluster.wait_alive(3);
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sim-service.yaml");
+    cluster.keelctl_ok(&["apply", "-f", &example.display().to_string()]);
+    let s = cluster.wait_for("3/3 ready", || {
+        let s: ServiceStatus = serde_json::from_str(
+            &cluster
+                .keelctl_ok(&["get", "service", "hello", "-o", "json"])
+                .stdout,
+        )
+        .ok()?;
+        (s.ready == 3).then_some(s)
+    });
+    assert_eq!(s.port, 8080);
+    let proxy = SocketAddr::from((node_ip(1), 8080));
+    let page = cluster.wait_for("an answer through node 1's proxy", || {
+        crate::util::traffic::get(proxy).ok()
+    });
+    assert!(page.contains("Directory listing"), "{page}");
+}

@@ -123,7 +123,7 @@ impl Drop for Traffic {
 }
 
 /// One `GET /` on a new connection: the body of a 200, else what failed.
-fn get(addr: SocketAddr) -> Result<String, String> {
+pub fn get(addr: SocketAddr) -> Result<String, String> {
     let deadline = Instant::now() + REQUEST_TIMEOUT;
     let mut conn = TcpStream::connect_timeout(&addr, REQUEST_TIMEOUT)
         .map_err(|e| format!("connect {addr}: {e}"))?;
