@@ -768,3 +768,100 @@ fn key_rotation_under_continuous_traffic_loses_no_request() {
     );
     cp.kill();
 }
+
+/// An agent that holds every `PUT /jails/...` until `gather` of them are in
+/// flight at once (or [`GATHER_WAIT`] passed), and counts the most it saw.
+struct GatheringAgent {
+    addr: SocketAddr,
+    most: Arc<Mutex<usize>>,
+    shutdown: ShutdownSignal,
+}
+
+/// Bound on a held request: a heal that never sends `gather` at once still
+/// gets its answers, only later, and the test then fails on the count.
+const GATHER_WAIT: Duration = Duration::from_secs(10);
+
+impl GatheringAgent {
+    fn start(dir: &Path, gather: usize) -> GatheringAgent {
+        let verifier = node_verifier(&dir.join("keel-sim/keys"));
+        let most = Arc::new(Mutex::new(0usize));
+        // (arrived so far, in flight now): request number i is held until
+        // its group of `gather`, the one `i / gather` names, has arrived.
+        let flight = Arc::new((Mutex::new((0usize, 0usize)), std::sync::Condvar::new()));
+        let seen_most = most.clone();
+        let handler = move |req: keel::common::http::Request| {
+            if let Err(e) = auth::verify_request(&verifier, &req, Role::Node, auth::unix_now()) {
+                return auth::refusal(&e);
+            }
+            if req.method != "PUT" {
+                return Response::json(200, &serde_json::json!({}));
+            }
+            let (counts, changed) = &*flight;
+            let mut c = counts.lock().expect("lock");
+            let group_end = (c.0 / gather + 1) * gather;
+            c.0 += 1;
+            c.1 += 1;
+            {
+                let mut m = seen_most.lock().expect("lock");
+                *m = (*m).max(c.1);
+            }
+            changed.notify_all();
+            let (mut c, _) = changed
+                .wait_timeout_while(c, GATHER_WAIT, |c| c.0 < group_end)
+                .expect("wait");
+            c.1 -= 1;
+            Response::json(200, &serde_json::json!({"path": req.path}))
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shutdown = ShutdownSignal::new();
+        Server::new(Arc::new(handler), ServerLimits::default(), shutdown.clone())
+            .serve_tcp(listener)
+            .expect("serve");
+        GatheringAgent {
+            addr,
+            most,
+            shutdown,
+        }
+    }
+}
+
+impl Drop for GatheringAgent {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+    }
+}
+
+/// The replicas of a heal go out together: a node gets up to
+/// `heal::PER_NODE` of them at once, never more.
+#[test]
+fn a_heal_sends_a_node_several_replicas_at_once_within_its_bound() {
+    use keel::controlplane::heal::PER_NODE;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = ControlPlane::start(dir.path(), free_port(), "2s");
+    let node = cp.key("node.key");
+    let operator = cp.key("operator.key");
+    let agent = GatheringAgent::start(dir.path(), PER_NODE);
+    register(&cp, &node, "node-a", agent.addr, 64.0);
+    heartbeat(&cp, &node, "node-a", 0.0);
+    let apply = ServiceApply {
+        document: "kind: Service\n".into(),
+        replicas: 2 * PER_NODE as u32,
+        port: 8080,
+        stateful: false,
+        template_digest: "t".into(),
+        volumes: Vec::new(),
+        policy: Default::default(),
+    };
+    let r = cp.call(Some(&operator), "PUT", "/services/web", &json(&apply));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let most = *agent.most.lock().expect("lock");
+    assert_eq!(
+        most, PER_NODE,
+        "in flight at once to one node: {most} (sequential would be 1)"
+    );
+    let status: keel::common::wire::ServiceStatus =
+        serde_json::from_slice(&cp.call(Some(&operator), "GET", "/services/web", b"").body)
+            .expect("status");
+    assert_eq!(status.replicas.len(), 2 * PER_NODE, "{status:?}");
+}

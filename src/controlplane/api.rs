@@ -76,9 +76,9 @@ use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
     COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, HeartbeatRequest,
     RegisterRequest, ServiceApply, VolumeStatus, parse_committed, parse_volumes_query,
-    volumes_query,
 };
 use crate::controlplane::endpoint_board::EndpointBoard;
+use crate::controlplane::heal::heal;
 use crate::controlplane::metrics::ControlPlaneMetrics;
 use crate::controlplane::registry::{HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::worker::{WorkerGone, WorkerHandle};
@@ -631,94 +631,9 @@ impl ControlPlaneApi {
     }
 }
 
-/// Carries out heal actions: replica applies forwarded with the service
-/// document and the new epoch, removals forwarded as deletes. Returns what
-/// failed; every touched service is reported done to the worker.
-fn heal(worker: &WorkerHandle, forwarder: &Forwarder, actions: Vec<HealAction>) -> Vec<String> {
-    let mut failures = Vec::new();
-    let mut services: Vec<String> = Vec::new();
-    for action in actions {
-        match action {
-            HealAction::Place {
-                service,
-                replica,
-                target,
-                volumes,
-                template,
-            } => {
-                if !services.contains(&service) {
-                    services.push(service.clone());
-                }
-                let mut reached = false;
-                let outcome = match worker.service_document(&service) {
-                    Ok(Some((_, digest))) if digest != template => {
-                        Err("the service's template changed meanwhile; the next heal applies the new one".into())
-                    }
-                    Ok(Some((doc, _))) => {
-                        let path = format!("/jails/{replica}");
-                        let r = forwarder.send_with_query(
-                            &target.node,
-                            target.addr,
-                            "PUT",
-                            &path,
-                            volumes_query(&volumes),
-                            doc.as_bytes(),
-                            Some(target.epoch),
-                        );
-                        reached = !(400..500).contains(&r.status);
-                        if let Some(c) = r.header(COMMITTED_HEADER).and_then(parse_committed) {
-                            let _ = worker.note_committed(&target.node, c);
-                        }
-                        (200..300)
-                            .contains(&r.status)
-                            .then_some(())
-                            .ok_or_else(|| String::from_utf8_lossy(&r.body).into_owned())
-                    }
-                    Ok(None) => Err("the service was deleted meanwhile".into()),
-                    Err(e) => Err(e.to_string()),
-                };
-                if let Err(e) = &outcome {
-                    failures.push(format!("{replica} on {}: {e}", target.node));
-                }
-                let _ = worker.finish_apply(&replica, target, outcome.is_ok(), reached);
-            }
-            HealAction::Remove {
-                service,
-                replica,
-                node,
-                addr,
-            } => {
-                if !services.contains(&service) {
-                    services.push(service.clone());
-                }
-                if let Some(addr) = addr {
-                    let r = forwarder.send(
-                        &node,
-                        addr,
-                        "DELETE",
-                        &format!("/jails/{replica}"),
-                        b"",
-                        None,
-                    );
-                    if !(200..300).contains(&r.status) && r.status != 404 {
-                        failures.push(format!(
-                            "{replica} on {node}: {}",
-                            String::from_utf8_lossy(&r.body)
-                        ));
-                        continue;
-                    }
-                }
-                let _ = worker.remove_placement(&replica, &node);
-            }
-        }
-    }
-    worker.heal_done(services);
-    failures
-}
-
 impl Forwarder {
     /// Sends a request of the control plane's own (a heal) to an agent.
-    fn send(
+    pub(crate) fn send(
         &self,
         node: &str,
         addr: SocketAddr,
@@ -732,7 +647,7 @@ impl Forwarder {
 
     /// [`Forwarder::send`] with a query (signed with the path).
     #[allow(clippy::too_many_arguments)]
-    fn send_with_query(
+    pub(crate) fn send_with_query(
         &self,
         node: &str,
         addr: SocketAddr,

@@ -8,6 +8,7 @@
 //! | [`worker`] | the one thread owning the registry and the journal |
 //! | [`endpoint_board`] | the endpoint table the worker publishes and long polls wait on |
 //! | [`api`] | the route table, request signing checks, forwarding to agents |
+//! | [`heal`] | carrying out a planned heal, concurrently with a bound per node |
 //! | [`metrics`] | Prometheus text, and the per-route request counts around the API |
 //! | [`daemon`] | startup and shutdown |
 //! | [`cli`] | flags and `--check-config` |
@@ -19,6 +20,7 @@ pub mod api;
 pub mod cli;
 pub mod daemon;
 pub mod endpoint_board;
+pub mod heal;
 pub mod metrics;
 pub mod registry;
 pub mod scheduler;
