@@ -107,7 +107,7 @@ pub const FLAGS: &[Flag] = &[
         short: None,
         long: "key-file",
         value: Some("PATH"),
-        help: "operator key for the control plane (default ctl.key_file)",
+        help: "operator key for the control plane (default $KEEL_KEY_FILE, else ctl.key_file)",
     },
     Flag {
         id: FlagId::Config,

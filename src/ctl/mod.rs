@@ -49,6 +49,10 @@ pub const SOCKET_ENV: &str = "KEEL_SOCKET";
 /// `--controlplane` and above `keel.toml`.
 pub const CONTROLPLANE_ENV: &str = "KEEL_CONTROLPLANE";
 
+/// Environment variable naming the operator key file, below `--key-file` and
+/// above `ctl.key_file` of `keel.toml`.
+pub const KEY_FILE_ENV: &str = "KEEL_KEY_FILE";
+
 /// What keelctl reads from its environment, gathered once so commands and
 /// tests do not reach for process globals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -57,6 +61,8 @@ pub struct Env {
     pub socket: Option<OsString>,
     /// `$KEEL_CONTROLPLANE`; empty counts as unset.
     pub controlplane: Option<OsString>,
+    /// `$KEEL_KEY_FILE`; empty counts as unset.
+    pub key_file: Option<OsString>,
 }
 
 impl Env {
@@ -65,6 +71,7 @@ impl Env {
         Env {
             socket: std::env::var_os(SOCKET_ENV),
             controlplane: std::env::var_os(CONTROLPLANE_ENV),
+            key_file: std::env::var_os(KEY_FILE_ENV),
         }
     }
 }
@@ -224,11 +231,10 @@ impl CtlError {
                 "--socket PATH or ${SOCKET_ENV} (an agent), or --controlplane HOST:PORT with \
                  --key-file PATH (a cluster) avoid reading keel.toml"
             )),
-            CtlError::Key(_) => Some(
-                "keelctl signs control-plane requests with --key-file PATH, else ctl.key_file \
-                 of keel.toml; nothing was sent"
-                    .into(),
-            ),
+            CtlError::Key(_) => Some(format!(
+                "keelctl signs control-plane requests with --key-file PATH, else \
+                 ${KEY_FILE_ENV}, else ctl.key_file of keel.toml; nothing was sent"
+            )),
             CtlError::Invalid {
                 would_send: true, ..
             } => Some("nothing was sent".into()),
@@ -330,9 +336,11 @@ pub struct Unreached {
 /// 3. a non-empty `$KEEL_CONTROLPLANE`, then a non-empty `$KEEL_SOCKET`;
 /// 4. `ctl.controlplane` if set, else the agent at `agent.socket`.
 ///
-/// Through a control plane the key file is `--key-file`, else `ctl.key_file`.
-/// `--node` and `--key-file` only make sense with a control plane: given for
-/// an agent they are usage errors rather than silently ignored.
+/// Through a control plane the key file is `--key-file`, else a non-empty
+/// `$KEEL_KEY_FILE`, else `ctl.key_file`. `--node` and `--key-file` only make
+/// sense with a control plane: given for an agent they are usage errors
+/// rather than silently ignored. `$KEEL_KEY_FILE` is not: an environment set
+/// up for a cluster may still run a command against one agent.
 pub fn target(global: &GlobalOptions, env: &Env) -> Result<Target, CtlError> {
     let set = |v: &Option<OsString>| v.clone().filter(|s| !s.is_empty());
     if global.socket.is_some() && global.controlplane.is_some() {
@@ -362,10 +370,11 @@ pub fn target(global: &GlobalOptions, env: &Env) -> Result<Target, CtlError> {
     };
     let (addr, source) = addr;
     check_controlplane(&addr, &source)?;
-    let key_file = match (&global.key_file, config) {
-        (Some(path), _) => path.clone(),
-        (None, Some(config)) => config.ctl.key_file,
-        (None, None) => load_config(global)?.ctl.key_file,
+    let key_file = match (&global.key_file, set(&env.key_file), config) {
+        (Some(path), _, _) => path.clone(),
+        (None, Some(path), _) => PathBuf::from(path),
+        (None, None, Some(config)) => config.ctl.key_file,
+        (None, None, None) => load_config(global)?.ctl.key_file,
     };
     Ok(Target::ControlPlane(Remote {
         addr,
@@ -484,7 +493,7 @@ mod tests {
     fn env(socket: Option<&str>) -> Env {
         Env {
             socket: socket.map(OsString::from),
-            controlplane: None,
+            ..Env::default()
         }
     }
 
@@ -550,6 +559,7 @@ mod tests {
         let both = Env {
             socket: Some("/env.sock".into()),
             controlplane: Some("192.0.2.1:7440".into()),
+            key_file: None,
         };
         assert_eq!(
             with(Some("127.0.0.1:9"), Some("/k"), Some("n1"), both.clone()).expect("flag"),
@@ -577,10 +587,70 @@ mod tests {
         let cp_env = Env {
             socket: None,
             controlplane: Some("192.0.2.1:7440".into()),
+            key_file: None,
         };
         assert_eq!(
             target(&socket, &cp_env).expect("socket flag"),
             Target::Agent("/flag.sock".into())
+        );
+    }
+
+    #[test]
+    fn the_key_file_comes_from_the_flag_then_the_environment_then_keel_toml() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let toml = dir.path().join("keel.toml");
+        std::fs::write(&toml, "[ctl]\nkey_file = \"/toml/operator.key\"\n").expect("writes");
+        let with = |flag: Option<&str>, var: Option<&str>| {
+            let global = GlobalOptions {
+                controlplane: Some("127.0.0.1:9".into()),
+                key_file: flag.map(PathBuf::from),
+                ..global(None, Some(&toml))
+            };
+            let env = Env {
+                key_file: var.map(OsString::from),
+                ..Env::default()
+            };
+            target(&global, &env).expect("resolves")
+        };
+        assert_eq!(
+            with(Some("/flag.key"), Some("/env.key")),
+            remote("127.0.0.1:9", "/flag.key", None)
+        );
+        assert_eq!(
+            with(None, Some("/env.key")),
+            remote("127.0.0.1:9", "/env.key", None)
+        );
+        assert_eq!(
+            with(None, Some("")),
+            remote("127.0.0.1:9", "/toml/operator.key", None)
+        );
+        assert_eq!(
+            with(None, None),
+            remote("127.0.0.1:9", "/toml/operator.key", None)
+        );
+        // With the variable set, keel.toml is not read at all: a missing
+        // explicit one is no error.
+        let global = GlobalOptions {
+            controlplane: Some("127.0.0.1:9".into()),
+            ..global(None, Some(Path::new("/nonexistent/keel.toml")))
+        };
+        let env = Env {
+            key_file: Some("/env.key".into()),
+            ..Env::default()
+        };
+        assert_eq!(
+            target(&global, &env).expect("no keel.toml read"),
+            remote("127.0.0.1:9", "/env.key", None)
+        );
+        // An agent target ignores the variable rather than refusing it.
+        let env = Env {
+            socket: Some("/s.sock".into()),
+            key_file: Some("/env.key".into()),
+            ..Env::default()
+        };
+        assert_eq!(
+            target(&GlobalOptions::default(), &env).expect("agent"),
+            Target::Agent("/s.sock".into())
         );
     }
 
