@@ -252,7 +252,58 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "key generate [--id ID] PATH",
         "write a new signing key to PATH (mode 0600)",
     ),
+    (
+        "help [COMMAND]",
+        "this help, or COMMAND's usage and the options it takes (also COMMAND --help)",
+    ),
 ];
+
+/// The command words (`apply`, `delete-volume`, ...), each once, in
+/// [`COMMANDS`] order.
+pub fn verbs() -> Vec<&'static str> {
+    let mut verbs: Vec<&'static str> = Vec::new();
+    for (form, _) in COMMANDS {
+        let verb = form.split(' ').next().unwrap_or(form);
+        if !verbs.contains(&verb) {
+            verbs.push(verb);
+        }
+    }
+    verbs
+}
+
+/// `a, b or c` of [`verbs`], for messages naming what exists.
+fn verb_list() -> String {
+    let verbs = verbs();
+    match verbs.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// Whether `verb` takes the flag, for `keelctl help VERB`. The match is
+/// exhaustive so a new flag has to be placed here; the parser refusing a
+/// flag a command does not use is [`command`]'s job.
+fn applies_to(id: FlagId, verb: &str) -> bool {
+    match id {
+        FlagId::Filename => matches!(verb, "apply" | "delete" | "validate"),
+        FlagId::Output => verb == "get",
+        FlagId::Id => verb == "key",
+        FlagId::Tail => verb == "logs",
+        FlagId::Replicas => verb == "scale",
+        FlagId::Timeout | FlagId::ToRevision => verb == "rollout",
+        FlagId::Node => matches!(
+            verb,
+            "apply" | "get" | "delete" | "logs" | "delete-volume" | "base"
+        ),
+        // Where requests go: every command that sends one.
+        FlagId::Socket | FlagId::ControlPlane | FlagId::KeyFile | FlagId::Config => {
+            !matches!(verb, "validate" | "key" | "help")
+        }
+        FlagId::Help => true,
+        FlagId::Version => false,
+    }
+}
 
 /// Where a spec comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -444,8 +495,11 @@ pub struct Invocation {
 pub enum Parsed {
     /// Run a command.
     Run(Invocation),
-    /// `--help`: print [`help_text`].
+    /// `--help` or `help`: print [`help_text`].
     Help,
+    /// `COMMAND --help` or `help COMMAND`: print [`command_help`] of this
+    /// command word (one of [`verbs`]).
+    HelpFor(String),
     /// `--version`: print [`version_text`].
     Version,
 }
@@ -473,20 +527,9 @@ pub fn help_text() -> String {
          Usage: keelctl [OPTIONS] COMMAND\n\nCommands:\n",
         env!("CARGO_PKG_VERSION")
     );
-    let width = COMMANDS.iter().map(|(u, _)| u.len()).max().unwrap_or(0);
-    for (form, help) in COMMANDS {
-        out.push_str(&format!("  {form:width$}  {help}\n"));
-    }
-    let left = |flag: &Flag| {
-        let short = flag.short.map_or("    ".to_string(), |c| format!("-{c}, "));
-        let value = flag.value.map_or(String::new(), |v| format!(" {v}"));
-        format!("{short}--{}{value}", flag.long)
-    };
-    let width = FLAGS.iter().map(|f| left(f).len()).max().unwrap_or(0);
+    out.push_str(&command_lines(COMMANDS.iter()));
     out.push_str("\nOptions (before or after the command):\n");
-    for flag in FLAGS {
-        out.push_str(&format!("  {:width$}  {}\n", left(flag), flag.help));
-    }
+    out.push_str(&flag_lines(FLAGS.iter()));
     out.push_str(
         "\nWhere requests go, first match wins: --socket, --controlplane, $KEEL_CONTROLPLANE,\n\
          $KEEL_SOCKET, ctl.controlplane, agent.socket (keel.toml).\n\
@@ -496,13 +539,58 @@ pub fn help_text() -> String {
     out
 }
 
+/// `help VERB`, `VERB --help`: the usage lines of `VERB` from [`COMMANDS`] and
+/// the flags it takes; `None` for a word that is not a command.
+pub fn command_help(verb: &str) -> Option<String> {
+    let forms: Vec<_> = COMMANDS
+        .iter()
+        .filter(|(form, _)| form.split(' ').next() == Some(verb))
+        .collect();
+    if forms.is_empty() {
+        return None;
+    }
+    let mut out = String::from("Usage:\n");
+    out.push_str(&command_lines(forms.into_iter()));
+    out.push_str("\nOptions (before or after the command):\n");
+    out.push_str(&flag_lines(FLAGS.iter().filter(|f| applies_to(f.id, verb))));
+    out.push_str(
+        "\n`keelctl --help` lists every command, where requests go and the exit status.\n",
+    );
+    Some(out)
+}
+
+/// `  FORM  what it does` lines, aligned.
+fn command_lines<'a>(forms: impl Iterator<Item = &'a (&'static str, &'static str)>) -> String {
+    let forms: Vec<_> = forms.collect();
+    let width = forms.iter().map(|(u, _)| u.len()).max().unwrap_or(0);
+    forms
+        .iter()
+        .map(|(form, help)| format!("  {form:width$}  {help}\n"))
+        .collect()
+}
+
+/// `  -f, --filename FILE  what it is` lines, aligned.
+fn flag_lines<'a>(flags: impl Iterator<Item = &'a Flag>) -> String {
+    let left = |flag: &Flag| {
+        let short = flag.short.map_or("    ".to_string(), |c| format!("-{c}, "));
+        let value = flag.value.map_or(String::new(), |v| format!(" {v}"));
+        format!("{short}--{}{value}", flag.long)
+    };
+    let flags: Vec<_> = flags.collect();
+    let width = flags.iter().map(|f| left(f).len()).max().unwrap_or(0);
+    flags
+        .iter()
+        .map(|flag| format!("  {:width$}  {}\n", left(flag), flag.help))
+        .collect()
+}
+
 /// `--version`.
 pub fn version_text() -> String {
     format!("keelctl {}\n", env!("CARGO_PKG_VERSION"))
 }
 
 /// Flags seen on the command line, before they are checked against the command.
-#[derive(Default)]
+#[derive(Default, PartialEq)]
 struct Seen {
     filename: Option<OsString>,
     output: Option<String>,
@@ -539,7 +627,14 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
         };
         let twice = || usage(format!("--{} given twice", flag.long));
         match flag.id {
-            FlagId::Help => return Ok(Parsed::Help),
+            // `keelctl rollout --help`: that command's help, when the
+            // first word is one; the whole help otherwise.
+            FlagId::Help => {
+                return Ok(match words.first() {
+                    Some(verb) if command_help(verb).is_some() => Parsed::HelpFor(verb.clone()),
+                    _ => Parsed::Help,
+                });
+            }
             FlagId::Version => return Ok(Parsed::Version),
             FlagId::Filename => {
                 let v = parser.value().map_err(lex)?;
@@ -619,6 +714,20 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
             }
         }
     }
+    if let Some(("help", rest)) = words.split_first().map(|(v, r)| (v.as_str(), r)) {
+        if seen != Seen::default() {
+            return Err(usage("`help` takes no options: keelctl help [COMMAND]"));
+        }
+        return match rest {
+            [] => Ok(Parsed::Help),
+            [verb] if command_help(verb).is_some() => Ok(Parsed::HelpFor(verb.clone())),
+            [verb] => Err(usage(format!(
+                "`help {verb}`: unknown command {verb:?}; use {}",
+                verb_list()
+            ))),
+            [_, word, ..] => Err(usage(format!("unexpected argument {word:?} for `help`"))),
+        };
+    }
     let command = command(&words, &mut seen)?;
     Ok(Parsed::Run(Invocation {
         global: seen.global,
@@ -667,9 +776,7 @@ fn service_word(what: &str, rest: &[String]) -> Result<String, UsageError> {
 /// flags the command does not use.
 fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let Some((verb, rest)) = words.split_first() else {
-        return Err(usage(
-            "no command given; use apply, get, logs, delete, delete-volume, scale, rollout, cordon, uncordon, base, validate or key",
-        ));
+        return Err(usage(format!("no command given; use {}", verb_list())));
     };
     let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
     let filename = seen.filename.take();
@@ -1002,7 +1109,8 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
         }
         other => Err(usage(format!(
-            "unknown command {other:?}; use apply, get, logs, delete, delete-volume, cordon, uncordon, base, validate or key"
+            "unknown command {other:?}; use {}",
+            verb_list()
         ))),
     }
 }
@@ -1396,10 +1504,92 @@ mod tests {
 
     #[test]
     fn help_and_version_win_wherever_they_are() {
-        assert_eq!(parse(&["get", "--help"]), Ok(Parsed::Help));
+        assert_eq!(parse(&["get", "--help"]), Ok(Parsed::HelpFor("get".into())));
+        assert_eq!(parse(&["--help", "get"]), Ok(Parsed::Help));
+        assert_eq!(parse(&["frobnicate", "--help"]), Ok(Parsed::Help));
         assert_eq!(parse(&["-h"]), Ok(Parsed::Help));
         assert_eq!(parse(&["--version", "apply"]), Ok(Parsed::Version));
         assert_eq!(parse(&["-V"]), Ok(Parsed::Version));
+    }
+
+    #[test]
+    fn help_names_a_command_or_prints_everything() {
+        assert_eq!(parse(&["help"]), Ok(Parsed::Help));
+        assert_eq!(
+            parse(&["help", "rollout"]),
+            Ok(Parsed::HelpFor("rollout".into()))
+        );
+        assert_eq!(
+            parse(&["apply", "--help"]),
+            Ok(Parsed::HelpFor("apply".into()))
+        );
+        // Help wins over a command line that would not parse.
+        assert_eq!(
+            parse(&["scale", "jail", "-h"]),
+            Ok(Parsed::HelpFor("scale".into()))
+        );
+        let e = err(&["help", "frobnicate"]);
+        assert!(
+            e.starts_with("`help frobnicate`: unknown command \"frobnicate\"; use apply, get"),
+            "{e}"
+        );
+        assert!(err(&["help", "get", "jails"]).contains("\"jails\" for `help`"));
+        assert!(err(&["help", "-o", "json"]).contains("`help` takes no options"));
+    }
+
+    #[test]
+    fn command_help_shows_its_usage_lines_and_only_its_flags() {
+        let rollout = command_help("rollout").expect("a command");
+        assert!(
+            rollout.starts_with("Usage:\n  rollout status service NAME"),
+            "{rollout}"
+        );
+        for form in ["rollout history service NAME", "rollout undo service NAME"] {
+            assert!(rollout.contains(&format!("\n  {form} ")), "{rollout}");
+        }
+        for flag in [
+            "--timeout DURATION",
+            "--to-revision N",
+            "--controlplane",
+            "-h, --help",
+        ] {
+            assert!(rollout.contains(flag), "{flag}: {rollout}");
+        }
+        for flag in [
+            "--filename",
+            "--output",
+            "--replicas",
+            "--tail",
+            "--version",
+            "get jails",
+        ] {
+            assert!(!rollout.contains(flag), "{flag}: {rollout}");
+        }
+        let delete = command_help("delete").expect("a command");
+        assert!(delete.contains("\n  delete jail NAME..."), "{delete}");
+        assert!(delete.contains("-f, --filename FILE"), "{delete}");
+        assert!(
+            !delete.contains("delete-volume"),
+            "a command of its own: {delete}"
+        );
+        let validate = command_help("validate").expect("a command");
+        assert!(
+            !validate.contains("--socket"),
+            "validate sends nothing: {validate}"
+        );
+        assert_eq!(command_help("frobnicate"), None);
+        // Every command word has a help, and each flag belongs to at least
+        // one command.
+        for verb in verbs() {
+            assert!(command_help(verb).is_some(), "{verb}");
+        }
+        for flag in FLAGS.iter().filter(|f| f.id != FlagId::Version) {
+            assert!(
+                verbs().iter().any(|v| applies_to(flag.id, v)),
+                "--{} belongs to no command",
+                flag.long
+            );
+        }
     }
 
     #[test]

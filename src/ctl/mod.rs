@@ -437,6 +437,11 @@ pub fn run(
     let invocation = match args::parse_args(args) {
         Ok(Parsed::Run(invocation)) => invocation,
         Ok(Parsed::Help) => return print_only(stdout, stderr, &args::help_text()),
+        Ok(Parsed::HelpFor(verb)) => {
+            // The parser only names a command that has a help.
+            let text = args::command_help(&verb).unwrap_or_else(args::help_text);
+            return print_only(stdout, stderr, &text);
+        }
         Ok(Parsed::Version) => return print_only(stdout, stderr, &args::version_text()),
         Err(e) => return report(stderr, &CtlError::Usage(e.0)),
     };
@@ -775,7 +780,7 @@ mod tests {
         assert_eq!(code, 2);
         assert_eq!(
             err,
-            "keelctl: unknown command \"frobnicate\"; use apply, get, logs, delete, delete-volume, cordon, uncordon, base, validate or key\n  try 'keelctl --help'\n"
+            "keelctl: unknown command \"frobnicate\"; use apply, get, delete, logs, cordon, uncordon, delete-volume, base, scale, rollout, validate, key or help\n  try 'keelctl --help'\n"
         );
         let (code, _, err) = run_with(&["apply", "-f", "/nonexistent/web.yaml"], "");
         assert_eq!(code, 2);
@@ -968,6 +973,17 @@ mod tests {
         let (code, out, err) = run_with(&["--help"], "");
         assert_eq!((code, err.as_str()), (0, ""));
         assert!(out.contains("--socket PATH"), "{out}");
+        for args in [&["help", "apply"][..], &["apply", "--help"]] {
+            let (code, out, err) = run_with(args, "");
+            assert_eq!((code, err.as_str()), (0, ""), "{args:?}");
+            assert!(out.starts_with("Usage:\n  apply -f FILE|-"), "{out}");
+        }
+        let (code, out, err) = run_with(&["help", "frobnicate"], "");
+        assert_eq!((code, out.as_str()), (2, ""));
+        assert!(
+            err.starts_with("keelctl: `help frobnicate`: unknown command"),
+            "{err}"
+        );
         let (code, out, _) = run_with(&["--version"], "");
         assert_eq!(
             (code, out),
