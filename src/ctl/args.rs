@@ -256,6 +256,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "help [COMMAND]",
         "this help, or COMMAND's usage and the options it takes (also COMMAND --help)",
     ),
+    ("version", "keelctl's version (also --version)"),
 ];
 
 /// The command words (`apply`, `delete-volume`, ...), each once, in
@@ -298,7 +299,9 @@ fn applies_to(id: FlagId, verb: &str) -> bool {
         ),
         // Where requests go: every command that sends one.
         FlagId::Socket | FlagId::ControlPlane | FlagId::KeyFile | FlagId::Config => {
-            !matches!(verb, "validate" | "key" | "help")
+            // `version` prints the client's only: the daemons have no
+            // route that tells theirs.
+            !matches!(verb, "validate" | "key" | "help" | "version")
         }
         FlagId::Help => true,
         FlagId::Version => false,
@@ -713,6 +716,15 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
                 }
             }
         }
+    }
+    if let Some(("version", rest)) = words.split_first().map(|(v, r)| (v.as_str(), r)) {
+        if seen != Seen::default() {
+            return Err(usage("`version` takes no options"));
+        }
+        return match rest {
+            [] => Ok(Parsed::Version),
+            [word, ..] => Err(usage(format!("unexpected argument {word:?} for `version`"))),
+        };
     }
     if let Some(("help", rest)) = words.split_first().map(|(v, r)| (v.as_str(), r)) {
         if seen != Seen::default() {
@@ -1510,6 +1522,9 @@ mod tests {
         assert_eq!(parse(&["-h"]), Ok(Parsed::Help));
         assert_eq!(parse(&["--version", "apply"]), Ok(Parsed::Version));
         assert_eq!(parse(&["-V"]), Ok(Parsed::Version));
+        assert_eq!(parse(&["version"]), Ok(Parsed::Version));
+        assert!(err(&["version", "extra"]).contains("\"extra\" for `version`"));
+        assert!(err(&["version", "--controlplane", "h:1"]).contains("`version` takes no options"));
     }
 
     #[test]

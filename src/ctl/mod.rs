@@ -780,7 +780,7 @@ mod tests {
         assert_eq!(code, 2);
         assert_eq!(
             err,
-            "keelctl: unknown command \"frobnicate\"; use apply, get, delete, logs, cordon, uncordon, delete-volume, base, scale, rollout, validate, key or help\n  try 'keelctl --help'\n"
+            "keelctl: unknown command \"frobnicate\"; use apply, get, delete, logs, cordon, uncordon, delete-volume, base, scale, rollout, validate, key, help or version\n  try 'keelctl --help'\n"
         );
         let (code, _, err) = run_with(&["apply", "-f", "/nonexistent/web.yaml"], "");
         assert_eq!(code, 2);
@@ -984,11 +984,14 @@ mod tests {
             err.starts_with("keelctl: `help frobnicate`: unknown command"),
             "{err}"
         );
-        let (code, out, _) = run_with(&["--version"], "");
-        assert_eq!(
-            (code, out),
-            (0, format!("keelctl {}\n", env!("CARGO_PKG_VERSION")))
-        );
+        for args in [&["--version"][..], &["version"]] {
+            let (code, out, _) = run_with(args, "");
+            assert_eq!(
+                (code, out),
+                (0, format!("keelctl {}\n", env!("CARGO_PKG_VERSION"))),
+                "{args:?}"
+            );
+        }
     }
 
     /// A stdout whose reader went away.
