@@ -179,8 +179,8 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "list the services, or one's replicas (with --controlplane)",
     ),
     (
-        "get nodes",
-        "list the cluster's nodes (with --controlplane)",
+        "get nodes [NAME]",
+        "list the cluster's nodes, or show one (with --controlplane)",
     ),
     (
         "get volumes [NAME]",
@@ -383,8 +383,7 @@ pub enum Command {
         /// The spec file.
         input: Input,
     },
-    /// `get jails|services|volumes|ingresses [NAME] [-o FORMAT]`,
-    /// `get nodes [-o FORMAT]`.
+    /// `get jails|services|volumes|ingresses|nodes|bases [NAME] [-o FORMAT]`.
     Get {
         /// What to list.
         resource: Resource,
@@ -874,15 +873,12 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     .transpose()?,
                 Resource::Bases => names.first().map(|n| release_name(n)).transpose()?,
                 Resource::Nodes => {
-                    if let Some(word) = names.first() {
-                        return Err(usage(format!(
-                            "unexpected argument {word:?}: `get nodes` lists every node"
-                        )));
-                    }
                     if seen.global.node.is_some() {
-                        return Err(usage("--node does not apply to `get nodes`"));
+                        return Err(usage(
+                            "--node does not apply to `get nodes`: name the node after it",
+                        ));
                     }
-                    None
+                    names.first().map(|n| object_name("node", n)).transpose()?
                 }
             };
             let output = match output.as_deref() {
@@ -1320,7 +1316,7 @@ mod tests {
     }
 
     #[test]
-    fn get_nodes_takes_no_name_and_no_node() {
+    fn get_nodes_takes_a_name_but_no_node() {
         assert_eq!(
             cmd(&["get", "nodes", "-o", "yaml"]),
             Command::Get {
@@ -1337,7 +1333,16 @@ mod tests {
                 output: OutputFormat::Table
             }
         );
-        assert!(err(&["get", "nodes", "n1"]).contains("lists every node"));
+        assert_eq!(
+            cmd(&["get", "node", "n1", "-o", "json"]),
+            Command::Get {
+                resource: Resource::Nodes,
+                name: Some("n1".into()),
+                output: OutputFormat::Json
+            }
+        );
+        assert!(err(&["get", "nodes", "N_1"]).contains("node name \"N_1\""));
+        assert!(err(&["get", "nodes", "n1", "n2"]).contains("\"n2\""));
         assert!(err(&["get", "nodes", "--node", "n1"]).contains("--node does not apply"));
         assert_eq!(
             cmd(&["delete", "node", "n1", "n2"]),

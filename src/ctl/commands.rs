@@ -199,8 +199,8 @@ pub fn execute(
         }
         Command::Get {
             resource: Resource::Nodes,
+            name,
             output: format,
-            ..
         } => {
             let api = resolve()?;
             if *api.route() == Route::Agent {
@@ -208,6 +208,15 @@ pub fn execute(
                     "`get nodes` lists a cluster's nodes: give --controlplane HOST:PORT (or set \
                      ${CONTROLPLANE_ENV} or ctl.controlplane)"
                 )));
+            }
+            if let Some(name) = name {
+                let node = api.get_node(name).map_err(|error| CtlError::Request {
+                    action: format!("get node/{name}"),
+                    error,
+                })?;
+                return show(out, *format, &node, || {
+                    output::node_table(std::slice::from_ref(&node))
+                });
             }
             let nodes = api.list_nodes().map_err(|error| CtlError::Request {
                 action: "get nodes".into(),
