@@ -44,6 +44,8 @@ pub enum FlagId {
     Timeout,
     /// `--to-revision N` (`rollout undo`).
     ToRevision,
+    /// `--yes` (`delete-volume`): no question asked.
+    Yes,
     /// `-h, --help`.
     Help,
     /// `-V, --version`.
@@ -152,6 +154,13 @@ pub const FLAGS: &[Flag] = &[
         help: "the revision to go back to (rollout undo; default the one before the current)",
     },
     Flag {
+        id: FlagId::Yes,
+        short: None,
+        long: "yes",
+        value: None,
+        help: "do not ask for confirmation on a terminal (delete-volume)",
+    },
+    Flag {
         id: FlagId::Help,
         short: Some('h'),
         long: "help",
@@ -220,7 +229,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "forget Dead nodes and what was placed on them (with --controlplane)",
     ),
     (
-        "delete-volume NAME",
+        "delete-volume NAME [--yes]",
         "destroy a volume dataset and its data (refused while a jail mounts it)",
     ),
     (
@@ -292,6 +301,7 @@ fn applies_to(id: FlagId, verb: &str) -> bool {
         FlagId::Id => verb == "key",
         FlagId::Tail => verb == "logs",
         FlagId::Replicas => verb == "scale",
+        FlagId::Yes => verb == "delete-volume",
         FlagId::Timeout | FlagId::ToRevision => verb == "rollout",
         FlagId::Node => matches!(
             verb,
@@ -427,10 +437,12 @@ pub enum Command {
         /// Nodes to delete, in the order given.
         names: Vec<String>,
     },
-    /// `delete-volume NAME`.
+    /// `delete-volume NAME [--yes]`.
     DeleteVolume {
         /// The volume.
         name: String,
+        /// `--yes`: do not ask, even on a terminal.
+        yes: bool,
     },
     /// `delete -f FILE|-`.
     DeleteFile {
@@ -601,6 +613,7 @@ struct Seen {
     replicas: Option<String>,
     timeout: Option<String>,
     to_revision: Option<String>,
+    yes: bool,
     global: GlobalOptions,
 }
 
@@ -714,6 +727,11 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
                     return Err(twice());
                 }
             }
+            FlagId::Yes => {
+                if std::mem::replace(&mut seen.yes, true) {
+                    return Err(twice());
+                }
+            }
         }
     }
     if let Some(("version", rest)) = words.split_first().map(|(v, r)| (v.as_str(), r)) {
@@ -819,6 +837,10 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
         } else {
             "--to-revision"
         }));
+    }
+    let yes = std::mem::take(&mut seen.yes);
+    if yes && verb != "delete-volume" {
+        return Err(not_for("--yes"));
     }
     let extra = |word: &String| usage(format!("unexpected argument {word:?} for `{verb}`"));
     let file_only = |filename: Option<OsString>| -> Result<Input, UsageError> {
@@ -1000,6 +1022,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             match rest {
                 [name] => Ok(Command::DeleteVolume {
                     name: object_name("volume", name)?,
+                    yes,
                 }),
                 [] => Err(usage("`delete-volume` needs the NAME of the volume")),
                 [_, word, ..] => Err(extra(word)),
@@ -1391,9 +1414,21 @@ mod tests {
         assert_eq!(
             cmd(&["delete-volume", "pgdata"]),
             Command::DeleteVolume {
-                name: "pgdata".into()
+                name: "pgdata".into(),
+                yes: false
             }
         );
+        assert_eq!(
+            cmd(&["delete-volume", "--yes", "pgdata"]),
+            Command::DeleteVolume {
+                name: "pgdata".into(),
+                yes: true
+            }
+        );
+        assert!(
+            err(&["delete", "jail", "a", "--yes"]).contains("--yes does not apply to `delete`")
+        );
+        assert!(err(&["delete-volume", "a", "--yes", "--yes"]).contains("twice"));
         assert!(err(&["delete-volume"]).contains("needs the NAME"));
         assert!(err(&["delete-volume", "a", "b"]).contains("\"b\""));
         assert!(err(&["delete-volume", "../x"]).contains("volume name \"../x\""));
@@ -1704,6 +1739,12 @@ mod tests {
                     }
                     .into(),
                 );
+            }
+            if flag.id == FlagId::Yes {
+                args.extend(["delete-volume".to_string(), "pg".to_string()]);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                assert!(parse(&args).is_ok(), "{args:?}: {:?}", parse(&args));
+                continue;
             }
             if flag.id == FlagId::Filename {
                 args.push("validate".into());

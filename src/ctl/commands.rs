@@ -384,8 +384,18 @@ pub fn execute(
                 delete_ingress(&api, name, out)
             })?;
         }
-        Command::DeleteVolume { name } => {
+        Command::DeleteVolume { name, yes } => {
             let api = resolve()?;
+            // A volume's data cannot come back: someone at a terminal is
+            // asked first. A script (stdin not a terminal) is not, as before.
+            if env.interactive
+                && !yes
+                && !confirmed(&output::delete_volume_prompt(name), stdin, stderr)
+            {
+                return Err(CtlError::NotConfirmed {
+                    action: format!("delete-volume {name}"),
+                });
+            }
             api.delete_volume(name).map_err(|error| CtlError::Request {
                 action: format!("delete volume/{name}"),
                 error,
@@ -731,6 +741,29 @@ impl Named for crate::common::wire::IngressStatus {
     fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// Asks `question` on stderr and reads one line of stdin: true only for `y`
+/// or `yes` (any case). End of input, an unreadable stdin or anything else is
+/// no.
+fn confirmed(question: &str, stdin: &mut dyn Read, stderr: &mut dyn Write) -> bool {
+    let _ = write!(stderr, "{question}");
+    let _ = stderr.flush();
+    // Byte by byte up to the newline: nothing past the answer is consumed,
+    // and a line longer than any answer is no.
+    let mut answer = Vec::new();
+    let mut byte = [0u8];
+    while answer.len() <= 8 {
+        match stdin.read(&mut byte) {
+            Ok(1) if byte[0] == b'\n' => break,
+            Ok(1) => answer.push(byte[0]),
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
 }
 
 /// What a listing over the nodes gathered: the objects of the nodes that

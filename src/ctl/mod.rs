@@ -16,7 +16,7 @@
 //! ([`target`]), what is printed, and the exit status: 0 success, 1 a request
 //! failed (daemon unreachable or it refused, a key file not written, a
 //! listing through the control plane that left out a node it could not
-//! reach), 2 usage, configuration or validation error. Errors are one line
+//! reach, a `delete-volume` the user did not confirm), 2 usage, configuration or validation error. Errors are one line
 //! `keelctl: ...` plus, when there is more to say, an indented detail line. A
 //! closed stdout (`keelctl get jails | head -1`) is not an error.
 //!
@@ -31,7 +31,7 @@ pub mod output;
 
 use std::ffi::OsString;
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::common::auth::AuthError;
@@ -63,6 +63,9 @@ pub struct Env {
     pub controlplane: Option<OsString>,
     /// `$KEEL_KEY_FILE`; empty counts as unset.
     pub key_file: Option<OsString>,
+    /// Whether stdin is a terminal: someone who can answer a question
+    /// (`delete-volume` asks one), rather than a script.
+    pub interactive: bool,
 }
 
 impl Env {
@@ -72,6 +75,7 @@ impl Env {
             socket: std::env::var_os(SOCKET_ENV),
             controlplane: std::env::var_os(CONTROLPLANE_ENV),
             key_file: std::env::var_os(KEY_FILE_ENV),
+            interactive: io::stdin().is_terminal(),
         }
     }
 }
@@ -161,6 +165,12 @@ pub enum CtlError {
         /// Each node left out, and why.
         unreached: Vec<Unreached>,
     },
+    /// The user did not answer yes to a question on the terminal; nothing
+    /// was sent.
+    NotConfirmed {
+        /// What was not done, e.g. `delete-volume pgdata`.
+        action: String,
+    },
     /// A base fetch ran on the node and failed there.
     BaseFetch {
         /// The release.
@@ -216,6 +226,7 @@ impl CtlError {
             | CtlError::Incomplete { .. }
             | CtlError::BaseFetch { .. }
             | CtlError::Rollout { .. }
+            | CtlError::NotConfirmed { .. }
             | CtlError::SomeFailed { .. }
             | CtlError::KeyGenerate { .. }
             | CtlError::Encode { .. }
@@ -243,6 +254,9 @@ impl CtlError {
                  nothing was sent"
             )),
             CtlError::Request { error, .. } => error.detail(),
+            CtlError::NotConfirmed { .. } => {
+                Some("answer y to go ahead, or give --yes to skip the question".into())
+            }
             CtlError::Rollout { service, .. } => Some(format!(
                 "`keelctl get service {service}` shows each replica; `keelctl rollout undo service \
                  {service}` goes back to the previous template"
@@ -283,6 +297,9 @@ impl fmt::Display for CtlError {
                     write!(f, "{sep}node {} {}", u.node, u.why)?;
                 }
                 Ok(())
+            }
+            CtlError::NotConfirmed { action } => {
+                write!(f, "{action}: not confirmed; nothing was deleted")
             }
             CtlError::BaseFetch { release, reason } => {
                 write!(f, "base fetch {release} failed: {reason}")
@@ -564,7 +581,7 @@ mod tests {
         let both = Env {
             socket: Some("/env.sock".into()),
             controlplane: Some("192.0.2.1:7440".into()),
-            key_file: None,
+            ..Env::default()
         };
         assert_eq!(
             with(Some("127.0.0.1:9"), Some("/k"), Some("n1"), both.clone()).expect("flag"),
@@ -592,7 +609,7 @@ mod tests {
         let cp_env = Env {
             socket: None,
             controlplane: Some("192.0.2.1:7440".into()),
-            key_file: None,
+            ..Env::default()
         };
         assert_eq!(
             target(&socket, &cp_env).expect("socket flag"),
@@ -748,6 +765,57 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("is keel-agentd running?"), "{err}");
+    }
+
+    #[test]
+    fn delete_volume_asks_on_a_terminal_unless_yes_and_never_in_a_script() {
+        const PROMPT: &str = "Delete volume pg and all its data? [y/N] ";
+        // The socket does not exist: going ahead fails to connect, exit 1.
+        let went_ahead = "keelctl: delete volume/pg failed: cannot connect to";
+        let run_as = |interactive: bool, args: &[&str], stdin: &str| {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let env = Env {
+                interactive,
+                ..env(Some("/nonexistent/keel-test.sock"))
+            };
+            let code = run(
+                args.iter().map(OsString::from),
+                &env,
+                &mut stdin.as_bytes(),
+                &mut out,
+                &mut err,
+            );
+            assert!(out.is_empty(), "{args:?}");
+            (code, String::from_utf8(err).expect("utf-8"))
+        };
+        for answer in ["n\n", "\n", "", "yess\n", "no\ny\n"] {
+            let (code, err) = run_as(true, &["delete-volume", "pg"], answer);
+            assert_eq!(code, 1, "{answer:?}: {err}");
+            assert_eq!(
+                err,
+                format!(
+                    "{PROMPT}keelctl: delete-volume pg: not confirmed; nothing was deleted\n  \
+                     answer y to go ahead, or give --yes to skip the question\n"
+                ),
+                "{answer:?}"
+            );
+        }
+        for answer in ["y\n", "YES\n", " y \n", "y"] {
+            let (code, err) = run_as(true, &["delete-volume", "pg"], answer);
+            assert_eq!(code, 1, "{err}");
+            assert!(
+                err.starts_with(&format!("{PROMPT}{went_ahead}")),
+                "{answer:?}: {err}"
+            );
+        }
+        for (interactive, args) in [
+            (true, &["delete-volume", "pg", "--yes"][..]),
+            (false, &["delete-volume", "pg"]),
+        ] {
+            let (code, err) = run_as(interactive, args, "n\n");
+            assert_eq!(code, 1, "{err}");
+            assert!(err.starts_with(went_ahead), "no question: {args:?}: {err}");
+        }
     }
 
     #[test]
