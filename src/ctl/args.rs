@@ -46,6 +46,8 @@ pub enum FlagId {
     ToRevision,
     /// `--yes` (`delete-volume`): no question asked.
     Yes,
+    /// `--follow` (`logs`; also `-f` after `logs`).
+    Follow,
     /// `-h, --help`.
     Help,
     /// `-V, --version`.
@@ -154,6 +156,13 @@ pub const FLAGS: &[Flag] = &[
         help: "the revision to go back to (rollout undo; default the one before the current)",
     },
     Flag {
+        id: FlagId::Follow,
+        short: None,
+        long: "follow",
+        value: None,
+        help: "keep printing new lines until interrupted (logs; also -f after logs)",
+    },
+    Flag {
         id: FlagId::Yes,
         short: None,
         long: "yes",
@@ -213,7 +222,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "delete ingresses by name (with --controlplane: on the --node)",
     ),
     (
-        "logs NAME [--tail N]",
+        "logs NAME [--tail N] [-f]",
         "the last lines the jail's workload printed",
     ),
     (
@@ -302,6 +311,7 @@ fn applies_to(id: FlagId, verb: &str) -> bool {
         FlagId::Tail => verb == "logs",
         FlagId::Replicas => verb == "scale",
         FlagId::Yes => verb == "delete-volume",
+        FlagId::Follow => verb == "logs",
         FlagId::Timeout | FlagId::ToRevision => verb == "rollout",
         FlagId::Node => matches!(
             verb,
@@ -423,6 +433,8 @@ pub enum Command {
         name: String,
         /// Lines; `None` for the agent's default.
         tail: Option<usize>,
+        /// `-f, --follow`: keep printing new lines.
+        follow: bool,
     },
     /// `cordon NAME...` (`cordoned`) or `uncordon NAME...`: nothing new is
     /// placed on those nodes, or again (with a control plane).
@@ -614,6 +626,7 @@ struct Seen {
     timeout: Option<String>,
     to_revision: Option<String>,
     yes: bool,
+    follow: bool,
     global: GlobalOptions,
 }
 
@@ -651,6 +664,21 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
                 });
             }
             FlagId::Version => return Ok(Parsed::Version),
+            // kubectl's `logs -f`: after `logs`, -f follows (a log has no
+            // file to name).
+            FlagId::Filename
+                if matches!(arg, Short('f'))
+                    && words.first().map(String::as_str) == Some("logs") =>
+            {
+                if std::mem::replace(&mut seen.follow, true) {
+                    return Err(usage("--follow given twice"));
+                }
+            }
+            FlagId::Follow => {
+                if std::mem::replace(&mut seen.follow, true) {
+                    return Err(twice());
+                }
+            }
             FlagId::Filename => {
                 let v = parser.value().map_err(lex)?;
                 if seen.filename.replace(v).is_some() {
@@ -838,6 +866,10 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             "--to-revision"
         }));
     }
+    let follow = std::mem::take(&mut seen.follow);
+    if follow && verb != "logs" {
+        return Err(not_for("--follow"));
+    }
     let yes = std::mem::take(&mut seen.yes);
     if yes && verb != "delete-volume" {
         return Err(not_for("--yes"));
@@ -992,6 +1024,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 [name] => Ok(Command::Logs {
                     name: object_name("jail", name)?,
                     tail,
+                    follow,
                 }),
                 [] => Err(usage("`logs` needs the NAME of the jail")),
                 [_, word, ..] => Err(extra(word)),
@@ -1648,6 +1681,33 @@ mod tests {
     }
 
     #[test]
+    fn logs_follows_with_f_after_logs_or_follow_anywhere() {
+        let follow = |args: &[&str]| match cmd(args) {
+            Command::Logs { name, follow, tail } => (name, follow, tail),
+            other => panic!("{args:?}: {other:?}"),
+        };
+        assert_eq!(follow(&["logs", "web"]), ("web".into(), false, None));
+        assert_eq!(follow(&["logs", "-f", "web"]), ("web".into(), true, None));
+        assert_eq!(
+            follow(&["logs", "web", "-f", "--tail", "5"]),
+            ("web".into(), true, Some(5))
+        );
+        assert_eq!(
+            follow(&["--follow", "logs", "web"]),
+            ("web".into(), true, None)
+        );
+        assert!(err(&["logs", "web", "-f", "--follow"]).contains("twice"));
+        assert!(err(&["get", "jails", "--follow"]).contains("--follow does not apply"));
+        // Elsewhere -f is still the file.
+        assert_eq!(
+            cmd(&["apply", "-f", "logs"]),
+            Command::Apply {
+                input: Input::File("logs".into())
+            }
+        );
+    }
+
+    #[test]
     fn unknown_commands_and_flags_are_usage_errors() {
         assert!(err(&[]).contains("no command given"));
         assert!(err(&["create"]).contains("unknown command \"create\""));
@@ -1740,8 +1800,13 @@ mod tests {
                     .into(),
                 );
             }
-            if flag.id == FlagId::Yes {
-                args.extend(["delete-volume".to_string(), "pg".to_string()]);
+            if matches!(flag.id, FlagId::Yes | FlagId::Follow) {
+                let verb = if flag.id == FlagId::Yes {
+                    "delete-volume"
+                } else {
+                    "logs"
+                };
+                args.extend([verb.to_string(), "pg".to_string()]);
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 assert!(parse(&args).is_ok(), "{args:?}: {:?}", parse(&args));
                 continue;

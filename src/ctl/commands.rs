@@ -83,6 +83,18 @@ impl<'a> Out<'a> {
         self.print(&format!("{text}\n"));
     }
 
+    /// Flushes now, for output that comes over time (`logs -f`); false once
+    /// nothing more can be printed (the reader went away or a write failed,
+    /// kept for [`Out::finish`]).
+    pub fn flush(&mut self) -> bool {
+        if !self.closed && self.error.is_none() {
+            if let Err(e) = self.inner.flush() {
+                self.fail(e);
+            }
+        }
+        !self.closed && self.error.is_none()
+    }
+
     /// Flushes; the first write error other than a closed pipe, if any.
     pub fn finish(mut self) -> Result<(), io::Error> {
         if !self.closed && self.error.is_none() {
@@ -406,15 +418,33 @@ pub fn execute(
             let api = resolve()?;
             each_name(names, "delete jail", stderr, |name| delete(&api, name, out))?;
         }
-        Command::Logs { name, tail } => {
+        Command::Logs { name, tail, follow } => {
             let api = resolve()?;
-            let log = api
-                .workload_log(name, *tail)
-                .map_err(|error| CtlError::Request {
-                    action: format!("logs jail/{name}"),
-                    error,
-                })?;
-            out.print(&String::from_utf8_lossy(&log));
+            let fetch = || {
+                api.workload_log(name, *tail)
+                    .map_err(|error| CtlError::Request {
+                        action: format!("logs jail/{name}"),
+                        error,
+                    })
+            };
+            if !follow {
+                out.print(&String::from_utf8_lossy(&fetch()?));
+                return Ok(());
+            }
+            // The log route answers the tail and returns; it does not
+            // stream. Following is asking again and printing what is new,
+            // until interrupted, the reader goes away or a request fails
+            // (the jail was deleted).
+            let mut follower = LogFollower::default();
+            loop {
+                for line in follower.new_lines(&fetch()?) {
+                    out.print(&line);
+                }
+                if !out.flush() {
+                    return Ok(());
+                }
+                std::thread::sleep(LOG_POLL);
+            }
         }
         Command::Cordon { names, cordoned } => {
             let verb = if *cordoned { "cordon" } else { "uncordon" };
@@ -766,6 +796,44 @@ fn confirmed(question: &str, stdin: &mut dyn Read, stderr: &mut dyn Write) -> bo
     matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
 }
 
+/// How often `logs -f` asks for the log again.
+const LOG_POLL: Duration = Duration::from_millis(500);
+
+/// `logs -f` over a route that answers the last lines: each answer is
+/// compared with the previous one, and only the lines after their overlap
+/// are new. Only whole lines count, so a line the workload is still writing
+/// is printed once it ends. The overlap is the longest run of the previous
+/// answer's last lines that starts the new one: a log that repeats the same
+/// lines can hide new copies of them, more new lines between two polls than
+/// the tail holds leave a gap, and a log that was started over (the jail was
+/// applied again) is printed from its start.
+#[derive(Debug, Default)]
+struct LogFollower {
+    /// The whole lines of the last answer.
+    last: Vec<String>,
+}
+
+impl LogFollower {
+    /// The whole lines of `body` (the log's tail, as the agent answered it)
+    /// not printed yet, each with its newline; remembers `body` for the next.
+    fn new_lines(&mut self, body: &[u8]) -> Vec<String> {
+        let text = String::from_utf8_lossy(body);
+        let lines: Vec<String> = text
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .map(str::to_string)
+            .collect();
+        let most = self.last.len().min(lines.len());
+        let overlap = (0..=most)
+            .rev()
+            .find(|&k| self.last[self.last.len() - k..] == lines[..k])
+            .unwrap_or(0);
+        let fresh = lines[overlap..].to_vec();
+        self.last = lines;
+        fresh
+    }
+}
+
 /// What a listing over the nodes gathered: the objects of the nodes that
 /// answered, sorted by name then node, and the nodes that could not.
 struct Gathered<T> {
@@ -1103,4 +1171,30 @@ fn read_objects(input: &Input, stdin: &mut dyn Read) -> Result<(String, Vec<Obje
         })
         .collect();
     Ok((source, objects))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &[&str]) -> Vec<String> {
+        text.iter().map(|l| format!("{l}\n")).collect()
+    }
+
+    #[test]
+    fn the_log_follower_prints_each_whole_line_once() {
+        let mut f = LogFollower::default();
+        assert_eq!(f.new_lines(b"a\nb\nhal"), lines(&["a", "b"]));
+        // Nothing new: nothing printed, the unfinished line still held.
+        assert_eq!(f.new_lines(b"a\nb\nhal"), lines(&[]));
+        assert_eq!(f.new_lines(b"a\nb\nhalf\nc\n"), lines(&["half", "c"]));
+        // The tail slid: the old first lines are gone from the answer.
+        assert_eq!(f.new_lines(b"c\nd\ne\n"), lines(&["d", "e"]));
+        // A repeated line after the overlap is new.
+        assert_eq!(f.new_lines(b"d\ne\ne\n"), lines(&["e"]));
+        // A log started over shares nothing: printed from its start.
+        assert_eq!(f.new_lines(b"fresh\n"), lines(&["fresh"]));
+        assert_eq!(f.new_lines(b""), lines(&[]));
+        assert_eq!(f.new_lines(b"x\n"), lines(&["x"]));
+    }
 }
