@@ -29,6 +29,11 @@
 //! the progress on stderr whenever it changes, until the base is Ready (exit
 //! 0) or the fetch failed (exit 1 with the node's reason).
 //!
+//! `delete-volume` asks before anything is sent when stdin is a terminal
+//! ([`Env::interactive`]) and `--yes` is not given; a script is never asked.
+//! `logs -f` asks the log route again every `LOG_POLL` and prints only the
+//! lines that are new (`LogFollower`), as the route does not stream.
+//!
 //! This file decides what happens and in which order; it never formats (that
 //! is `output.rs`), never builds a request path (`api.rs`) and never chooses an
 //! exit status (`CtlError::exit_code`).

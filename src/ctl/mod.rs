@@ -3,7 +3,7 @@
 //! cluster through `keel-controlplane` over TCP with every request signed by
 //! the operator key; apply, list and delete the cluster's services (control
 //! plane only) and a node's ingresses (through the control plane, with
-//! `--node`); list the cluster's nodes; generate signing keys.
+//! `--node`); list the cluster's nodes or show one; generate signing keys.
 //!
 //! - [`args`]: the flag and command tables, `--help`, parsing argv.
 //! - [`commands`]: running one parsed command (read the spec, validate all of
