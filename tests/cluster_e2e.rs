@@ -350,6 +350,38 @@ fn a_cordoned_node_gets_no_new_jails_until_uncordoned() {
     let table = ok(&cluster, cluster.keelctl(&["get", "nodes"]), "get nodes");
     assert!(table.contains("Alive,Cordoned"), "{table}");
     assert!(nodes(&cluster)["n1"].cordoned);
+    // One node, by name: its row only, or its object.
+    let one = ok(
+        &cluster,
+        cluster.keelctl(&["get", "node", "n1"]),
+        "get node n1",
+    );
+    let rows: Vec<&str> = one.lines().skip(1).collect();
+    assert_eq!(rows.len(), 1, "{one}");
+    assert!(
+        rows[0].starts_with("n1 ") && rows[0].contains("Alive,Cordoned"),
+        "{one}"
+    );
+    let json = ok(
+        &cluster,
+        cluster.keelctl(&["get", "node", "n2", "-o", "json"]),
+        "get node n2 -o json",
+    );
+    let n2: NodeStatus = serde_json::from_str(&json).expect("one node as JSON");
+    assert_eq!((n2.node_id.as_str(), n2.cordoned), ("n2", false));
+    let missing = cluster.keelctl(&["get", "node", "n9"]);
+    assert_eq!(
+        (missing.code, missing.stdout.as_str()),
+        (1, ""),
+        "{missing:?}"
+    );
+    assert!(
+        missing
+            .stderr
+            .starts_with("keelctl: get node/n9 failed: no node named n9\n"),
+        "{missing:?}"
+    );
+    assert!(missing.stderr.contains("HTTP 404"), "{missing:?}");
     for name in ["second", "third"] {
         let (node, _) = apply(&cluster, &jail(name, 0.1));
         assert_eq!(node, "n2", "{name} must avoid the cordoned n1");

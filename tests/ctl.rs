@@ -1,6 +1,6 @@
 //! The real `keelctl` driving the real `keel-agentd --simulate`:
 //! apply, get, delete, validation that sends nothing, multi-document order, a
-//! crash loop with backoff, `kill -9` of the agent and its restart, and the
+//! crash loop with backoff, `logs` and `logs -f`, `kill -9` of the agent and its restart, and the
 //! README quick start word for word. Workloads are ordinary commands
 //! (`/bin/sleep`), so nothing beyond a Unix base system is needed; only the
 //! quick start, whose example serves HTTP with python3, is skipped without it.
@@ -704,6 +704,75 @@ fn a_volume_mount_redirected_by_a_link_inside_the_jail_is_refused() {
         0,
         "nothing may be created through the link"
     );
+}
+
+/// A child process killed when dropped, so a failing assertion does not
+/// leave it running.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `keelctl logs -f`: the route answers the tail and returns, so keelctl
+/// asks again and prints only what is new: every line once, in order, while
+/// the workload keeps writing.
+#[test]
+fn logs_follow_prints_each_new_line_once_while_the_workload_writes() {
+    let agent = Agent::start(AGENT_ARGS);
+    let file = write(
+        &agent,
+        "ticker.yaml",
+        &jail(
+            "ticker",
+            "/bin/sh, -c, 'i=0; while [ $i -lt 40 ]; do echo tick-$i; i=$((i+1)); sleep 0.1; done; exec sleep 300'",
+        ),
+    );
+    ok(&agent, &["apply", "-f", &file]);
+    let child = Command::new(KEELCTL)
+        .args(["logs", "ticker", "-f"])
+        .current_dir(agent.dir())
+        .env("KEEL_SOCKET", agent.socket())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn keelctl logs -f");
+    let mut child = Killed(child);
+    let mut stdout = child.0.stdout.take().expect("piped");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                seen.lock().expect("lock").push_str(&text);
+            }
+        })
+    };
+    let text = |seen: &std::sync::Mutex<String>| seen.lock().expect("lock").clone();
+    crate::util::poll_until("the workload's 40th line through logs -f", || {
+        text(&seen).contains("tick-39\n")
+    });
+    assert!(
+        child.0.try_wait().expect("try_wait").is_none(),
+        "logs -f keeps running"
+    );
+    // The simulator's own `keel-sim: starting ...` line comes first.
+    let printed = text(&seen);
+    let ticks: Vec<&str> = printed.lines().filter(|l| l.starts_with("tick-")).collect();
+    let expected: Vec<String> = (0..40).map(|i| format!("tick-{i}")).collect();
+    assert_eq!(ticks, expected, "each line once, in order: {printed}");
+    assert_eq!(printed.lines().count(), 41, "{printed}");
+    drop(child);
+    reader.join().expect("reader");
 }
 
 /// `keelctl logs`: the last lines the workload printed, `--tail` of them;

@@ -216,6 +216,24 @@ impl Api {
         decode(self.call("GET", "/nodes", &[], b"")?, &self.client)
     }
 
+    /// One node, picked from `GET /nodes` (the control plane has no route for
+    /// one); an unknown id is the 404 the control plane's `/nodes/{id}/...`
+    /// routes answer.
+    pub fn get_node(&self, id: &str) -> Result<NodeStatus, ApiError> {
+        let nodes = self.list_nodes()?;
+        nodes
+            .into_iter()
+            .find(|n| n.node_id == id)
+            .ok_or_else(|| ApiError::Refused {
+                endpoint: self.client.endpoint.to_string(),
+                status: 404,
+                body: ErrorBody {
+                    error: format!("no node named {id}"),
+                    field: None,
+                },
+            })
+    }
+
     /// One jail; an unknown name is a 404.
     pub fn get_jail(&self, name: &str) -> Result<Located, ApiError> {
         self.located(self.call("GET", &self.jail_path(name), &[], b"")?)

@@ -44,6 +44,10 @@ pub enum FlagId {
     Timeout,
     /// `--to-revision N` (`rollout undo`).
     ToRevision,
+    /// `--yes` (`delete-volume`): no question asked.
+    Yes,
+    /// `--follow` (`logs`; also `-f` after `logs`).
+    Follow,
     /// `-h, --help`.
     Help,
     /// `-V, --version`.
@@ -107,7 +111,7 @@ pub const FLAGS: &[Flag] = &[
         short: None,
         long: "key-file",
         value: Some("PATH"),
-        help: "operator key for the control plane (default ctl.key_file)",
+        help: "operator key for the control plane (default $KEEL_KEY_FILE, else ctl.key_file)",
     },
     Flag {
         id: FlagId::Config,
@@ -152,6 +156,20 @@ pub const FLAGS: &[Flag] = &[
         help: "the revision to go back to (rollout undo; default the one before the current)",
     },
     Flag {
+        id: FlagId::Follow,
+        short: None,
+        long: "follow",
+        value: None,
+        help: "keep printing new lines until interrupted (logs; also -f after logs)",
+    },
+    Flag {
+        id: FlagId::Yes,
+        short: None,
+        long: "yes",
+        value: None,
+        help: "do not ask for confirmation on a terminal (delete-volume)",
+    },
+    Flag {
         id: FlagId::Help,
         short: Some('h'),
         long: "help",
@@ -179,8 +197,8 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "list the services, or one's replicas (with --controlplane)",
     ),
     (
-        "get nodes",
-        "list the cluster's nodes (with --controlplane)",
+        "get nodes [NAME]",
+        "list the cluster's nodes, or show one (with --controlplane)",
     ),
     (
         "get volumes [NAME]",
@@ -204,7 +222,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "delete ingresses by name (with --controlplane: on the --node)",
     ),
     (
-        "logs NAME [--tail N]",
+        "logs NAME [--tail N] [-f]",
         "the last lines the jail's workload printed",
     ),
     (
@@ -220,7 +238,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "forget Dead nodes and what was placed on them (with --controlplane)",
     ),
     (
-        "delete-volume NAME",
+        "delete-volume NAME [--yes]",
         "destroy a volume dataset and its data (refused while a jail mounts it)",
     ),
     (
@@ -252,7 +270,63 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "key generate [--id ID] PATH",
         "write a new signing key to PATH (mode 0600)",
     ),
+    (
+        "help [COMMAND]",
+        "this help, or COMMAND's usage and the options it takes (also COMMAND --help)",
+    ),
+    ("version", "keelctl's version (also --version)"),
 ];
+
+/// The command words (`apply`, `delete-volume`, ...), each once, in
+/// [`COMMANDS`] order.
+pub fn verbs() -> Vec<&'static str> {
+    let mut verbs: Vec<&'static str> = Vec::new();
+    for (form, _) in COMMANDS {
+        let verb = form.split(' ').next().unwrap_or(form);
+        if !verbs.contains(&verb) {
+            verbs.push(verb);
+        }
+    }
+    verbs
+}
+
+/// `a, b or c` of [`verbs`], for messages naming what exists.
+fn verb_list() -> String {
+    let verbs = verbs();
+    match verbs.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// Whether `verb` takes the flag, for `keelctl help VERB`. The match is
+/// exhaustive so a new flag has to be placed here; the parser refusing a
+/// flag a command does not use is [`command`]'s job.
+fn applies_to(id: FlagId, verb: &str) -> bool {
+    match id {
+        FlagId::Filename => matches!(verb, "apply" | "delete" | "validate"),
+        FlagId::Output => verb == "get",
+        FlagId::Id => verb == "key",
+        FlagId::Tail => verb == "logs",
+        FlagId::Replicas => verb == "scale",
+        FlagId::Yes => verb == "delete-volume",
+        FlagId::Follow => verb == "logs",
+        FlagId::Timeout | FlagId::ToRevision => verb == "rollout",
+        FlagId::Node => matches!(
+            verb,
+            "apply" | "get" | "delete" | "logs" | "delete-volume" | "base"
+        ),
+        // Where requests go: every command that sends one.
+        FlagId::Socket | FlagId::ControlPlane | FlagId::KeyFile | FlagId::Config => {
+            // `version` prints the client's only: the daemons have no
+            // route that tells theirs.
+            !matches!(verb, "validate" | "key" | "help" | "version")
+        }
+        FlagId::Help => true,
+        FlagId::Version => false,
+    }
+}
 
 /// Where a spec comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -329,8 +403,7 @@ pub enum Command {
         /// The spec file.
         input: Input,
     },
-    /// `get jails|services|volumes|ingresses [NAME] [-o FORMAT]`,
-    /// `get nodes [-o FORMAT]`.
+    /// `get jails|services|volumes|ingresses|nodes|bases [NAME] [-o FORMAT]`.
     Get {
         /// What to list.
         resource: Resource,
@@ -360,6 +433,8 @@ pub enum Command {
         name: String,
         /// Lines; `None` for the agent's default.
         tail: Option<usize>,
+        /// `-f, --follow`: keep printing new lines.
+        follow: bool,
     },
     /// `cordon NAME...` (`cordoned`) or `uncordon NAME...`: nothing new is
     /// placed on those nodes, or again (with a control plane).
@@ -374,10 +449,12 @@ pub enum Command {
         /// Nodes to delete, in the order given.
         names: Vec<String>,
     },
-    /// `delete-volume NAME`.
+    /// `delete-volume NAME [--yes]`.
     DeleteVolume {
         /// The volume.
         name: String,
+        /// `--yes`: do not ask, even on a terminal.
+        yes: bool,
     },
     /// `delete -f FILE|-`.
     DeleteFile {
@@ -444,8 +521,11 @@ pub struct Invocation {
 pub enum Parsed {
     /// Run a command.
     Run(Invocation),
-    /// `--help`: print [`help_text`].
+    /// `--help` or `help`: print [`help_text`].
     Help,
+    /// `COMMAND --help` or `help COMMAND`: print [`command_help`] of this
+    /// command word (one of [`verbs`]).
+    HelpFor(String),
     /// `--version`: print [`version_text`].
     Version,
 }
@@ -473,20 +553,9 @@ pub fn help_text() -> String {
          Usage: keelctl [OPTIONS] COMMAND\n\nCommands:\n",
         env!("CARGO_PKG_VERSION")
     );
-    let width = COMMANDS.iter().map(|(u, _)| u.len()).max().unwrap_or(0);
-    for (form, help) in COMMANDS {
-        out.push_str(&format!("  {form:width$}  {help}\n"));
-    }
-    let left = |flag: &Flag| {
-        let short = flag.short.map_or("    ".to_string(), |c| format!("-{c}, "));
-        let value = flag.value.map_or(String::new(), |v| format!(" {v}"));
-        format!("{short}--{}{value}", flag.long)
-    };
-    let width = FLAGS.iter().map(|f| left(f).len()).max().unwrap_or(0);
+    out.push_str(&command_lines(COMMANDS.iter()));
     out.push_str("\nOptions (before or after the command):\n");
-    for flag in FLAGS {
-        out.push_str(&format!("  {:width$}  {}\n", left(flag), flag.help));
-    }
+    out.push_str(&flag_lines(FLAGS.iter()));
     out.push_str(
         "\nWhere requests go, first match wins: --socket, --controlplane, $KEEL_CONTROLPLANE,\n\
          $KEEL_SOCKET, ctl.controlplane, agent.socket (keel.toml).\n\
@@ -496,13 +565,58 @@ pub fn help_text() -> String {
     out
 }
 
+/// `help VERB`, `VERB --help`: the usage lines of `VERB` from [`COMMANDS`] and
+/// the flags it takes; `None` for a word that is not a command.
+pub fn command_help(verb: &str) -> Option<String> {
+    let forms: Vec<_> = COMMANDS
+        .iter()
+        .filter(|(form, _)| form.split(' ').next() == Some(verb))
+        .collect();
+    if forms.is_empty() {
+        return None;
+    }
+    let mut out = String::from("Usage:\n");
+    out.push_str(&command_lines(forms.into_iter()));
+    out.push_str("\nOptions (before or after the command):\n");
+    out.push_str(&flag_lines(FLAGS.iter().filter(|f| applies_to(f.id, verb))));
+    out.push_str(
+        "\n`keelctl --help` lists every command, where requests go and the exit status.\n",
+    );
+    Some(out)
+}
+
+/// `  FORM  what it does` lines, aligned.
+fn command_lines<'a>(forms: impl Iterator<Item = &'a (&'static str, &'static str)>) -> String {
+    let forms: Vec<_> = forms.collect();
+    let width = forms.iter().map(|(u, _)| u.len()).max().unwrap_or(0);
+    forms
+        .iter()
+        .map(|(form, help)| format!("  {form:width$}  {help}\n"))
+        .collect()
+}
+
+/// `  -f, --filename FILE  what it is` lines, aligned.
+fn flag_lines<'a>(flags: impl Iterator<Item = &'a Flag>) -> String {
+    let left = |flag: &Flag| {
+        let short = flag.short.map_or("    ".to_string(), |c| format!("-{c}, "));
+        let value = flag.value.map_or(String::new(), |v| format!(" {v}"));
+        format!("{short}--{}{value}", flag.long)
+    };
+    let flags: Vec<_> = flags.collect();
+    let width = flags.iter().map(|f| left(f).len()).max().unwrap_or(0);
+    flags
+        .iter()
+        .map(|flag| format!("  {:width$}  {}\n", left(flag), flag.help))
+        .collect()
+}
+
 /// `--version`.
 pub fn version_text() -> String {
     format!("keelctl {}\n", env!("CARGO_PKG_VERSION"))
 }
 
 /// Flags seen on the command line, before they are checked against the command.
-#[derive(Default)]
+#[derive(Default, PartialEq)]
 struct Seen {
     filename: Option<OsString>,
     output: Option<String>,
@@ -511,6 +625,8 @@ struct Seen {
     replicas: Option<String>,
     timeout: Option<String>,
     to_revision: Option<String>,
+    yes: bool,
+    follow: bool,
     global: GlobalOptions,
 }
 
@@ -539,8 +655,30 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
         };
         let twice = || usage(format!("--{} given twice", flag.long));
         match flag.id {
-            FlagId::Help => return Ok(Parsed::Help),
+            // `keelctl rollout --help`: that command's help, when the
+            // first word is one; the whole help otherwise.
+            FlagId::Help => {
+                return Ok(match words.first() {
+                    Some(verb) if command_help(verb).is_some() => Parsed::HelpFor(verb.clone()),
+                    _ => Parsed::Help,
+                });
+            }
             FlagId::Version => return Ok(Parsed::Version),
+            // kubectl's `logs -f`: after `logs`, -f follows (a log has no
+            // file to name).
+            FlagId::Filename
+                if matches!(arg, Short('f'))
+                    && words.first().map(String::as_str) == Some("logs") =>
+            {
+                if std::mem::replace(&mut seen.follow, true) {
+                    return Err(usage("--follow given twice"));
+                }
+            }
+            FlagId::Follow => {
+                if std::mem::replace(&mut seen.follow, true) {
+                    return Err(twice());
+                }
+            }
             FlagId::Filename => {
                 let v = parser.value().map_err(lex)?;
                 if seen.filename.replace(v).is_some() {
@@ -617,7 +755,35 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
                     return Err(twice());
                 }
             }
+            FlagId::Yes => {
+                if std::mem::replace(&mut seen.yes, true) {
+                    return Err(twice());
+                }
+            }
         }
+    }
+    if let Some(("version", rest)) = words.split_first().map(|(v, r)| (v.as_str(), r)) {
+        if seen != Seen::default() {
+            return Err(usage("`version` takes no options"));
+        }
+        return match rest {
+            [] => Ok(Parsed::Version),
+            [word, ..] => Err(usage(format!("unexpected argument {word:?} for `version`"))),
+        };
+    }
+    if let Some(("help", rest)) = words.split_first().map(|(v, r)| (v.as_str(), r)) {
+        if seen != Seen::default() {
+            return Err(usage("`help` takes no options: keelctl help [COMMAND]"));
+        }
+        return match rest {
+            [] => Ok(Parsed::Help),
+            [verb] if command_help(verb).is_some() => Ok(Parsed::HelpFor(verb.clone())),
+            [verb] => Err(usage(format!(
+                "`help {verb}`: unknown command {verb:?}; use {}",
+                verb_list()
+            ))),
+            [_, word, ..] => Err(usage(format!("unexpected argument {word:?} for `help`"))),
+        };
     }
     let command = command(&words, &mut seen)?;
     Ok(Parsed::Run(Invocation {
@@ -667,9 +833,7 @@ fn service_word(what: &str, rest: &[String]) -> Result<String, UsageError> {
 /// flags the command does not use.
 fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let Some((verb, rest)) = words.split_first() else {
-        return Err(usage(
-            "no command given; use apply, get, logs, delete, delete-volume, scale, rollout, cordon, uncordon, base, validate or key",
-        ));
+        return Err(usage(format!("no command given; use {}", verb_list())));
     };
     let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
     let filename = seen.filename.take();
@@ -701,6 +865,14 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
         } else {
             "--to-revision"
         }));
+    }
+    let follow = std::mem::take(&mut seen.follow);
+    if follow && verb != "logs" {
+        return Err(not_for("--follow"));
+    }
+    let yes = std::mem::take(&mut seen.yes);
+    if yes && verb != "delete-volume" {
+        return Err(not_for("--yes"));
     }
     let extra = |word: &String| usage(format!("unexpected argument {word:?} for `{verb}`"));
     let file_only = |filename: Option<OsString>| -> Result<Input, UsageError> {
@@ -755,15 +927,12 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     .transpose()?,
                 Resource::Bases => names.first().map(|n| release_name(n)).transpose()?,
                 Resource::Nodes => {
-                    if let Some(word) = names.first() {
-                        return Err(usage(format!(
-                            "unexpected argument {word:?}: `get nodes` lists every node"
-                        )));
-                    }
                     if seen.global.node.is_some() {
-                        return Err(usage("--node does not apply to `get nodes`"));
+                        return Err(usage(
+                            "--node does not apply to `get nodes`: name the node after it",
+                        ));
                     }
-                    None
+                    names.first().map(|n| object_name("node", n)).transpose()?
                 }
             };
             let output = match output.as_deref() {
@@ -855,6 +1024,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 [name] => Ok(Command::Logs {
                     name: object_name("jail", name)?,
                     tail,
+                    follow,
                 }),
                 [] => Err(usage("`logs` needs the NAME of the jail")),
                 [_, word, ..] => Err(extra(word)),
@@ -885,6 +1055,7 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             match rest {
                 [name] => Ok(Command::DeleteVolume {
                     name: object_name("volume", name)?,
+                    yes,
                 }),
                 [] => Err(usage("`delete-volume` needs the NAME of the volume")),
                 [_, word, ..] => Err(extra(word)),
@@ -1002,7 +1173,8 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
             }
         }
         other => Err(usage(format!(
-            "unknown command {other:?}; use apply, get, logs, delete, delete-volume, cordon, uncordon, base, validate or key"
+            "unknown command {other:?}; use {}",
+            verb_list()
         ))),
     }
 }
@@ -1200,7 +1372,7 @@ mod tests {
     }
 
     #[test]
-    fn get_nodes_takes_no_name_and_no_node() {
+    fn get_nodes_takes_a_name_but_no_node() {
         assert_eq!(
             cmd(&["get", "nodes", "-o", "yaml"]),
             Command::Get {
@@ -1217,7 +1389,16 @@ mod tests {
                 output: OutputFormat::Table
             }
         );
-        assert!(err(&["get", "nodes", "n1"]).contains("lists every node"));
+        assert_eq!(
+            cmd(&["get", "node", "n1", "-o", "json"]),
+            Command::Get {
+                resource: Resource::Nodes,
+                name: Some("n1".into()),
+                output: OutputFormat::Json
+            }
+        );
+        assert!(err(&["get", "nodes", "N_1"]).contains("node name \"N_1\""));
+        assert!(err(&["get", "nodes", "n1", "n2"]).contains("\"n2\""));
         assert!(err(&["get", "nodes", "--node", "n1"]).contains("--node does not apply"));
         assert_eq!(
             cmd(&["delete", "node", "n1", "n2"]),
@@ -1266,9 +1447,21 @@ mod tests {
         assert_eq!(
             cmd(&["delete-volume", "pgdata"]),
             Command::DeleteVolume {
-                name: "pgdata".into()
+                name: "pgdata".into(),
+                yes: false
             }
         );
+        assert_eq!(
+            cmd(&["delete-volume", "--yes", "pgdata"]),
+            Command::DeleteVolume {
+                name: "pgdata".into(),
+                yes: true
+            }
+        );
+        assert!(
+            err(&["delete", "jail", "a", "--yes"]).contains("--yes does not apply to `delete`")
+        );
+        assert!(err(&["delete-volume", "a", "--yes", "--yes"]).contains("twice"));
         assert!(err(&["delete-volume"]).contains("needs the NAME"));
         assert!(err(&["delete-volume", "a", "b"]).contains("\"b\""));
         assert!(err(&["delete-volume", "../x"]).contains("volume name \"../x\""));
@@ -1396,10 +1589,122 @@ mod tests {
 
     #[test]
     fn help_and_version_win_wherever_they_are() {
-        assert_eq!(parse(&["get", "--help"]), Ok(Parsed::Help));
+        assert_eq!(parse(&["get", "--help"]), Ok(Parsed::HelpFor("get".into())));
+        assert_eq!(parse(&["--help", "get"]), Ok(Parsed::Help));
+        assert_eq!(parse(&["frobnicate", "--help"]), Ok(Parsed::Help));
         assert_eq!(parse(&["-h"]), Ok(Parsed::Help));
         assert_eq!(parse(&["--version", "apply"]), Ok(Parsed::Version));
         assert_eq!(parse(&["-V"]), Ok(Parsed::Version));
+        assert_eq!(parse(&["version"]), Ok(Parsed::Version));
+        assert!(err(&["version", "extra"]).contains("\"extra\" for `version`"));
+        assert!(err(&["version", "--controlplane", "h:1"]).contains("`version` takes no options"));
+    }
+
+    #[test]
+    fn help_names_a_command_or_prints_everything() {
+        assert_eq!(parse(&["help"]), Ok(Parsed::Help));
+        assert_eq!(
+            parse(&["help", "rollout"]),
+            Ok(Parsed::HelpFor("rollout".into()))
+        );
+        assert_eq!(
+            parse(&["apply", "--help"]),
+            Ok(Parsed::HelpFor("apply".into()))
+        );
+        // Help wins over a command line that would not parse.
+        assert_eq!(
+            parse(&["scale", "jail", "-h"]),
+            Ok(Parsed::HelpFor("scale".into()))
+        );
+        let e = err(&["help", "frobnicate"]);
+        assert!(
+            e.starts_with("`help frobnicate`: unknown command \"frobnicate\"; use apply, get"),
+            "{e}"
+        );
+        assert!(err(&["help", "get", "jails"]).contains("\"jails\" for `help`"));
+        assert!(err(&["help", "-o", "json"]).contains("`help` takes no options"));
+    }
+
+    #[test]
+    fn command_help_shows_its_usage_lines_and_only_its_flags() {
+        let rollout = command_help("rollout").expect("a command");
+        assert!(
+            rollout.starts_with("Usage:\n  rollout status service NAME"),
+            "{rollout}"
+        );
+        for form in ["rollout history service NAME", "rollout undo service NAME"] {
+            assert!(rollout.contains(&format!("\n  {form} ")), "{rollout}");
+        }
+        for flag in [
+            "--timeout DURATION",
+            "--to-revision N",
+            "--controlplane",
+            "-h, --help",
+        ] {
+            assert!(rollout.contains(flag), "{flag}: {rollout}");
+        }
+        for flag in [
+            "--filename",
+            "--output",
+            "--replicas",
+            "--tail",
+            "--version",
+            "get jails",
+        ] {
+            assert!(!rollout.contains(flag), "{flag}: {rollout}");
+        }
+        let delete = command_help("delete").expect("a command");
+        assert!(delete.contains("\n  delete jail NAME..."), "{delete}");
+        assert!(delete.contains("-f, --filename FILE"), "{delete}");
+        assert!(
+            !delete.contains("delete-volume"),
+            "a command of its own: {delete}"
+        );
+        let validate = command_help("validate").expect("a command");
+        assert!(
+            !validate.contains("--socket"),
+            "validate sends nothing: {validate}"
+        );
+        assert_eq!(command_help("frobnicate"), None);
+        // Every command word has a help, and each flag belongs to at least
+        // one command.
+        for verb in verbs() {
+            assert!(command_help(verb).is_some(), "{verb}");
+        }
+        for flag in FLAGS.iter().filter(|f| f.id != FlagId::Version) {
+            assert!(
+                verbs().iter().any(|v| applies_to(flag.id, v)),
+                "--{} belongs to no command",
+                flag.long
+            );
+        }
+    }
+
+    #[test]
+    fn logs_follows_with_f_after_logs_or_follow_anywhere() {
+        let follow = |args: &[&str]| match cmd(args) {
+            Command::Logs { name, follow, tail } => (name, follow, tail),
+            other => panic!("{args:?}: {other:?}"),
+        };
+        assert_eq!(follow(&["logs", "web"]), ("web".into(), false, None));
+        assert_eq!(follow(&["logs", "-f", "web"]), ("web".into(), true, None));
+        assert_eq!(
+            follow(&["logs", "web", "-f", "--tail", "5"]),
+            ("web".into(), true, Some(5))
+        );
+        assert_eq!(
+            follow(&["--follow", "logs", "web"]),
+            ("web".into(), true, None)
+        );
+        assert!(err(&["logs", "web", "-f", "--follow"]).contains("twice"));
+        assert!(err(&["get", "jails", "--follow"]).contains("--follow does not apply"));
+        // Elsewhere -f is still the file.
+        assert_eq!(
+            cmd(&["apply", "-f", "logs"]),
+            Command::Apply {
+                input: Input::File("logs".into())
+            }
+        );
     }
 
     #[test]
@@ -1494,6 +1799,17 @@ mod tests {
                     }
                     .into(),
                 );
+            }
+            if matches!(flag.id, FlagId::Yes | FlagId::Follow) {
+                let verb = if flag.id == FlagId::Yes {
+                    "delete-volume"
+                } else {
+                    "logs"
+                };
+                args.extend([verb.to_string(), "pg".to_string()]);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                assert!(parse(&args).is_ok(), "{args:?}: {:?}", parse(&args));
+                continue;
             }
             if flag.id == FlagId::Filename {
                 args.push("validate".into());

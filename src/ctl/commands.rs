@@ -29,6 +29,11 @@
 //! the progress on stderr whenever it changes, until the base is Ready (exit
 //! 0) or the fetch failed (exit 1 with the node's reason).
 //!
+//! `delete-volume` asks before anything is sent when stdin is a terminal
+//! ([`Env::interactive`]) and `--yes` is not given; a script is never asked.
+//! `logs -f` asks the log route again every `LOG_POLL` and prints only the
+//! lines that are new (`LogFollower`), as the route does not stream.
+//!
 //! This file decides what happens and in which order; it never formats (that
 //! is `output.rs`), never builds a request path (`api.rs`) and never chooses an
 //! exit status (`CtlError::exit_code`).
@@ -81,6 +86,18 @@ impl<'a> Out<'a> {
     /// Writes `text` and a newline.
     pub fn line(&mut self, text: &str) {
         self.print(&format!("{text}\n"));
+    }
+
+    /// Flushes now, for output that comes over time (`logs -f`); false once
+    /// nothing more can be printed (the reader went away or a write failed,
+    /// kept for [`Out::finish`]).
+    pub fn flush(&mut self) -> bool {
+        if !self.closed && self.error.is_none() {
+            if let Err(e) = self.inner.flush() {
+                self.fail(e);
+            }
+        }
+        !self.closed && self.error.is_none()
     }
 
     /// Flushes; the first write error other than a closed pipe, if any.
@@ -199,8 +216,8 @@ pub fn execute(
         }
         Command::Get {
             resource: Resource::Nodes,
+            name,
             output: format,
-            ..
         } => {
             let api = resolve()?;
             if *api.route() == Route::Agent {
@@ -208,6 +225,15 @@ pub fn execute(
                     "`get nodes` lists a cluster's nodes: give --controlplane HOST:PORT (or set \
                      ${CONTROLPLANE_ENV} or ctl.controlplane)"
                 )));
+            }
+            if let Some(name) = name {
+                let node = api.get_node(name).map_err(|error| CtlError::Request {
+                    action: format!("get node/{name}"),
+                    error,
+                })?;
+                return show(out, *format, &node, || {
+                    output::node_table(std::slice::from_ref(&node))
+                });
             }
             let nodes = api.list_nodes().map_err(|error| CtlError::Request {
                 action: "get nodes".into(),
@@ -375,8 +401,18 @@ pub fn execute(
                 delete_ingress(&api, name, out)
             })?;
         }
-        Command::DeleteVolume { name } => {
+        Command::DeleteVolume { name, yes } => {
             let api = resolve()?;
+            // A volume's data cannot come back: someone at a terminal is
+            // asked first. A script (stdin not a terminal) is not, as before.
+            if env.interactive
+                && !yes
+                && !confirmed(&output::delete_volume_prompt(name), stdin, stderr)
+            {
+                return Err(CtlError::NotConfirmed {
+                    action: format!("delete-volume {name}"),
+                });
+            }
             api.delete_volume(name).map_err(|error| CtlError::Request {
                 action: format!("delete volume/{name}"),
                 error,
@@ -387,15 +423,33 @@ pub fn execute(
             let api = resolve()?;
             each_name(names, "delete jail", stderr, |name| delete(&api, name, out))?;
         }
-        Command::Logs { name, tail } => {
+        Command::Logs { name, tail, follow } => {
             let api = resolve()?;
-            let log = api
-                .workload_log(name, *tail)
-                .map_err(|error| CtlError::Request {
-                    action: format!("logs jail/{name}"),
-                    error,
-                })?;
-            out.print(&String::from_utf8_lossy(&log));
+            let fetch = || {
+                api.workload_log(name, *tail)
+                    .map_err(|error| CtlError::Request {
+                        action: format!("logs jail/{name}"),
+                        error,
+                    })
+            };
+            if !follow {
+                out.print(&String::from_utf8_lossy(&fetch()?));
+                return Ok(());
+            }
+            // The log route answers the tail and returns; it does not
+            // stream. Following is asking again and printing what is new,
+            // until interrupted, the reader goes away or a request fails
+            // (the jail was deleted).
+            let mut follower = LogFollower::default();
+            loop {
+                for line in follower.new_lines(&fetch()?) {
+                    out.print(&line);
+                }
+                if !out.flush() {
+                    return Ok(());
+                }
+                std::thread::sleep(LOG_POLL);
+            }
         }
         Command::Cordon { names, cordoned } => {
             let verb = if *cordoned { "cordon" } else { "uncordon" };
@@ -721,6 +775,67 @@ impl Named for crate::common::wire::JailStatus {
 impl Named for crate::common::wire::IngressStatus {
     fn name(&self) -> &str {
         &self.name
+    }
+}
+
+/// Asks `question` on stderr and reads one line of stdin: true only for `y`
+/// or `yes` (any case). End of input, an unreadable stdin or anything else is
+/// no.
+fn confirmed(question: &str, stdin: &mut dyn Read, stderr: &mut dyn Write) -> bool {
+    let _ = write!(stderr, "{question}");
+    let _ = stderr.flush();
+    // Byte by byte up to the newline: nothing past the answer is consumed,
+    // and a line longer than any answer is no.
+    let mut answer = Vec::new();
+    let mut byte = [0u8];
+    while answer.len() <= 8 {
+        match stdin.read(&mut byte) {
+            Ok(1) if byte[0] == b'\n' => break,
+            Ok(1) => answer.push(byte[0]),
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
+}
+
+/// How often `logs -f` asks for the log again.
+const LOG_POLL: Duration = Duration::from_millis(500);
+
+/// `logs -f` over a route that answers the last lines: each answer is
+/// compared with the previous one, and only the lines after their overlap
+/// are new. Only whole lines count, so a line the workload is still writing
+/// is printed once it ends. The overlap is the longest run of the previous
+/// answer's last lines that starts the new one: a log that repeats the same
+/// lines can hide new copies of them, more new lines between two polls than
+/// the tail holds leave a gap, and a log that was started over (the jail was
+/// applied again) is printed from its start.
+#[derive(Debug, Default)]
+struct LogFollower {
+    /// The whole lines of the last answer.
+    last: Vec<String>,
+}
+
+impl LogFollower {
+    /// The whole lines of `body` (the log's tail, as the agent answered it)
+    /// not printed yet, each with its newline; remembers `body` for the next.
+    fn new_lines(&mut self, body: &[u8]) -> Vec<String> {
+        let text = String::from_utf8_lossy(body);
+        let lines: Vec<String> = text
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .map(str::to_string)
+            .collect();
+        let most = self.last.len().min(lines.len());
+        let overlap = (0..=most)
+            .rev()
+            .find(|&k| self.last[self.last.len() - k..] == lines[..k])
+            .unwrap_or(0);
+        let fresh = lines[overlap..].to_vec();
+        self.last = lines;
+        fresh
     }
 }
 
@@ -1061,4 +1176,30 @@ fn read_objects(input: &Input, stdin: &mut dyn Read) -> Result<(String, Vec<Obje
         })
         .collect();
     Ok((source, objects))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &[&str]) -> Vec<String> {
+        text.iter().map(|l| format!("{l}\n")).collect()
+    }
+
+    #[test]
+    fn the_log_follower_prints_each_whole_line_once() {
+        let mut f = LogFollower::default();
+        assert_eq!(f.new_lines(b"a\nb\nhal"), lines(&["a", "b"]));
+        // Nothing new: nothing printed, the unfinished line still held.
+        assert_eq!(f.new_lines(b"a\nb\nhal"), lines(&[]));
+        assert_eq!(f.new_lines(b"a\nb\nhalf\nc\n"), lines(&["half", "c"]));
+        // The tail slid: the old first lines are gone from the answer.
+        assert_eq!(f.new_lines(b"c\nd\ne\n"), lines(&["d", "e"]));
+        // A repeated line after the overlap is new.
+        assert_eq!(f.new_lines(b"d\ne\ne\n"), lines(&["e"]));
+        // A log started over shares nothing: printed from its start.
+        assert_eq!(f.new_lines(b"fresh\n"), lines(&["fresh"]));
+        assert_eq!(f.new_lines(b""), lines(&[]));
+        assert_eq!(f.new_lines(b"x\n"), lines(&["x"]));
+    }
 }

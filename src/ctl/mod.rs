@@ -3,7 +3,7 @@
 //! cluster through `keel-controlplane` over TCP with every request signed by
 //! the operator key; apply, list and delete the cluster's services (control
 //! plane only) and a node's ingresses (through the control plane, with
-//! `--node`); list the cluster's nodes; generate signing keys.
+//! `--node`); list the cluster's nodes or show one; generate signing keys.
 //!
 //! - [`args`]: the flag and command tables, `--help`, parsing argv.
 //! - [`commands`]: running one parsed command (read the spec, validate all of
@@ -16,7 +16,7 @@
 //! ([`target`]), what is printed, and the exit status: 0 success, 1 a request
 //! failed (daemon unreachable or it refused, a key file not written, a
 //! listing through the control plane that left out a node it could not
-//! reach), 2 usage, configuration or validation error. Errors are one line
+//! reach, a `delete-volume` the user did not confirm), 2 usage, configuration or validation error. Errors are one line
 //! `keelctl: ...` plus, when there is more to say, an indented detail line. A
 //! closed stdout (`keelctl get jails | head -1`) is not an error.
 //!
@@ -31,7 +31,7 @@ pub mod output;
 
 use std::ffi::OsString;
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{self, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::common::auth::AuthError;
@@ -49,6 +49,10 @@ pub const SOCKET_ENV: &str = "KEEL_SOCKET";
 /// `--controlplane` and above `keel.toml`.
 pub const CONTROLPLANE_ENV: &str = "KEEL_CONTROLPLANE";
 
+/// Environment variable naming the operator key file, below `--key-file` and
+/// above `ctl.key_file` of `keel.toml`.
+pub const KEY_FILE_ENV: &str = "KEEL_KEY_FILE";
+
 /// What keelctl reads from its environment, gathered once so commands and
 /// tests do not reach for process globals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -57,6 +61,11 @@ pub struct Env {
     pub socket: Option<OsString>,
     /// `$KEEL_CONTROLPLANE`; empty counts as unset.
     pub controlplane: Option<OsString>,
+    /// `$KEEL_KEY_FILE`; empty counts as unset.
+    pub key_file: Option<OsString>,
+    /// Whether stdin is a terminal: someone who can answer a question
+    /// (`delete-volume` asks one), rather than a script.
+    pub interactive: bool,
 }
 
 impl Env {
@@ -65,6 +74,8 @@ impl Env {
         Env {
             socket: std::env::var_os(SOCKET_ENV),
             controlplane: std::env::var_os(CONTROLPLANE_ENV),
+            key_file: std::env::var_os(KEY_FILE_ENV),
+            interactive: io::stdin().is_terminal(),
         }
     }
 }
@@ -154,6 +165,12 @@ pub enum CtlError {
         /// Each node left out, and why.
         unreached: Vec<Unreached>,
     },
+    /// The user did not answer yes to a question on the terminal; nothing
+    /// was sent.
+    NotConfirmed {
+        /// What was not done, e.g. `delete-volume pgdata`.
+        action: String,
+    },
     /// A base fetch ran on the node and failed there.
     BaseFetch {
         /// The release.
@@ -209,6 +226,7 @@ impl CtlError {
             | CtlError::Incomplete { .. }
             | CtlError::BaseFetch { .. }
             | CtlError::Rollout { .. }
+            | CtlError::NotConfirmed { .. }
             | CtlError::SomeFailed { .. }
             | CtlError::KeyGenerate { .. }
             | CtlError::Encode { .. }
@@ -224,11 +242,10 @@ impl CtlError {
                 "--socket PATH or ${SOCKET_ENV} (an agent), or --controlplane HOST:PORT with \
                  --key-file PATH (a cluster) avoid reading keel.toml"
             )),
-            CtlError::Key(_) => Some(
-                "keelctl signs control-plane requests with --key-file PATH, else ctl.key_file \
-                 of keel.toml; nothing was sent"
-                    .into(),
-            ),
+            CtlError::Key(_) => Some(format!(
+                "keelctl signs control-plane requests with --key-file PATH, else \
+                 ${KEY_FILE_ENV}, else ctl.key_file of keel.toml; nothing was sent"
+            )),
             CtlError::Invalid {
                 would_send: true, ..
             } => Some("nothing was sent".into()),
@@ -237,6 +254,9 @@ impl CtlError {
                  nothing was sent"
             )),
             CtlError::Request { error, .. } => error.detail(),
+            CtlError::NotConfirmed { .. } => {
+                Some("answer y to go ahead, or give --yes to skip the question".into())
+            }
             CtlError::Rollout { service, .. } => Some(format!(
                 "`keelctl get service {service}` shows each replica; `keelctl rollout undo service \
                  {service}` goes back to the previous template"
@@ -277,6 +297,9 @@ impl fmt::Display for CtlError {
                     write!(f, "{sep}node {} {}", u.node, u.why)?;
                 }
                 Ok(())
+            }
+            CtlError::NotConfirmed { action } => {
+                write!(f, "{action}: not confirmed; nothing was deleted")
             }
             CtlError::BaseFetch { release, reason } => {
                 write!(f, "base fetch {release} failed: {reason}")
@@ -330,9 +353,11 @@ pub struct Unreached {
 /// 3. a non-empty `$KEEL_CONTROLPLANE`, then a non-empty `$KEEL_SOCKET`;
 /// 4. `ctl.controlplane` if set, else the agent at `agent.socket`.
 ///
-/// Through a control plane the key file is `--key-file`, else `ctl.key_file`.
-/// `--node` and `--key-file` only make sense with a control plane: given for
-/// an agent they are usage errors rather than silently ignored.
+/// Through a control plane the key file is `--key-file`, else a non-empty
+/// `$KEEL_KEY_FILE`, else `ctl.key_file`. `--node` and `--key-file` only make
+/// sense with a control plane: given for an agent they are usage errors
+/// rather than silently ignored. `$KEEL_KEY_FILE` is not: an environment set
+/// up for a cluster may still run a command against one agent.
 pub fn target(global: &GlobalOptions, env: &Env) -> Result<Target, CtlError> {
     let set = |v: &Option<OsString>| v.clone().filter(|s| !s.is_empty());
     if global.socket.is_some() && global.controlplane.is_some() {
@@ -362,10 +387,11 @@ pub fn target(global: &GlobalOptions, env: &Env) -> Result<Target, CtlError> {
     };
     let (addr, source) = addr;
     check_controlplane(&addr, &source)?;
-    let key_file = match (&global.key_file, config) {
-        (Some(path), _) => path.clone(),
-        (None, Some(config)) => config.ctl.key_file,
-        (None, None) => load_config(global)?.ctl.key_file,
+    let key_file = match (&global.key_file, set(&env.key_file), config) {
+        (Some(path), _, _) => path.clone(),
+        (None, Some(path), _) => PathBuf::from(path),
+        (None, None, Some(config)) => config.ctl.key_file,
+        (None, None, None) => load_config(global)?.ctl.key_file,
     };
     Ok(Target::ControlPlane(Remote {
         addr,
@@ -428,6 +454,11 @@ pub fn run(
     let invocation = match args::parse_args(args) {
         Ok(Parsed::Run(invocation)) => invocation,
         Ok(Parsed::Help) => return print_only(stdout, stderr, &args::help_text()),
+        Ok(Parsed::HelpFor(verb)) => {
+            // The parser only names a command that has a help.
+            let text = args::command_help(&verb).unwrap_or_else(args::help_text);
+            return print_only(stdout, stderr, &text);
+        }
         Ok(Parsed::Version) => return print_only(stdout, stderr, &args::version_text()),
         Err(e) => return report(stderr, &CtlError::Usage(e.0)),
     };
@@ -484,7 +515,7 @@ mod tests {
     fn env(socket: Option<&str>) -> Env {
         Env {
             socket: socket.map(OsString::from),
-            controlplane: None,
+            ..Env::default()
         }
     }
 
@@ -550,6 +581,7 @@ mod tests {
         let both = Env {
             socket: Some("/env.sock".into()),
             controlplane: Some("192.0.2.1:7440".into()),
+            ..Env::default()
         };
         assert_eq!(
             with(Some("127.0.0.1:9"), Some("/k"), Some("n1"), both.clone()).expect("flag"),
@@ -577,10 +609,70 @@ mod tests {
         let cp_env = Env {
             socket: None,
             controlplane: Some("192.0.2.1:7440".into()),
+            ..Env::default()
         };
         assert_eq!(
             target(&socket, &cp_env).expect("socket flag"),
             Target::Agent("/flag.sock".into())
+        );
+    }
+
+    #[test]
+    fn the_key_file_comes_from_the_flag_then_the_environment_then_keel_toml() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let toml = dir.path().join("keel.toml");
+        std::fs::write(&toml, "[ctl]\nkey_file = \"/toml/operator.key\"\n").expect("writes");
+        let with = |flag: Option<&str>, var: Option<&str>| {
+            let global = GlobalOptions {
+                controlplane: Some("127.0.0.1:9".into()),
+                key_file: flag.map(PathBuf::from),
+                ..global(None, Some(&toml))
+            };
+            let env = Env {
+                key_file: var.map(OsString::from),
+                ..Env::default()
+            };
+            target(&global, &env).expect("resolves")
+        };
+        assert_eq!(
+            with(Some("/flag.key"), Some("/env.key")),
+            remote("127.0.0.1:9", "/flag.key", None)
+        );
+        assert_eq!(
+            with(None, Some("/env.key")),
+            remote("127.0.0.1:9", "/env.key", None)
+        );
+        assert_eq!(
+            with(None, Some("")),
+            remote("127.0.0.1:9", "/toml/operator.key", None)
+        );
+        assert_eq!(
+            with(None, None),
+            remote("127.0.0.1:9", "/toml/operator.key", None)
+        );
+        // With the variable set, keel.toml is not read at all: a missing
+        // explicit one is no error.
+        let global = GlobalOptions {
+            controlplane: Some("127.0.0.1:9".into()),
+            ..global(None, Some(Path::new("/nonexistent/keel.toml")))
+        };
+        let env = Env {
+            key_file: Some("/env.key".into()),
+            ..Env::default()
+        };
+        assert_eq!(
+            target(&global, &env).expect("no keel.toml read"),
+            remote("127.0.0.1:9", "/env.key", None)
+        );
+        // An agent target ignores the variable rather than refusing it.
+        let env = Env {
+            socket: Some("/s.sock".into()),
+            key_file: Some("/env.key".into()),
+            ..Env::default()
+        };
+        assert_eq!(
+            target(&GlobalOptions::default(), &env).expect("agent"),
+            Target::Agent("/s.sock".into())
         );
     }
 
@@ -676,6 +768,57 @@ mod tests {
     }
 
     #[test]
+    fn delete_volume_asks_on_a_terminal_unless_yes_and_never_in_a_script() {
+        const PROMPT: &str = "Delete volume pg and all its data? [y/N] ";
+        // The socket does not exist: going ahead fails to connect, exit 1.
+        let went_ahead = "keelctl: delete volume/pg failed: cannot connect to";
+        let run_as = |interactive: bool, args: &[&str], stdin: &str| {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let env = Env {
+                interactive,
+                ..env(Some("/nonexistent/keel-test.sock"))
+            };
+            let code = run(
+                args.iter().map(OsString::from),
+                &env,
+                &mut stdin.as_bytes(),
+                &mut out,
+                &mut err,
+            );
+            assert!(out.is_empty(), "{args:?}");
+            (code, String::from_utf8(err).expect("utf-8"))
+        };
+        for answer in ["n\n", "\n", "", "yess\n", "no\ny\n"] {
+            let (code, err) = run_as(true, &["delete-volume", "pg"], answer);
+            assert_eq!(code, 1, "{answer:?}: {err}");
+            assert_eq!(
+                err,
+                format!(
+                    "{PROMPT}keelctl: delete-volume pg: not confirmed; nothing was deleted\n  \
+                     answer y to go ahead, or give --yes to skip the question\n"
+                ),
+                "{answer:?}"
+            );
+        }
+        for answer in ["y\n", "YES\n", " y \n", "y"] {
+            let (code, err) = run_as(true, &["delete-volume", "pg"], answer);
+            assert_eq!(code, 1, "{err}");
+            assert!(
+                err.starts_with(&format!("{PROMPT}{went_ahead}")),
+                "{answer:?}: {err}"
+            );
+        }
+        for (interactive, args) in [
+            (true, &["delete-volume", "pg", "--yes"][..]),
+            (false, &["delete-volume", "pg"]),
+        ] {
+            let (code, err) = run_as(interactive, args, "n\n");
+            assert_eq!(code, 1, "{err}");
+            assert!(err.starts_with(went_ahead), "no question: {args:?}: {err}");
+        }
+    }
+
+    #[test]
     fn an_incomplete_listing_exits_1_naming_every_node_left_out() {
         let e = CtlError::Incomplete {
             action: "get jails".into(),
@@ -705,7 +848,7 @@ mod tests {
         assert_eq!(code, 2);
         assert_eq!(
             err,
-            "keelctl: unknown command \"frobnicate\"; use apply, get, logs, delete, delete-volume, cordon, uncordon, base, validate or key\n  try 'keelctl --help'\n"
+            "keelctl: unknown command \"frobnicate\"; use apply, get, delete, logs, cordon, uncordon, delete-volume, base, scale, rollout, validate, key, help or version\n  try 'keelctl --help'\n"
         );
         let (code, _, err) = run_with(&["apply", "-f", "/nonexistent/web.yaml"], "");
         assert_eq!(code, 2);
@@ -898,11 +1041,25 @@ mod tests {
         let (code, out, err) = run_with(&["--help"], "");
         assert_eq!((code, err.as_str()), (0, ""));
         assert!(out.contains("--socket PATH"), "{out}");
-        let (code, out, _) = run_with(&["--version"], "");
-        assert_eq!(
-            (code, out),
-            (0, format!("keelctl {}\n", env!("CARGO_PKG_VERSION")))
+        for args in [&["help", "apply"][..], &["apply", "--help"]] {
+            let (code, out, err) = run_with(args, "");
+            assert_eq!((code, err.as_str()), (0, ""), "{args:?}");
+            assert!(out.starts_with("Usage:\n  apply -f FILE|-"), "{out}");
+        }
+        let (code, out, err) = run_with(&["help", "frobnicate"], "");
+        assert_eq!((code, out.as_str()), (2, ""));
+        assert!(
+            err.starts_with("keelctl: `help frobnicate`: unknown command"),
+            "{err}"
         );
+        for args in [&["--version"][..], &["version"]] {
+            let (code, out, _) = run_with(args, "");
+            assert_eq!(
+                (code, out),
+                (0, format!("keelctl {}\n", env!("CARGO_PKG_VERSION"))),
+                "{args:?}"
+            );
+        }
     }
 
     /// A stdout whose reader went away.

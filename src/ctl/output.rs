@@ -565,6 +565,11 @@ pub fn utc_datetime(unix: i64) -> String {
     )
 }
 
+/// The question `delete-volume` asks on a terminal, answered on the same line.
+pub fn delete_volume_prompt(name: &str) -> String {
+    format!("Delete volume {} and all its data? [y/N] ", one_line(name))
+}
+
 /// The line `delete-volume` prints.
 pub fn volume_deleted_line(name: &str) -> String {
     format!("volume/{} deleted", one_line(name))
