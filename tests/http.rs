@@ -19,8 +19,10 @@ use keel::common::http::{
 
 use crate::util::poll_until;
 
-/// Bound on every blocking read in these tests: a deadline, not a timing claim.
-const DEADLINE: Duration = Duration::from_secs(10);
+/// Bound on every blocking read in these tests: a deadline, not a timing
+/// claim. The shared one: a panicking handler's backtrace, symbolized from
+/// a debug binary on a loaded CI machine, once took longer than 10 s.
+use crate::util::DEADLINE;
 
 /// Echoes the request as JSON and counts the requests that reached it. A
 /// request with `X-Verified` is answered as if its signature had been
