@@ -720,7 +720,10 @@ fn the_readme_simulated_cluster_works_word_for_word() {
             panic!("a cluster command this test does not know: {line}");
         }
     }
-    assert!(fetched, "the README fetches the jail's page");
+    assert!(
+        fetched,
+        "the README fetches the jail's and the service's pages"
+    );
     let applied = &outputs["apply -f examples/sim-web.yaml"][0];
     assert!(
         applied.starts_with("jail/sim-web applied on node n1 (Running, "),
@@ -737,6 +740,19 @@ fn the_readme_simulated_cluster_works_word_for_word() {
         "{table}"
     );
     assert_eq!(outputs["delete jail sim-web"], ["jail/sim-web deleted\n"]);
+    let services = &outputs["get services"][0];
+    assert!(
+        services
+            .lines()
+            .nth(1)
+            .is_some_and(|r| r.starts_with("hello ") && r.contains("127.128.203.234:8080")),
+        "the VIP the README names: {services}"
+    );
+    assert!(
+        outputs["rollout status service hello"][0].contains("successfully rolled out"),
+        "{outputs:?}"
+    );
+    assert_eq!(outputs["delete service hello"], ["service/hello deleted\n"]);
 }
 
 /// `GET url` (`http://IP:PORT/...`), retried until the workload listens;
