@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use keel::common::auth::{self, KeyFilePolicy, Role, Signer};
 use keel::common::http::{
-    Client, ClientResponse, Endpoint, Response, Server, ServerLimits, ShutdownSignal,
+    Client, ClientResponse, Endpoint, Handler, Response, Server, ServerLimits, ShutdownSignal,
 };
 use keel::common::wire::{
     ENDPOINTS_WAIT, EndpointsAnswer, HeartbeatRequest, HeartbeatResponse, NodeStatus, PlacedJail,
@@ -129,18 +129,24 @@ impl FakeAgent {
             ));
             Response::json(200, &serde_json::json!({"path": req.path}))
         };
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let shutdown = ShutdownSignal::new();
-        Server::new(Arc::new(handler), ServerLimits::default(), shutdown.clone())
-            .serve_tcp(listener)
-            .expect("serve");
+        let (addr, shutdown) = serve_on_loopback(handler);
         FakeAgent {
             addr,
             seen,
             shutdown,
         }
     }
+}
+
+/// Serves `handler` on a free loopback port until the signal is triggered.
+fn serve_on_loopback(handler: impl Handler) -> (SocketAddr, ShutdownSignal) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = ShutdownSignal::new();
+    Server::new(Arc::new(handler), ServerLimits::default(), shutdown.clone())
+        .serve_tcp(listener)
+        .expect("serve");
+    (addr, shutdown)
 }
 
 impl Drop for FakeAgent {
@@ -812,12 +818,7 @@ impl GatheringAgent {
             c.1 -= 1;
             Response::json(200, &serde_json::json!({"path": req.path}))
         };
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let shutdown = ShutdownSignal::new();
-        Server::new(Arc::new(handler), ServerLimits::default(), shutdown.clone())
-            .serve_tcp(listener)
-            .expect("serve");
+        let (addr, shutdown) = serve_on_loopback(handler);
         GatheringAgent {
             addr,
             most,
