@@ -220,6 +220,10 @@ impl AgentApi {
                     None => not_found(name),
                 },
             },
+            ("POST", ["jails", name, verb @ ("dry-run" | "diff")]) => match check_name(name) {
+                Err(r) => r,
+                Ok(()) => self.dry_run_jail(name, req, *verb == "diff")?,
+            },
             ("PUT", ["jails", name]) => match check_name(name) {
                 Err(r) => r,
                 Ok(()) => self.put_jail(name, req)?,
@@ -281,6 +285,7 @@ impl AgentApi {
             (_, ["ingresses", _]) => method_not_allowed("GET, PUT, DELETE"),
             (_, ["volumes", _]) => method_not_allowed("GET, DELETE"),
             (_, ["jails", _]) => method_not_allowed("GET, PUT, DELETE"),
+            (_, ["jails", _, "dry-run" | "diff"]) => method_not_allowed("POST"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
         })
     }
@@ -321,32 +326,50 @@ impl AgentApi {
         })
     }
 
-    fn put_jail(&self, name: &str, req: &Request) -> Result<Response, WorkerGone> {
+    /// The jail and epoch of a `PUT /jails/{name}` (or of its dry run),
+    /// validated; a 400 naming the field otherwise.
+    fn jail_request(name: &str, req: &Request) -> Result<(spec::Jail, Option<u64>), Response> {
         let Ok(text) = std::str::from_utf8(&req.body) else {
-            return Ok(Response::error(
+            return Err(Response::error(
                 400,
                 "the body must be a UTF-8 YAML Jail spec",
                 None,
             ));
         };
-        let jail = match jail_for(name, text) {
-            Ok(j) => j,
-            Err(response) => return Ok(response),
-        };
+        let jail = jail_for(name, text)?;
         let epoch_given = req.header(EPOCH_HEADER).is_some();
-        if let Err(response) = check_declared_volumes(&jail, req.query.as_deref(), epoch_given) {
-            return Ok(response);
-        }
+        check_declared_volumes(&jail, req.query.as_deref(), epoch_given)?;
         let epoch = match req.header(EPOCH_HEADER).map(str::parse::<u64>) {
             None => None,
             Some(Ok(e)) => Some(e),
             Some(Err(_)) => {
-                return Ok(Response::error(
+                return Err(Response::error(
                     400,
                     &format!("{EPOCH_HEADER} must be an unsigned integer"),
                     Some(EPOCH_HEADER),
                 ));
             }
+        };
+        Ok((jail, epoch))
+    }
+
+    /// `POST /jails/{name}/dry-run` and `POST /jails/{name}/diff`: what the
+    /// same body would do as a `PUT /jails/{name}`, changing nothing.
+    fn dry_run_jail(&self, name: &str, req: &Request, diff_only: bool) -> Result<Response, WorkerGone> {
+        let (jail, epoch) = match Self::jail_request(name, req) {
+            Ok(parsed) => parsed,
+            Err(response) => return Ok(response),
+        };
+        Ok(match self.worker.dry_run(jail, epoch, diff_only)? {
+            Ok(report) => Response::json(200, &report),
+            Err(e) => error_response(&e),
+        })
+    }
+
+    fn put_jail(&self, name: &str, req: &Request) -> Result<Response, WorkerGone> {
+        let (jail, epoch) = match Self::jail_request(name, req) {
+            Ok(parsed) => parsed,
+            Err(response) => return Ok(response),
         };
         Ok(match self.worker.apply(jail, epoch)? {
             // Only the control plane (which sends an epoch) ranks nodes by

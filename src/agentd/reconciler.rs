@@ -81,6 +81,9 @@ use crate::host::net::NetError;
 use crate::host::zfs::{Dataset, ZfsError};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager, iface_names};
 
+mod dry_run;
+pub use dry_run::DryRunHost;
+
 /// File name of the agent's desired state inside its state directory.
 pub const STATE_FILE: &str = "agentd.json";
 
@@ -403,6 +406,8 @@ pub struct Reconciler<J, Z, N, M> {
     seeds: BTreeMap<String, RootSeed>,
     /// The last incarnation handed out (see `Runtime::incarnation`).
     incarnations: u64,
+    /// The host setup a dry run copies ([`Reconciler::dry_run`]).
+    dry_host: DryRunHost,
 }
 
 /// Puts what a jail's workload needs into its root filesystem (the path on
@@ -448,6 +453,7 @@ where
             runtime: BTreeMap::new(),
             seeds: BTreeMap::new(),
             incarnations: 0,
+            dry_host: DryRunHost::default(),
         }
     }
 

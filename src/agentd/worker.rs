@@ -37,7 +37,7 @@ use crate::agentd::volumes::{self, VolumeError};
 use crate::common::cidr::Ipv4Net;
 use crate::common::spec::{Ingress, Jail};
 use crate::common::supervise::{self, WorkerHealth};
-use crate::common::wire::{IngressStatus, Peer, PlacedJail, VolumeStatus};
+use crate::common::wire::{DryRunReport, IngressStatus, Peer, PlacedJail, VolumeStatus};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
 
 /// What the worker can be asked to do.
@@ -166,6 +166,18 @@ pub enum Command {
     },
     /// Stop the worker loop.
     Shutdown,
+    /// What applying a jail spec would do, changing nothing
+    /// ([`Reconciler::dry_run`], or [`Reconciler::diff`] with `diff_only`).
+    DryRun {
+        /// The validated spec.
+        jail: Box<Jail>,
+        /// Placement epoch, `None` for local applies.
+        epoch: Option<u64>,
+        /// The object diff and decision only, no host command.
+        diff_only: bool,
+        /// Where the answer goes.
+        reply: Sender<Result<DryRunReport, ReconcileError>>,
+    },
 }
 
 /// The `/ingresses` routes' commands.
@@ -237,6 +249,21 @@ impl WorkerHandle {
         self.ask(|reply| Command::Apply {
             jail: Box::new(jail),
             epoch,
+            reply,
+        })
+    }
+
+    /// See [`Command::DryRun`].
+    pub fn dry_run(
+        &self,
+        jail: Jail,
+        epoch: Option<u64>,
+        diff_only: bool,
+    ) -> Result<Result<DryRunReport, ReconcileError>, WorkerGone> {
+        self.ask(|reply| Command::DryRun {
+            jail: Box::new(jail),
+            epoch,
+            diff_only,
             reply,
         })
     }
@@ -617,6 +644,18 @@ fn run<J, Z, N, M>(
                 let _ = reply.send(exec_outcome(reconciler.exec_in(&name, &argv)));
             }
             Command::Shutdown => break,
+            Command::DryRun {
+                jail,
+                epoch,
+                diff_only,
+                reply,
+            } => {
+                let _ = reply.send(if diff_only {
+                    reconciler.diff(&jail)
+                } else {
+                    reconciler.dry_run(*jail, epoch)
+                });
+            }
         }
         // After every command, read-only ones too: cheaper than knowing
         // which ones changed a status (the list is built from memory).
