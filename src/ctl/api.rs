@@ -32,7 +32,7 @@ use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
-    BaseStatus, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus, RolloutPolicy,
+    BaseStatus, DryRunReport, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus, RolloutPolicy,
     ServiceApply, ServiceRevision, ServiceStatus, VolumeStatus, volumes_query,
 };
 
@@ -196,6 +196,43 @@ impl Api {
         let headers = [("Content-Type".to_string(), "application/yaml".to_string())];
         let body = jail.to_yaml();
         self.located(self.call("PUT", &path, &headers, body.as_bytes())?)
+    }
+
+    /// What `PUT`ting the jail would do, changing nothing: `POST
+    /// .../jails/{name}/dry-run` (object diff, decision and host commands)
+    /// or, with `diff_only`, `.../diff` (object diff and decision). Through
+    /// the control plane the answer names the node it asked.
+    pub fn dry_run_jail(&self, jail: &Jail, diff_only: bool) -> Result<DryRunReport, ApiError> {
+        let verb = if diff_only { "diff" } else { "dry-run" };
+        let mut path = format!("{}/{verb}", self.jail_path(&jail.metadata.name));
+        let names: Vec<String> = jail.spec.volumes.iter().map(|v| v.name.clone()).collect();
+        if self.route != Route::Agent
+            && let Some(query) = volumes_query(&names)
+        {
+            path = format!("{path}?{query}");
+        }
+        let headers = [("Content-Type".to_string(), "application/yaml".to_string())];
+        let response = self.call("POST", &path, &headers, jail.to_yaml().as_bytes())?;
+        let node = response.header(NODE_HEADER).map(str::to_string);
+        let mut report: DryRunReport = decode(response, &self.client)?;
+        if report.node.is_none() {
+            report.node = node.or_else(|| match &self.route {
+                Route::Node(id) => Some(id.clone()),
+                _ => None,
+            });
+        }
+        Ok(report)
+    }
+
+    /// The object diff of a Service against the one the control plane
+    /// holds: `POST /services/{name}/diff` with the body of an apply.
+    pub fn diff_service(&self, service: &Service) -> Result<DryRunReport, ApiError> {
+        let path = format!("/services/{}/diff", service.metadata.name);
+        let body = serde_json::to_vec(&service_apply(service)).unwrap_or_default();
+        decode(
+            self.call("POST", &path, &json_headers(), &body)?,
+            &self.client,
+        )
     }
 
     /// `GET /jails` on an agent. The control plane has no such list; through

@@ -52,6 +52,8 @@ pub enum FlagId {
     Help,
     /// `-V, --version`.
     Version,
+    /// `--dry-run` (`apply`).
+    DryRun,
 }
 
 /// One keelctl flag, as `--help` shows it and the parser recognises it.
@@ -83,7 +85,7 @@ pub const FLAGS: &[Flag] = &[
         short: Some('o'),
         long: "output",
         value: Some("FORMAT"),
-        help: "table (default), json or yaml (get)",
+        help: "table (default), json or yaml (get; diff and apply --dry-run: text or json)",
     },
     Flag {
         id: FlagId::Socket,
@@ -183,6 +185,13 @@ pub const FLAGS: &[Flag] = &[
         value: None,
         help: "print the version and exit",
     },
+    Flag {
+        id: FlagId::DryRun,
+        short: None,
+        long: "dry-run",
+        value: None,
+        help: "show the diff, what the apply would do and its FreeBSD commands; change nothing (apply)",
+    },
 ];
 
 /// Every command form, as `--help` shows it: usage, then what it does.
@@ -190,6 +199,14 @@ pub const COMMANDS: &[(&str, &str)] = &[
     (
         "apply -f FILE|-",
         "validate every document of FILE (jails, services, ingresses), then apply them in order",
+    ),
+    (
+        "apply --dry-run -f FILE|-",
+        "show each object's diff, what the apply would do and the FreeBSD commands; change nothing",
+    ),
+    (
+        "diff -f FILE|-",
+        "show each object's diff against what the daemon holds (exit 0 none, 1 some, 2 error)",
     ),
     ("get jails [NAME]", "list the jails, or show one"),
     (
@@ -305,8 +322,9 @@ fn verb_list() -> String {
 /// flag a command does not use is [`command`]'s job.
 fn applies_to(id: FlagId, verb: &str) -> bool {
     match id {
-        FlagId::Filename => matches!(verb, "apply" | "delete" | "validate"),
-        FlagId::Output => verb == "get",
+        FlagId::Filename => matches!(verb, "apply" | "delete" | "validate" | "diff"),
+        FlagId::Output => matches!(verb, "get" | "diff" | "apply"),
+        FlagId::DryRun => verb == "apply",
         FlagId::Id => verb == "key",
         FlagId::Tail => verb == "logs",
         FlagId::Replicas => verb == "scale",
@@ -505,6 +523,20 @@ pub enum Command {
         /// Where the new key file goes (it must not exist).
         path: PathBuf,
     },
+    /// `apply --dry-run -f FILE|- [-o text|json]`.
+    DryRun {
+        /// The spec file.
+        input: Input,
+        /// Text ([`OutputFormat::Table`]) or JSON.
+        output: OutputFormat,
+    },
+    /// `diff -f FILE|- [-o text|json]`.
+    Diff {
+        /// The spec file.
+        input: Input,
+        /// Text ([`OutputFormat::Table`]) or JSON.
+        output: OutputFormat,
+    },
 }
 
 /// A parsed command line that runs something.
@@ -627,6 +659,7 @@ struct Seen {
     to_revision: Option<String>,
     yes: bool,
     follow: bool,
+    dry_run: bool,
     global: GlobalOptions,
 }
 
@@ -760,6 +793,11 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
                     return Err(twice());
                 }
             }
+            FlagId::DryRun => {
+                if std::mem::replace(&mut seen.dry_run, true) {
+                    return Err(twice());
+                }
+            }
         }
     }
     if let Some(("version", rest)) = words.split_first().map(|(v, r)| (v.as_str(), r)) {
@@ -790,6 +828,17 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
         global: seen.global,
         command,
     }))
+}
+
+/// The `-o` of `diff` and `apply --dry-run`: text (the default) or json.
+fn plan_format(output: Option<&str>) -> Result<OutputFormat, UsageError> {
+    match output {
+        None | Some("text") | Some("table") => Ok(OutputFormat::Table),
+        Some("json") => Ok(OutputFormat::Json),
+        Some(other) => Err(usage(format!(
+            "--output {other:?} is not a format for a diff; use text or json"
+        ))),
+    }
 }
 
 fn utf8_value(parser: &mut lexopt::Parser, flag: &Flag) -> Result<String, UsageError> {
@@ -838,8 +887,17 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
     let filename = seen.filename.take();
     let output = seen.output.take();
-    if output.is_some() && verb != "get" {
-        return Err(not_for("--output"));
+    let dry_run = std::mem::take(&mut seen.dry_run);
+    if dry_run && verb != "apply" {
+        return Err(not_for("--dry-run"));
+    }
+    let shows_plan = dry_run || verb == "diff";
+    if output.is_some() && verb != "get" && !shows_plan {
+        return Err(if verb == "apply" {
+            usage("--output applies to `apply` only with --dry-run")
+        } else {
+            not_for("--output")
+        });
     }
     let tail = match seen.tail.take() {
         Some(_) if verb != "logs" => return Err(not_for("--tail")),
@@ -885,8 +943,16 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
         }
     };
     match verb.as_str() {
+        "apply" if dry_run => Ok(Command::DryRun {
+            input: file_only(filename)?,
+            output: plan_format(output.as_deref())?,
+        }),
         "apply" => Ok(Command::Apply {
             input: file_only(filename)?,
+        }),
+        "diff" => Ok(Command::Diff {
+            input: file_only(filename)?,
+            output: plan_format(output.as_deref())?,
         }),
         "validate" => Ok(Command::Validate {
             input: file_only(filename)?,

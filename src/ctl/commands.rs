@@ -147,6 +147,22 @@ pub fn execute(
             auth::write_key_file(path, &key).map_err(failed)?;
             out.line(&output::key_written_line(&id, path));
         }
+        Command::DryRun {
+            input,
+            output: format,
+        } => {
+            plan(invocation, env, input, *format, false, stdin, out)?;
+        }
+        Command::Diff {
+            input,
+            output: format,
+        } => {
+            let (differing, of) = plan(invocation, env, input, *format, true, stdin, out)
+                .map_err(|e| CtlError::DiffFailed(Box::new(e)))?;
+            if differing > 0 {
+                return Err(CtlError::Differs { differing, of });
+            }
+        }
         Command::Apply { input } => {
             let (source, objects) = read_objects(input, stdin)?;
             let target = target(&invocation.global, env)?;
@@ -1161,6 +1177,57 @@ impl Object {
             Object::Ingress(i) => format!("ingress/{}", i.metadata.name),
         }
     }
+}
+
+/// `apply --dry-run` and (`diff_only`) `diff`: asks, for every object of the
+/// file in order, what its apply would do, and prints the answers (text, or
+/// one JSON list); nothing is applied. Every document is validated first,
+/// as for an apply. Ingresses have neither (an Ingress only names a Service
+/// to publish), and a Service through the control plane gets its object
+/// diff: its replicas' host commands are per node. Returns how many objects
+/// differ from what is held, and how many there are.
+fn plan(
+    invocation: &Invocation,
+    env: &Env,
+    input: &Input,
+    format: OutputFormat,
+    diff_only: bool,
+    stdin: &mut dyn Read,
+    out: &mut Out<'_>,
+) -> Result<(usize, usize), CtlError> {
+    let (source, objects) = read_objects(input, stdin)?;
+    let target = target(&invocation.global, env)?;
+    services_need_controlplane(&source, &objects, &target)?;
+    if let Some(ingress) = objects.iter().find(|o| matches!(o, Object::Ingress(_))) {
+        return Err(CtlError::Usage(format!(
+            "{source}: {} is an Ingress, which has no diff or dry run (it names a Service to \
+             publish); leave it out of the file; nothing was sent",
+            ingress.label()
+        )));
+    }
+    let api = connect(&target)?;
+    let mut reports = Vec::new();
+    for object in &objects {
+        let verb = if diff_only { "diff" } else { "dry run of" };
+        let failed = |error| CtlError::Request {
+            action: format!("{verb} {}", object.label()),
+            error,
+        };
+        let report = match object {
+            Object::Jail(jail) => api.dry_run_jail(jail, diff_only).map_err(failed)?,
+            Object::Service(service) => api.diff_service(service).map_err(failed)?,
+            Object::Ingress(_) => continue,
+        };
+        if format == OutputFormat::Table {
+            out.print(&output::plan_text(&report, !diff_only));
+        }
+        reports.push(report);
+    }
+    if format != OutputFormat::Table {
+        show(out, format, &reports, String::new)?;
+    }
+    let differing = reports.iter().filter(|r| !r.changes.is_empty()).count();
+    Ok((differing, reports.len()))
 }
 
 /// The documents of `input` in file order, once every one is valid; and the

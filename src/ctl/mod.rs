@@ -204,6 +204,17 @@ pub enum CtlError {
     },
     /// Writing to stdout failed (other than a closed pipe).
     Output(io::Error),
+    /// `diff`: objects differ from what the daemon holds (printed already);
+    /// exit 1, as kubectl diff.
+    Differs {
+        /// How many differ.
+        differing: usize,
+        /// How many the file holds.
+        of: usize,
+    },
+    /// `diff` itself failed (a request, the file): exit 2 whatever the
+    /// cause, as kubectl diff, so 1 always means "differs".
+    DiffFailed(Box<CtlError>),
 }
 
 impl CtlError {
@@ -230,7 +241,9 @@ impl CtlError {
             | CtlError::SomeFailed { .. }
             | CtlError::KeyGenerate { .. }
             | CtlError::Encode { .. }
-            | CtlError::Output(_) => 1,
+            | CtlError::Output(_)
+            | CtlError::Differs { .. } => 1,
+            CtlError::DiffFailed(_) => 2,
         }
     }
 
@@ -254,6 +267,7 @@ impl CtlError {
                  nothing was sent"
             )),
             CtlError::Request { error, .. } => error.detail(),
+            CtlError::DiffFailed(e) => e.detail(),
             CtlError::NotConfirmed { .. } => {
                 Some("answer y to go ahead, or give --yes to skip the question".into())
             }
@@ -317,6 +331,10 @@ impl fmt::Display for CtlError {
                 write!(f, "cannot print the answer as {format}: {reason}")
             }
             CtlError::Output(e) => write!(f, "cannot write to stdout: {e}"),
+            CtlError::Differs { differing, of } => {
+                write!(f, "diff: {differing} of {of} objects differ from what is applied")
+            }
+            CtlError::DiffFailed(e) => write!(f, "diff failed: {e}"),
         }
     }
 }

@@ -19,9 +19,10 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeSet;
 
+use crate::common::cmd::render_argv;
 use crate::common::wire::{
-    BaseStatus, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceRevision, ServiceStatus,
-    VolumeStatus,
+    BaseStatus, ChangeKind, DryRunAction, DryRunReport, IngressStatus, JailStatus, NodeRemoval,
+    NodeStatus, ServiceRevision, ServiceStatus, VolumeStatus,
 };
 
 use super::args::OutputFormat;
@@ -656,6 +657,73 @@ pub fn applied_line(status: &JailStatus, node: Option<&str>) -> String {
         line.push_str(&format!(": last error: {}", one_line(e)));
     }
     line
+}
+
+/// What `diff` and `apply --dry-run` print for one object: a head line
+/// (`jail/web-1:`, with the node through the control plane), the changed
+/// fields (`+ path: new`, `- path: old`, `~ path: old -> new`, values in
+/// JSON), the `would:` line, a note when there is one, and with
+/// `commands` the host commands in order, `run` for a change and `read` for
+/// an observation, argv quoted as sh(1) would take it.
+pub fn plan_text(report: &DryRunReport, commands: bool) -> String {
+    let kind = report.kind.to_lowercase();
+    let name = one_line(&report.name);
+    let on = report
+        .node
+        .as_deref()
+        .map_or(String::new(), |n| format!(" on node {}", one_line(n)));
+    let value = |v: &Option<serde_json::Value>| {
+        one_line(&v.as_ref().map_or_else(String::new, |v| v.to_string()))
+    };
+    let mut out = format!("{kind}/{name}{on}:\n");
+    for c in &report.changes {
+        let path = one_line(&c.path);
+        out.push_str(&match c.kind {
+            ChangeKind::Added => format!("  + {path}: {}\n", value(&c.new)),
+            ChangeKind::Removed => format!("  - {path}: {}\n", value(&c.old)),
+            ChangeKind::Changed => {
+                format!("  ~ {path}: {} -> {}\n", value(&c.old), value(&c.new))
+            }
+        });
+    }
+    let because = report
+        .because
+        .iter()
+        .map(|b| one_line(b))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let why = |text: &str| {
+        if because.is_empty() {
+            String::new()
+        } else {
+            format!(" ({because} {text})")
+        }
+    };
+    let would = match report.action {
+        DryRunAction::Nothing => format!("leave {kind} {name} as it is (nothing to do)"),
+        DryRunAction::Create => format!("create {kind} {name}"),
+        DryRunAction::Start => format!("start {kind} {name} ({because})"),
+        DryRunAction::UpdateRecord => format!(
+            "update the record of {kind} {name}{}; what runs is left alone",
+            why("changed")
+        ),
+        DryRunAction::UpdateInPlace => format!(
+            "update {kind} {name} in place{}, no restart",
+            why("changed")
+        ),
+        DryRunAction::Replace => format!("replace {kind} {name}{}", why("changed")),
+    };
+    out.push_str(&format!("  would: {would}\n"));
+    if let Some(note) = &report.note {
+        out.push_str(&format!("  note: {}\n", one_line(note)));
+    }
+    if commands {
+        for c in &report.commands {
+            let tag = if c.changes_host { "run " } else { "read" };
+            out.push_str(&format!("  {tag} {}\n", render_argv(&c.argv)));
+        }
+    }
+    out
 }
 
 /// The line `delete` prints for one deleted jail.
