@@ -15,6 +15,7 @@ mod ctl;
 mod ctl_ingress;
 mod ctl_services;
 mod daemons;
+mod dry_run;
 mod endpoint_push;
 mod golden_agent;
 mod golden_base;

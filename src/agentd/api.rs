@@ -355,7 +355,12 @@ impl AgentApi {
 
     /// `POST /jails/{name}/dry-run` and `POST /jails/{name}/diff`: what the
     /// same body would do as a `PUT /jails/{name}`, changing nothing.
-    fn dry_run_jail(&self, name: &str, req: &Request, diff_only: bool) -> Result<Response, WorkerGone> {
+    fn dry_run_jail(
+        &self,
+        name: &str,
+        req: &Request,
+        diff_only: bool,
+    ) -> Result<Response, WorkerGone> {
         let (jail, epoch) = match Self::jail_request(name, req) {
             Ok(parsed) => parsed,
             Err(response) => return Ok(response),

@@ -243,7 +243,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
     );
     let mut reconciler = Reconciler::new(
         FreeBsdJails::new(runner.clone(), cfg.commands.clone(), jail_conf_dir(&cfg))
-        .with_devfs_ruleset(cfg.jail.devfs_ruleset),
+            .with_devfs_ruleset(cfg.jail.devfs_ruleset),
         FreeBsdZfs::new(
             runner.clone(),
             cfg.commands.clone(),

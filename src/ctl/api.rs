@@ -32,8 +32,8 @@ use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
-    BaseStatus, DryRunReport, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus, RolloutPolicy,
-    ServiceApply, ServiceRevision, ServiceStatus, VolumeStatus, volumes_query,
+    BaseStatus, DryRunReport, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus,
+    RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus, VolumeStatus, volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail

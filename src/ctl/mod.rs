@@ -332,7 +332,10 @@ impl fmt::Display for CtlError {
             }
             CtlError::Output(e) => write!(f, "cannot write to stdout: {e}"),
             CtlError::Differs { differing, of } => {
-                write!(f, "diff: {differing} of {of} objects differ from what is applied")
+                write!(
+                    f,
+                    "diff: {differing} of {of} objects differ from what is applied"
+                )
             }
             CtlError::DiffFailed(e) => write!(f, "diff failed: {e}"),
         }

@@ -186,7 +186,13 @@ impl ScriptedHost {
 
     /// A dataset that exists (replacing one of that name), with its
     /// mountpoint (`None`: not mounted), quota and use.
-    pub fn seed_dataset(&self, name: &str, mountpoint: Option<&Path>, quota: Option<u64>, used: u64) {
+    pub fn seed_dataset(
+        &self,
+        name: &str,
+        mountpoint: Option<&Path>,
+        quota: Option<u64>,
+        used: u64,
+    ) {
         let mut st = lock(&self.state);
         st.create_dataset(name, mountpoint.map(Path::to_path_buf), quota);
         if let Some(d) = st.datasets.get_mut(name) {

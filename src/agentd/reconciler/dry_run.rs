@@ -49,13 +49,11 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::{
-    HostError, JailRecord, ReconcileError, Reconciler, STATE_FILE, identity,
-};
+use super::{HostError, JailRecord, ReconcileError, Reconciler, STATE_FILE, identity};
 use crate::common::backoff::SystemClock;
 use crate::common::config::{CommandPaths, DevfsRuleset};
 use crate::common::objdiff;
-use crate::common::spec::Jail;
+use crate::common::spec::{Jail, JailSpec};
 use crate::common::store::Store;
 use crate::common::wire::{DryRunAction, DryRunReport, PlannedCommand};
 use crate::host::jail::{ConfFiles, FreeBsdJails, render_jail_conf};
@@ -213,10 +211,9 @@ where
             let (old_id, old_addr) = identity(name, &d.spec, d.address);
             let (new_id, new_addr) = identity(name, new, address);
             if (&old_id, old_addr) != (&new_id, new_addr) {
-                let mut because = sections(
-                    serde_json::to_value(&old_id).ok().as_ref(),
-                    &serde_json::to_value(&new_id).unwrap_or(Value::Null),
-                );
+                // Wrapped, so the paths read as in the document.
+                let spec = |s: &JailSpec| serde_json::json!({ "spec": s });
+                let mut because = sections(Some(&spec(&old_id)), &spec(&new_id));
                 if old_addr != new_addr {
                     because.push("spec.network.address".into());
                 }
@@ -242,7 +239,10 @@ where
             return (DryRunAction::UpdateInPlace, because);
         }
         let held = serde_json::to_value(&rec.spec).ok();
-        let record = sections(held.as_ref(), &serde_json::to_value(jail).unwrap_or(Value::Null));
+        let record = sections(
+            held.as_ref(),
+            &serde_json::to_value(jail).unwrap_or(Value::Null),
+        );
         if record.is_empty() {
             (DryRunAction::Nothing, Vec::new())
         } else {

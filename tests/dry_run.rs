@@ -1,0 +1,302 @@
+//! `keelctl apply --dry-run` and `keelctl diff` against a real
+//! `keel-agentd --simulate`, and through a simulated cluster's control plane:
+//! the FreeBSD commands an apply would run, listed while nothing changes (no
+//! jail process, no dataset directory, no jail.conf, the state file byte
+//! for byte, `get jails` as before).
+
+use std::path::Path;
+use std::process::Command;
+
+use keel::common::cmd::{Transcript, render_argv};
+use keel::common::wire::{DryRunAction, DryRunReport};
+
+use crate::util::agent::Agent;
+use crate::util::cluster::{Run, run};
+
+const KEELCTL: &str = env!("CARGO_BIN_EXE_keelctl");
+
+fn keelctl(agent: &Agent, args: &[&str]) -> Run {
+    let mut cmd = Command::new(KEELCTL);
+    cmd.args(args)
+        .current_dir(agent.dir())
+        .env("KEEL_SOCKET", agent.socket());
+    run(cmd, None)
+}
+
+/// keelctl that must exit `code`.
+fn exits(agent: &Agent, code: i32, args: &[&str]) -> String {
+    let run = keelctl(agent, args);
+    assert_eq!(
+        run.code,
+        code,
+        "keelctl {args:?}: {run:?}\nagent log:\n{}",
+        agent.log()
+    );
+    run.stdout
+}
+
+fn write(agent: &Agent, file: &str, text: &str) -> String {
+    std::fs::write(agent.dir().join(file), text).expect("write spec");
+    file.to_string()
+}
+
+/// web-1 as tests/golden/agent_provision.txt has it, minus one volume and
+/// the cpu limit.
+fn web(start: &str, memory: &str) -> String {
+    format!(
+        "kind: Jail\nmetadata:\n  name: web-1\nspec:\n  base: 14.2-RELEASE\n  exec:\n    start: [{start}]\n  resources:\n    memory: {memory}\n  volumes:\n    - name: web-content\n      mountPath: /usr/local/www\n      size: 1G\n"
+    )
+}
+
+fn other() -> String {
+    "kind: Jail\nmetadata:\n  name: other\nspec:\n  base: 14.2-RELEASE\n  exec:\n    start: [/bin/sleep, '300']\n".into()
+}
+
+/// What must not move during a dry run.
+#[derive(Debug, PartialEq)]
+struct Host {
+    state_file: Option<Vec<u8>>,
+    jails: String,
+    pids: std::collections::BTreeMap<String, u32>,
+    jail_dirs: Vec<String>,
+    confs: Vec<String>,
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn host(agent: &Agent) -> Host {
+    Host {
+        state_file: std::fs::read(agent.state_dir().join("agentd.json")).ok(),
+        jails: exits(agent, 0, &["get", "jails", "-o", "json"]),
+        pids: agent.jail_pids(),
+        jail_dirs: entries(&agent.dir().join("keel-sim/jails")),
+        confs: entries(&agent.state_dir().join("jails")),
+    }
+}
+
+/// The golden line of `program` in `golden`, with the golden host's
+/// directories replaced by the simulated agent's.
+fn golden_line(agent: &Agent, golden: &str, program: &str, verb: &str) -> String {
+    let text = std::fs::read_to_string(format!("tests/golden/{golden}.txt")).expect("golden");
+    let transcript = Transcript::parse(&text).expect("transcript");
+    let argv = transcript
+        .exchanges
+        .iter()
+        .map(|e| &e.argv)
+        .find(|a| a[0] == program && a.iter().any(|w| w == verb))
+        .unwrap_or_else(|| panic!("no {program} {verb} in {golden}"));
+    let sim = agent.dir().join("keel-sim");
+    render_argv(argv)
+        .replace(
+            "/usr/local/keel/jails",
+            &sim.join("jails").to_string_lossy(),
+        )
+        .replace(
+            "/tmp/keel-golden/agent",
+            &sim.join("agentd/jails").to_string_lossy(),
+        )
+}
+
+fn changes(stdout: &str) -> Vec<&str> {
+    stdout.lines().filter(|l| l.starts_with("  run ")).collect()
+}
+
+#[test]
+fn a_new_jail_lists_the_provision_commands_and_changes_nothing() {
+    let agent = Agent::start(&["--simulate"]);
+    let file = write(&agent, "other.yaml", &other());
+    exits(&agent, 0, &["apply", "-f", &file]);
+    let file = write(&agent, "web.yaml", &web("/bin/sleep, '300'", "512M"));
+    let before = host(&agent);
+
+    let out = exits(&agent, 0, &["apply", "--dry-run", "-f", &file]);
+    assert!(out.starts_with("jail/web-1:\n"), "{out}");
+    assert!(
+        out.contains("\n  + spec.exec.start: [\"/bin/sleep\",\"300\"]\n"),
+        "{out}"
+    );
+    assert!(out.contains("\n  would: create jail web-1\n"), "{out}");
+    let run = changes(&out);
+    for (golden, program, verb) in [
+        ("agent_provision", "/sbin/zfs", "clone"),
+        ("agent_provision", "/usr/sbin/jail", "-c"),
+    ] {
+        let line = format!("  run  {}", golden_line(&agent, golden, program, verb));
+        assert!(run.contains(&line.as_str()), "{line}\nnot in\n{out}");
+    }
+    // The provision order: rootfs, volume, mount, epair, limits, jail.
+    let position = |word: &str| {
+        run.iter()
+            .position(|l| l.contains(word))
+            .unwrap_or_else(|| panic!("no {word} in\n{out}"))
+    };
+    let order = [
+        "zfs clone",
+        "zfs create",
+        "mount -t nullfs",
+        "epair create",
+        "rctl -a jail:web-1:memoryuse:deny=536870912",
+        "jail -f",
+    ];
+    let positions: Vec<usize> = order.iter().map(|w| position(w)).collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "{order:?} in\n{out}"
+    );
+    assert!(
+        out.contains("  read /usr/sbin/jls -h name jid path\n"),
+        "the observation is listed as reads: {out}"
+    );
+
+    assert_eq!(
+        host(&agent),
+        before,
+        "a dry run changed the host or the state"
+    );
+    assert!(
+        !agent.dir().join("keel-sim/volumes/web-content").exists(),
+        "no volume directory"
+    );
+
+    // The structured form says the same.
+    let json = exits(
+        &agent,
+        0,
+        &["apply", "--dry-run", "-f", &file, "-o", "json"],
+    );
+    let reports: Vec<DryRunReport> = serde_json::from_str(&json).expect("json");
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].action, DryRunAction::Create);
+    assert!(
+        reports[0]
+            .commands
+            .iter()
+            .any(|c| c.changes_host && c.argv[..2] == ["/sbin/zfs", "clone"]),
+        "{json}"
+    );
+    assert_eq!(host(&agent), before);
+}
+
+#[test]
+fn changes_to_a_running_jail_say_replace_update_in_place_or_nothing() {
+    let agent = Agent::start(&["--simulate"]);
+    let file = write(&agent, "web.yaml", &web("/bin/sleep, '300'", "512M"));
+    exits(&agent, 0, &["apply", "-f", &file]);
+    let before = host(&agent);
+
+    let exec = write(&agent, "exec.yaml", &web("/bin/sleep, '301'", "512M"));
+    let out = exits(&agent, 0, &["apply", "--dry-run", "-f", &exec]);
+    assert!(
+        out.contains(
+            "\n  ~ spec.exec.start: [\"/bin/sleep\",\"300\"] -> [\"/bin/sleep\",\"301\"]\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n  would: replace jail web-1 (spec.exec changed)\n"),
+        "{out}"
+    );
+    let conf = agent.state_dir().join("jails/web-1.conf");
+    let run = changes(&out);
+    let remove = format!("  run  /usr/sbin/jail -f {} -r web-1", conf.display());
+    let create = format!("  run  /usr/sbin/jail -f {} -c web-1", conf.display());
+    let at = |line: &str| run.iter().position(|l| *l == line);
+    assert!(
+        matches!((at(&remove), at(&create)), (Some(r), Some(c)) if r < c),
+        "{remove} then {create} in\n{out}"
+    );
+    assert_eq!(host(&agent), before);
+
+    let memory = write(&agent, "memory.yaml", &web("/bin/sleep, '300'", "256M"));
+    let out = exits(&agent, 0, &["apply", "--dry-run", "-f", &memory]);
+    assert!(
+        out.contains(
+            "\n  would: update jail web-1 in place (spec.resources changed), no restart\n"
+        ),
+        "{out}"
+    );
+    assert_eq!(
+        changes(&out),
+        [
+            "  run  /usr/bin/rctl -r jail:web-1",
+            "  run  /usr/bin/rctl -a jail:web-1:memoryuse:deny=268435456",
+        ],
+        "{out}"
+    );
+    assert_eq!(host(&agent), before);
+
+    let out = exits(&agent, 0, &["apply", "--dry-run", "-f", &file]);
+    assert!(
+        out.contains("\n  would: leave jail web-1 as it is (nothing to do)\n"),
+        "{out}"
+    );
+    assert!(
+        changes(&out).is_empty(),
+        "no command that changes the host: {out}"
+    );
+    assert!(out.contains("  read "), "the observation still runs: {out}");
+    assert_eq!(host(&agent), before);
+}
+
+#[test]
+fn diff_exits_0_for_the_same_spec_1_for_a_change_and_2_for_an_invalid_file() {
+    let agent = Agent::start(&["--simulate"]);
+    let file = write(&agent, "web.yaml", &web("/bin/sleep, '300'", "512M"));
+    // Nothing held yet: everything is added.
+    let out = exits(&agent, 1, &["diff", "-f", &file]);
+    assert!(out.contains("  + metadata.name: \"web-1\"\n"), "{out}");
+    exits(&agent, 0, &["apply", "-f", &file]);
+    let before = host(&agent);
+
+    let out = exits(&agent, 0, &["diff", "-f", &file]);
+    assert_eq!(
+        out,
+        "jail/web-1:\n  would: leave jail web-1 as it is (nothing to do)\n"
+    );
+
+    let changed = write(&agent, "changed.yaml", &web("/bin/sleep, '301'", "256M"));
+    let out = exits(&agent, 1, &["diff", "-f", &changed]);
+    assert_eq!(
+        out,
+        "jail/web-1:\n\
+         \x20 ~ spec.exec.start: [\"/bin/sleep\",\"300\"] -> [\"/bin/sleep\",\"301\"]\n\
+         \x20 ~ spec.resources.memory: 536870912 -> 268435456\n\
+         \x20 would: replace jail web-1 (spec.exec changed)\n"
+    );
+    let json = exits(&agent, 1, &["diff", "-f", &changed, "-o", "json"]);
+    let reports: Vec<DryRunReport> = serde_json::from_str(&json).expect("json");
+    let paths: Vec<&str> = reports[0].changes.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(paths, ["spec.exec.start", "spec.resources.memory"]);
+    assert!(
+        reports[0].commands.is_empty(),
+        "a diff runs no host command"
+    );
+
+    let invalid = write(&agent, "bad.yaml", &web("/bin/sleep, '300'", "lots"));
+    let refused = keelctl(&agent, &["diff", "-f", &invalid]);
+    assert_eq!(refused.code, 2, "{refused:?}");
+    assert!(
+        refused.stderr.contains("spec.resources.memory"),
+        "{refused:?}"
+    );
+
+    // An unreachable agent is an error too, never "differs".
+    let mut cmd = Command::new(KEELCTL);
+    cmd.args(["diff", "-f", &file])
+        .current_dir(agent.dir())
+        .env("KEEL_SOCKET", agent.dir().join("nobody.sock"));
+    let unreached = run(cmd, None);
+    assert_eq!(unreached.code, 2, "{unreached:?}");
+
+    assert_eq!(host(&agent), before);
+}
