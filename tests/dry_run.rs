@@ -11,7 +11,8 @@ use keel::common::cmd::{Transcript, render_argv};
 use keel::common::wire::{DryRunAction, DryRunReport};
 
 use crate::util::agent::Agent;
-use crate::util::cluster::{Run, run};
+use crate::util::cluster::{Cluster, Run, port_free_on_nodes, run};
+use crate::util::service_doc;
 
 const KEELCTL: &str = env!("CARGO_BIN_EXE_keelctl");
 
@@ -299,4 +300,123 @@ fn diff_exits_0_for_the_same_spec_1_for_a_change_and_2_for_an_invalid_file() {
     assert_eq!(unreached.code, 2, "{unreached:?}");
 
     assert_eq!(host(&agent), before);
+}
+
+/// keelctl through `cluster` that must exit `code`.
+fn cluster_exits(cluster: &Cluster, code: i32, args: &[&str]) -> String {
+    let run = cluster.keelctl(args);
+    assert_eq!(
+        run.code,
+        code,
+        "keelctl {args:?}: {run:?}\n{}",
+        cluster.logs()
+    );
+    run.stdout
+}
+
+fn placed_jails(cluster: &Cluster) -> String {
+    cluster_exits(cluster, 0, &["get", "jails", "-o", "json"])
+}
+
+#[test]
+fn through_the_control_plane_a_dry_run_names_the_node_and_records_no_placement() {
+    let cluster = Cluster::standard(2);
+    cluster.wait_alive(2);
+    let file = cluster.dir().join("web.yaml");
+    std::fs::write(&file, web("/bin/sleep, '300'", "64M")).expect("write spec");
+    let file = file.to_str().expect("utf-8 path");
+    let before = placed_jails(&cluster);
+
+    let out = cluster_exits(&cluster, 0, &["apply", "--dry-run", "-f", file]);
+    let node = out
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("jail/web-1 on node "))
+        .and_then(|l| l.strip_suffix(':'))
+        .unwrap_or_else(|| panic!("no node named in\n{out}"))
+        .to_string();
+    assert!(["n1", "n2"].contains(&node.as_str()), "{out}");
+    assert!(out.contains("\n  would: create jail web-1\n"), "{out}");
+    assert!(
+        out.contains("  run  /sbin/zfs clone -p -o mountpoint="),
+        "{out}"
+    );
+    assert!(out.contains(" -c web-1\n"), "{out}");
+    assert_eq!(placed_jails(&cluster), before, "a dry run placed nothing");
+    assert_eq!(
+        cluster_exits(&cluster, 1, &["diff", "-f", file])
+            .lines()
+            .next(),
+        out.lines().next()
+    );
+
+    // The jail goes where the dry run said, and a later dry run asks that node.
+    let applied = cluster_exits(&cluster, 0, &["apply", "-f", file]);
+    assert!(applied.contains(&format!("on node {node}")), "{applied}");
+    let after = placed_jails(&cluster);
+    let changed = cluster.dir().join("changed.yaml");
+    std::fs::write(&changed, web("/bin/sleep, '301'", "64M")).expect("write spec");
+    let changed = changed.to_str().expect("utf-8 path");
+    let out = cluster_exits(&cluster, 0, &["apply", "--dry-run", "-f", changed]);
+    assert!(
+        out.starts_with(&format!("jail/web-1 on node {node}:\n")),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n  would: replace jail web-1 (spec.exec changed)\n"),
+        "{out}"
+    );
+    assert_eq!(
+        cluster_exits(&cluster, 0, &["diff", "-f", file])
+            .lines()
+            .count(),
+        2
+    );
+    assert_eq!(placed_jails(&cluster), after);
+}
+
+#[test]
+fn a_service_through_the_control_plane_gets_its_object_diff() {
+    let cluster = Cluster::standard(1);
+    cluster.wait_alive(1);
+    let port = port_free_on_nodes(1);
+    let file = cluster.dir().join("svc.yaml");
+    std::fs::write(&file, service_doc("hello", 1, port, "/bin/sleep, '300'")).expect("write");
+    let file = file.to_str().expect("utf-8 path");
+    let out = cluster_exits(&cluster, 1, &["diff", "-f", file]);
+    assert!(out.contains("\n  would: create service hello\n"), "{out}");
+    cluster_exits(&cluster, 0, &["apply", "-f", file]);
+    assert_eq!(
+        cluster_exits(&cluster, 0, &["diff", "-f", file]),
+        "service/hello:\n  would: leave service hello as it is (nothing to do)\n"
+    );
+    std::fs::write(
+        cluster.dir().join("svc2.yaml"),
+        service_doc("hello", 2, port, "/bin/sleep, '301'"),
+    )
+    .expect("write");
+    let out = cluster_exits(&cluster, 1, &["diff", "-f", "svc2.yaml"]);
+    assert!(out.contains("\n  ~ spec.replicas: 1 -> 2\n"), "{out}");
+    assert!(out.contains("\n  ~ spec.template.exec.start: "), "{out}");
+    assert!(
+        out.contains("\n  would: replace service hello (spec.template changed)\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\n  note: a rolling update replaces the replicas"),
+        "{out}"
+    );
+    // The same is what --dry-run says of a service: its object diff.
+    let dry = cluster_exits(&cluster, 0, &["apply", "--dry-run", "-f", "svc2.yaml"]);
+    assert_eq!(dry, out);
+    let replicas: serde_json::Value = serde_json::from_str(&cluster_exits(
+        &cluster,
+        0,
+        &["get", "service", "hello", "-o", "json"],
+    ))
+    .expect("json");
+    assert_eq!(
+        replicas["desired"], 1,
+        "the diff changed nothing: {replicas}"
+    );
 }

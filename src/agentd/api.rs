@@ -1,6 +1,9 @@
 //! The agent's route table (keel-agentd(8), API), the same for the Unix socket
 //! and the optional TCP listener: jails and their workload's output
-//! (`/jails/{name}/log`), volumes (`agentd::volumes`), ingresses, bases
+//! (`/jails/{name}/log`), what a `PUT /jails/{name}` of the same body would
+//! do (`POST /jails/{name}/dry-run`, with the FreeBSD commands, and `POST
+//! /jails/{name}/diff`, without; both change nothing: see the reconciler's
+//! `dry_run`), volumes (`agentd::volumes`), ingresses, bases
 //! (`agentd::bases`: `GET /bases`, `GET /bases/{release}`, and `PUT
 //! /bases/{release}`, which starts a fetch and answers 202 at once, or 200
 //! when the base is already there), the proxy's table, health and metrics.

@@ -11,6 +11,8 @@
 //! | `GET /nodes/{id}/jails` | operator | forwarded to that node's `GET /jails` |
 //! | `PUT/GET/DELETE /nodes/{id}/jails/{name}` | operator | forwarded to that node |
 //! | `PUT/GET/DELETE /jails/{name}` | operator | scheduled: sticky placement, recorded after success |
+//! | `POST /jails/{name}/dry-run`, `POST /jails/{name}/diff` (and under `/nodes/{id}`) | operator | forwarded to the node the apply would go to (placement, volume, scheduler's pick), recording nothing; the answer's `X-Keel-Node` names it |
+//! | `POST /services/{name}/diff` | operator | the object diff against the service held, refused as its apply would be; no host commands (a replica's are its node's) |
 //! | `GET /jails/{name}/log`, `GET /nodes/{id}/jails/{name}/log` | operator | forwarded to the node the jail is placed on (or named) |
 //! | `GET /nodes/{id}/volumes`, `GET/DELETE /nodes/{id}/volumes/{name}` | operator | forwarded to that node |
 //! | `GET /volumes` | operator | every registered node's volumes, each tagged with its node |
@@ -265,6 +267,16 @@ impl ControlPlaneApi {
                     .with_header("X-Keel-Node", &t.node),
             },
             ("PUT", ["jails", name]) => self.apply(name, None, req)?,
+            ("POST", ["jails", name, verb @ ("dry-run" | "diff")]) => {
+                self.dry_run(name, None, verb, req)?
+            }
+            ("POST", ["nodes", id, "jails", name, verb @ ("dry-run" | "diff")]) => {
+                self.dry_run(name, Some(id), verb, req)?
+            }
+            ("POST", ["services", name, "diff"]) => match parse_json::<ServiceApply>(req) {
+                Err(r) => r,
+                Ok(apply) => self.diff_service(name, apply)?,
+            },
             ("GET", ["jails", name]) => match self.worker.resolve_placed(name)? {
                 Err(r) => refused(&r),
                 Ok(t) => self
@@ -390,6 +402,50 @@ impl ControlPlaneApi {
                 None,
             )),
         }
+    }
+
+    /// `POST /jails/{name}/dry-run|diff` (and through `/nodes/{id}`): asks
+    /// the node the apply would go to (the placement, the volume's node,
+    /// or the scheduler's pick, with the epoch the apply would carry)
+    /// what the apply would do, recording nothing; the answer names it.
+    fn dry_run(
+        &self,
+        name: &str,
+        node: Option<&str>,
+        verb: &str,
+        req: &Request,
+    ) -> Result<Response, WorkerGone> {
+        let volumes = match parse_volumes_query(req.query.as_deref()) {
+            Ok(v) => v.unwrap_or_default(),
+            Err(why) => return Ok(Response::error(400, &why, Some("spec.volumes"))),
+        };
+        let target: Target = match self.worker.plan_apply(name, node, volumes)? {
+            Err(r) => return Ok(refused(&r)),
+            Ok(t) => t,
+        };
+        let response = self.forwarder.forward(
+            &target.node,
+            target.addr,
+            req,
+            &format!("/jails/{name}/{verb}"),
+            Some(target.epoch),
+        );
+        Ok(response.with_header("X-Keel-Node", &target.node))
+    }
+
+    /// `POST /services/{name}/diff`: the object diff against the service
+    /// held, refused as its apply would be ([`crate::controlplane::diff`]).
+    fn diff_service(&self, name: &str, apply: ServiceApply) -> Result<Response, WorkerGone> {
+        let held = match self.worker.check_service(name, apply.clone())? {
+            Err(r) => return Ok(refused(&r)),
+            Ok(held) => held,
+        };
+        Ok(
+            match crate::controlplane::diff::service_report(name, held.as_ref(), &apply) {
+                Ok(report) => Response::json(200, &report),
+                Err(why) => Response::error(400, &why, Some("document")),
+            },
+        )
     }
 
     /// `GET /nodes/{id}/endpoints?after=G`: see the module docs. Reads the
