@@ -11,7 +11,7 @@
 //! | `GET /nodes/{id}/jails` | operator | forwarded to that node's `GET /jails` |
 //! | `PUT/GET/DELETE /nodes/{id}/jails/{name}` | operator | forwarded to that node |
 //! | `PUT/GET/DELETE /jails/{name}` | operator | scheduled: sticky placement, recorded after success |
-//! | `POST /jails/{name}/dry-run`, `POST /jails/{name}/diff` (and under `/nodes/{id}`) | operator | forwarded to the node the apply would go to (placement, volume, scheduler's pick), recording nothing; the answer's `X-Keel-Node` names it |
+//! | `POST /jails/{name}/dry-run`, `POST /jails/{name}/diff`, `POST /nodes/{id}/jails/{name}/dry-run`, `POST /nodes/{id}/jails/{name}/diff` | operator | forwarded to the node the apply would go to (placement, volume, scheduler's pick), recording nothing; the answer's `X-Keel-Node` names it |
 //! | `POST /services/{name}/diff` | operator | the object diff against the service held, refused as its apply would be; no host commands (a replica's are its node's) |
 //! | `GET /jails/{name}/log`, `GET /nodes/{id}/jails/{name}/log` | operator | forwarded to the node the jail is placed on (or named) |
 //! | `GET /nodes/{id}/volumes`, `GET/DELETE /nodes/{id}/volumes/{name}` | operator | forwarded to that node |
@@ -371,9 +371,9 @@ impl ControlPlaneApi {
 
     /// A scheduled (`node` = None) or named apply; see the module docs.
     fn apply(&self, name: &str, node: Option<&str>, req: &Request) -> Result<Response, WorkerGone> {
-        let volumes = match parse_volumes_query(req.query.as_deref()) {
-            Ok(v) => v.unwrap_or_default(),
-            Err(why) => return Ok(Response::error(400, &why, Some("spec.volumes"))),
+        let volumes = match declared_volumes(req) {
+            Ok(v) => v,
+            Err(response) => return Ok(response),
         };
         let target: Target = match self.worker.begin_apply(name, node, volumes)? {
             Err(r) => return Ok(refused(&r)),
@@ -415,9 +415,9 @@ impl ControlPlaneApi {
         verb: &str,
         req: &Request,
     ) -> Result<Response, WorkerGone> {
-        let volumes = match parse_volumes_query(req.query.as_deref()) {
-            Ok(v) => v.unwrap_or_default(),
-            Err(why) => return Ok(Response::error(400, &why, Some("spec.volumes"))),
+        let volumes = match declared_volumes(req) {
+            Ok(v) => v,
+            Err(response) => return Ok(response),
         };
         let target: Target = match self.worker.plan_apply(name, node, volumes)? {
             Err(r) => return Ok(refused(&r)),
@@ -859,6 +859,13 @@ fn parse_after(query: Option<&str>) -> Result<Option<u64>, String> {
         after = Some(generation);
     }
     Ok(after)
+}
+
+/// The volumes a jail request declares (`?volumes=`), or the 400.
+fn declared_volumes(req: &Request) -> Result<Vec<String>, Response> {
+    parse_volumes_query(req.query.as_deref())
+        .map(Option::unwrap_or_default)
+        .map_err(|why| Response::error(400, &why, Some("spec.volumes")))
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {

@@ -67,6 +67,11 @@ pub fn route_pattern(segments: &[&str]) -> &'static str {
         ["services", _, "scale"] => "/services/{name}/scale",
         ["services", _, "undo"] => "/services/{name}/undo",
         ["services", _, "revisions"] => "/services/{name}/revisions",
+        ["jails", _, "dry-run"] => "/jails/{name}/dry-run",
+        ["jails", _, "diff"] => "/jails/{name}/diff",
+        ["nodes", _, "jails", _, "dry-run"] => "/nodes/{id}/jails/{name}/dry-run",
+        ["nodes", _, "jails", _, "diff"] => "/nodes/{id}/jails/{name}/diff",
+        ["services", _, "diff"] => "/services/{name}/diff",
         _ => "other",
     }
 }

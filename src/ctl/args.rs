@@ -1684,7 +1684,9 @@ mod tests {
         );
         let e = err(&["help", "frobnicate"]);
         assert!(
-            e.starts_with("`help frobnicate`: unknown command \"frobnicate\"; use apply, get"),
+            e.starts_with(
+                "`help frobnicate`: unknown command \"frobnicate\"; use apply, diff, get"
+            ),
             "{e}"
         );
         assert!(err(&["help", "get", "jails"]).contains("\"jails\" for `help`"));
@@ -1879,6 +1881,8 @@ mod tests {
             }
             if flag.id == FlagId::Filename {
                 args.push("validate".into());
+            } else if flag.id == FlagId::DryRun {
+                args.extend(["apply", "-f", "web.yaml"].map(String::from));
             } else if flag.id == FlagId::Id {
                 args.extend(["key".to_string(), "generate".to_string(), "p".to_string()]);
             } else if flag.id == FlagId::Tail {

@@ -869,7 +869,7 @@ mod tests {
         assert_eq!(code, 2);
         assert_eq!(
             err,
-            "keelctl: unknown command \"frobnicate\"; use apply, get, delete, logs, cordon, uncordon, delete-volume, base, scale, rollout, validate, key, help or version\n  try 'keelctl --help'\n"
+            "keelctl: unknown command \"frobnicate\"; use apply, diff, get, delete, logs, cordon, uncordon, delete-volume, base, scale, rollout, validate, key, help or version\n  try 'keelctl --help'\n"
         );
         let (code, _, err) = run_with(&["apply", "-f", "/nonexistent/web.yaml"], "");
         assert_eq!(code, 2);

@@ -56,7 +56,7 @@ use crate::common::objdiff;
 use crate::common::spec::{Jail, JailSpec};
 use crate::common::store::Store;
 use crate::common::wire::{DryRunAction, DryRunReport, PlannedCommand};
-use crate::host::jail::{ConfFiles, FreeBsdJails, render_jail_conf};
+use crate::host::jail::{ConfFiles, FreeBsdJails, ObservedJail, render_jail_conf};
 use crate::host::mount::FreeBsdMounts;
 use crate::host::net::FreeBsdNet;
 use crate::host::scripted::ScriptedHost;
@@ -117,13 +117,8 @@ where
             jail: name.clone(),
             error,
         };
-        let host = self.seeded_host(&jail).map_err(observe_failed)?;
-        let observed = self
-            .jails
-            .list()
-            .map_err(|e| observe_failed(e.into()))?
-            .into_iter()
-            .find(|j| j.name == name);
+        let (host, jails) = self.seeded_host(&jail).map_err(observe_failed)?;
+        let running = jails.iter().find(|j| j.name == name).map(|j| j.running);
         let confs = ConfFiles::memory();
         self.seed_confs(&confs, &host);
         let host = host.with_conf_files(confs.clone());
@@ -157,8 +152,7 @@ where
             .record(&name)
             .map(|r| r.address)
             .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
-        let (action, because) =
-            self.decide(&name, &jail, address, observed.as_ref().map(|j| j.running));
+        let (action, because) = self.decide(&name, &jail, address, running);
         let mut report = self.report(&jail, action, because);
         report.commands = host
             .ran()
@@ -250,8 +244,9 @@ where
         }
     }
 
-    /// A scripted FreeBSD host holding what the live seams observe now.
-    fn seeded_host(&self, jail: &Jail) -> Result<ScriptedHost, HostError> {
+    /// A scripted FreeBSD host holding what the live seams observe now, and
+    /// the jails they showed.
+    fn seeded_host(&self, jail: &Jail) -> Result<(ScriptedHost, Vec<ObservedJail>), HostError> {
         let layout = self.zfs.layout();
         let host = ScriptedHost::new(self.dry_host.paths.clone(), &layout.pool);
         let jails = self.jails.list()?;
@@ -289,7 +284,7 @@ where
         for name in &on_host {
             host.seed_interface(name, None, None);
         }
-        Ok(host)
+        Ok((host, jails))
     }
 
     /// Each Keel jail's jail.conf, as `jail -f CONF -r` would read it.
