@@ -1292,6 +1292,31 @@ mod tests {
         parse_args(args.iter().map(OsString::from))
     }
 
+    #[test]
+    fn dry_run_and_diff_take_a_file_and_text_or_json() {
+        let file = |f: &str| Input::File(PathBuf::from(f));
+        assert_eq!(
+            run(&["apply", "--dry-run", "-f", "web.yaml"]).command,
+            Command::DryRun {
+                input: file("web.yaml"),
+                output: OutputFormat::Table
+            }
+        );
+        assert_eq!(
+            run(&["diff", "-f", "web.yaml", "-o", "json"]).command,
+            Command::Diff {
+                input: file("web.yaml"),
+                output: OutputFormat::Json
+            }
+        );
+        let err = |args: &[&str]| parse(args).expect_err("refused").0;
+        assert!(err(&["apply", "-f", "a", "-o", "json"]).contains("only with --dry-run"));
+        assert!(err(&["diff", "-f", "a", "-o", "yaml"]).contains("use text or json"));
+        assert!(err(&["get", "jails", "--dry-run"]).contains("--dry-run does not apply"));
+        assert!(err(&["diff"]).contains("needs -f FILE"));
+        assert!(err(&["apply", "--dry-run", "--dry-run", "-f", "a"]).contains("twice"));
+    }
+
     fn run(args: &[&str]) -> Invocation {
         match parse(args) {
             Ok(Parsed::Run(inv)) => inv,

@@ -764,6 +764,51 @@ pub fn encode(format: OutputFormat, value: &impl Serialize) -> Result<String, St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plan_prints_changes_the_decision_and_the_commands() {
+        use crate::common::wire::{FieldChange, PlannedCommand};
+        let report = DryRunReport {
+            kind: "Jail".into(),
+            name: "web-1".into(),
+            node: Some("n2".into()),
+            changes: vec![
+                FieldChange {
+                    path: "spec.exec.start".into(),
+                    kind: ChangeKind::Changed,
+                    old: Some(serde_json::json!(["/bin/a"])),
+                    new: Some(serde_json::json!(["/bin/b"])),
+                },
+                FieldChange {
+                    path: "spec.env.A".into(),
+                    kind: ChangeKind::Removed,
+                    old: Some(serde_json::json!("1")),
+                    new: None,
+                },
+            ],
+            action: DryRunAction::Replace,
+            because: vec!["spec.exec".into()],
+            commands: vec![
+                PlannedCommand {
+                    argv: vec!["/usr/sbin/jls".into()],
+                    changes_host: false,
+                },
+                PlannedCommand {
+                    argv: vec!["/usr/sbin/jail".into(), "-c".into(), "a b".into()],
+                    changes_host: true,
+                },
+            ],
+            note: None,
+        };
+        let expected = "jail/web-1 on node n2:\n\
+                        \x20 ~ spec.exec.start: [\"/bin/a\"] -> [\"/bin/b\"]\n\
+                        \x20 - spec.env.A: \"1\"\n\
+                        \x20 would: replace jail web-1 (spec.exec changed)\n\
+                        \x20 read /usr/sbin/jls\n\
+                        \x20 run  /usr/sbin/jail -c 'a b'\n";
+        assert_eq!(plan_text(&report, true), expected);
+        assert!(!plan_text(&report, false).contains("/usr/sbin"));
+    }
     use crate::common::wire::{IngressPhase, Liveness, Phase, ReplicaStatus, Resources};
 
     fn status(name: &str, state: Phase, addr: [u8; 4], restarts: u32, created: u64) -> JailStatus {
