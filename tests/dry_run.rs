@@ -420,3 +420,158 @@ fn a_service_through_the_control_plane_gets_its_object_diff() {
         "the diff changed nothing: {replicas}"
     );
 }
+
+// ---- on a FreeBSD host: the scripted one stands in for the kernel ----
+
+mod on_freebsd {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use keel::agentd::reconciler::{DryRunHost, NodeNetwork, Reconciler};
+    use keel::common::backoff::SystemClock;
+    use keel::common::cmd::render_argv;
+    use keel::common::config::CommandPaths;
+    use keel::common::spec::{Jail, parse_jail};
+    use keel::common::store::Store;
+    use keel::common::wire::DryRunAction;
+    use keel::host::jail::FreeBsdJails;
+    use keel::host::mount::FreeBsdMounts;
+    use keel::host::net::FreeBsdNet;
+    use keel::host::scripted::ScriptedHost;
+    use keel::host::zfs::{FreeBsdZfs, ZfsLayout};
+
+    type Agent = Reconciler<
+        FreeBsdJails<ScriptedHost>,
+        FreeBsdZfs<ScriptedHost>,
+        FreeBsdNet<ScriptedHost>,
+        FreeBsdMounts<ScriptedHost>,
+    >;
+
+    /// An agent over FreeBSD's seams on `host`, its confs and state in `dir`.
+    fn agent(host: &ScriptedHost, dir: &Path) -> Agent {
+        let layout = ZfsLayout {
+            pool: "zroot".into(),
+            jails_dir: dir.join("jails"),
+            volumes_dir: dir.join("volumes"),
+        };
+        host.add_base(
+            "zroot/keel/bases/14.2-RELEASE",
+            &dir.join("bases/14.2-RELEASE"),
+        );
+        let paths = CommandPaths::default();
+        let conf_dir = dir.join("jail-conf");
+        let (store, state) = Store::open(&dir.join("state"), "agentd.json").expect("store");
+        let mut agent = Reconciler::new(
+            FreeBsdJails::new(host.clone(), paths.clone(), &conf_dir),
+            FreeBsdZfs::new(host.clone(), paths.clone(), layout, 1, Duration::ZERO),
+            FreeBsdNet::new(host.clone(), paths.clone()),
+            FreeBsdMounts::new(host.clone(), paths.clone()),
+            NodeNetwork {
+                bridge: "keel0".into(),
+                subnet: "10.20.3.0/24".parse().expect("subnet"),
+            },
+            store,
+            state,
+            Box::new(SystemClock),
+        );
+        agent.set_dry_run_host(DryRunHost {
+            paths,
+            conf_dir,
+            devfs: Default::default(),
+        });
+        agent
+    }
+
+    fn web(start: &str, memory: &str) -> Jail {
+        parse_jail(&super::web(start, memory)).expect("valid spec")
+    }
+
+    /// The commands `host` ran since `from` that change it.
+    fn changes_since(host: &ScriptedHost, from: usize) -> Vec<String> {
+        let paths = CommandPaths::default();
+        host.ran()[from..]
+            .iter()
+            .map(|e| &e.argv)
+            .filter(|a| {
+                let program = Path::new(&a[0]);
+                let first = a.get(1).map(String::as_str);
+                let reads = program == paths.jls
+                    || program == paths.ps
+                    || (program == paths.zfs && first == Some("list"))
+                    || (program == paths.mount && first == Some("-p"))
+                    || (program == paths.ifconfig && first == Some("-l"));
+                !reads
+            })
+            .map(|a| render_argv(a))
+            .collect()
+    }
+
+    /// The dry run lists exactly the changes the apply then makes, and
+    /// makes none itself: for a new jail, a new exec, a new memory limit,
+    /// the same spec, and a crashed workload.
+    #[test]
+    fn the_dry_run_lists_exactly_what_the_apply_then_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host = ScriptedHost::new(CommandPaths::default(), "zroot");
+        let mut agent = agent(&host, dir.path());
+        let steps: [(&str, Jail, DryRunAction); 4] = [
+            (
+                "new",
+                web("/bin/sleep, '300'", "512M"),
+                DryRunAction::Create,
+            ),
+            (
+                "exec",
+                web("/bin/sleep, '301'", "512M"),
+                DryRunAction::Replace,
+            ),
+            (
+                "memory",
+                web("/bin/sleep, '301'", "256M"),
+                DryRunAction::UpdateInPlace,
+            ),
+            (
+                "same",
+                web("/bin/sleep, '301'", "256M"),
+                DryRunAction::Nothing,
+            ),
+        ];
+        for (what, spec, action) in steps {
+            let before = host.ran().len();
+            let report = agent.dry_run(spec.clone(), None).expect("dry run");
+            assert_eq!(report.action, action, "{what}: {report:?}");
+            assert!(
+                changes_since(&host, before).is_empty(),
+                "{what}: the dry run changed the host: {:?}",
+                changes_since(&host, before)
+            );
+            let planned: Vec<String> = report
+                .commands
+                .iter()
+                .filter(|c| c.changes_host)
+                .map(|c| render_argv(&c.argv))
+                .collect();
+            let from = host.ran().len();
+            agent.apply(spec, None).expect("apply");
+            assert_eq!(planned, changes_since(&host, from), "{what}");
+        }
+
+        host.crash("web-1");
+        let spec = web("/bin/sleep, '301'", "256M");
+        let report = agent.dry_run(spec.clone(), None).expect("dry run");
+        assert_eq!(report.action, DryRunAction::Start, "{report:?}");
+        let planned: Vec<String> = report
+            .commands
+            .iter()
+            .filter(|c| c.changes_host)
+            .map(|c| render_argv(&c.argv))
+            .collect();
+        assert!(
+            planned.iter().any(|c| c == "/usr/sbin/jail -R web-1"),
+            "{planned:#?}"
+        );
+        let from = host.ran().len();
+        agent.apply(spec, None).expect("apply");
+        assert_eq!(planned, changes_since(&host, from), "crashed");
+    }
+}

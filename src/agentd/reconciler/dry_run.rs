@@ -99,7 +99,9 @@ where
     }
 
     /// The object diff of `jail` against the record held, and what an apply
-    /// would do, decided from the records alone (no host command).
+    /// would do, decided from the records alone (no host command): a
+    /// recorded jail is taken to be running, so the decision is never
+    /// [`DryRunAction::Start`] here; the dry run looks.
     pub fn diff(&self, jail: &Jail) -> Result<DryRunReport, ReconcileError> {
         let name = jail.metadata.name.clone();
         let address = self.choose_address(&name, jail)?;
@@ -250,12 +252,17 @@ where
         let layout = self.zfs.layout();
         let host = ScriptedHost::new(self.dry_host.paths.clone(), &layout.pool);
         let jails = self.jails.list()?;
-        for d in self.zfs.list()? {
+        let datasets = self.zfs.list()?;
+        for d in &datasets {
             host.seed_dataset(&d.name, d.mountpoint.as_deref(), d.quota, d.used);
         }
+        // The snapshot the clone needs; `zfs list -t filesystem` shows no
+        // snapshot, and simulate mode lists no base dataset at all.
         let base = layout.base_snapshot(&jail.spec.base);
         if self.zfs.dataset_exists(&base)? {
-            if let Some((dataset, _)) = base.split_once('@') {
+            if let Some((dataset, _)) = base.split_once('@')
+                && !datasets.iter().any(|d| d.name == dataset)
+            {
                 host.seed_dataset(dataset, None, None, 0);
             }
             host.seed_snapshot(&base);
