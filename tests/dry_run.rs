@@ -326,6 +326,11 @@ fn through_the_control_plane_a_dry_run_names_the_node_and_records_no_placement()
     std::fs::write(&file, web("/bin/sleep, '300'", "64M")).expect("write spec");
     let file = file.to_str().expect("utf-8 path");
     let before = placed_jails(&cluster);
+    let journal = || {
+        let dir = cluster.dir().join("keel-sim/controlplane");
+        ["cluster.json", "cluster.log"].map(|f| std::fs::read(dir.join(f)).ok())
+    };
+    let journal_before = journal();
 
     let out = cluster_exits(&cluster, 0, &["apply", "--dry-run", "-f", file]);
     let node = out
@@ -343,6 +348,11 @@ fn through_the_control_plane_a_dry_run_names_the_node_and_records_no_placement()
     );
     assert!(out.contains(" -c web-1\n"), "{out}");
     assert_eq!(placed_jails(&cluster), before, "a dry run placed nothing");
+    assert_eq!(journal(), journal_before, "no journal entry");
+    assert!(
+        journal_before.iter().any(Option::is_some),
+        "the journal is where it was looked for"
+    );
     assert_eq!(
         cluster_exits(&cluster, 1, &["diff", "-f", file])
             .lines()
@@ -372,6 +382,18 @@ fn through_the_control_plane_a_dry_run_names_the_node_and_records_no_placement()
             .count(),
         2
     );
+    // Through the node's own route: the same node, or refused as the apply
+    // is (its volume is on the other node).
+    let named = cluster_exits(
+        &cluster,
+        0,
+        &["--node", &node, "apply", "--dry-run", "-f", changed],
+    );
+    assert_eq!(named, out);
+    let other = if node == "n1" { "n2" } else { "n1" };
+    let refused = cluster.keelctl(&["--node", other, "diff", "-f", changed]);
+    assert_eq!(refused.code, 2, "{refused:?}");
+    assert!(refused.stderr.contains("answered HTTP 409"), "{refused:?}");
     assert_eq!(placed_jails(&cluster), after);
 }
 
