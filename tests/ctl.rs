@@ -202,6 +202,34 @@ fn an_invalid_file_exits_2_naming_field_and_line_and_sends_nothing() {
         "{validate:?}"
     );
 
+    // Two mistakes in one document and one in the next are reported
+    // together, the first on the summary line and each other on its own.
+    let second = sleeper("web-2").replace("web-2", "Web-2");
+    let three = format!(
+        "{}---\n{second}",
+        sleeper("web-1").replace(
+            "  base: 14.2-RELEASE\n",
+            "  base: 14.2 RELEASE\n  resources: {cpu: 0}\n"
+        )
+    );
+    let file = write(&agent, "three.yaml", &three);
+    let run = keelctl(&agent, &["apply", "-f", &file]);
+    assert_eq!((run.code, run.stdout.as_str()), (2, ""), "{run:?}");
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert!(
+        lines[0].starts_with("keelctl: three.yaml is invalid (3 errors): document 1, spec.base"),
+        "{run:?}"
+    );
+    assert!(
+        lines[1].starts_with("  document 1, spec.resources.cpu"),
+        "{run:?}"
+    );
+    assert!(
+        lines[2].starts_with("  document 2, metadata.name"),
+        "{run:?}"
+    );
+    assert_eq!(lines[3], "  nothing was sent", "{run:?}");
+
     assert_eq!(list(&agent), Vec::new(), "the agent got nothing");
 }
 

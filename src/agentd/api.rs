@@ -370,8 +370,14 @@ impl AgentApi {
 /// index below `spec.replicas`, expanded from the template
 /// (`JailTemplate::to_jail_spec`, which also renames the volumes).
 fn jail_for(name: &str, text: &str) -> Result<spec::Jail, Response> {
-    let bad = |e: spec::SpecError| Response::error(400, &e.to_string(), Some(&e.field));
-    let mut docs = spec::parse_documents(text).map_err(bad)?;
+    // Every error at once, for a client that did not validate first; the
+    // first one's field is the answer's `field`.
+    let bad = |errors: Vec<spec::SpecError>| {
+        let message: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        let field = errors.first().map(|e| e.field.as_str());
+        Response::error(400, &message.join("; "), field)
+    };
+    let mut docs = spec::check_documents(text).map_err(bad)?;
     if docs.len() != 1 {
         return Err(Response::error(
             400,

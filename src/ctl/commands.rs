@@ -1132,9 +1132,9 @@ fn read_documents(
 
 /// Every document of `text`, all validated; at least one.
 fn parse(source: &str, text: &str, would_send: bool) -> Result<Vec<Document>, CtlError> {
-    let docs = spec::parse_documents(text).map_err(|error| CtlError::Invalid {
+    let docs = spec::check_documents(text).map_err(|errors| CtlError::Invalid {
         source: source.to_string(),
-        error,
+        errors,
         would_send,
     })?;
     if docs.is_empty() {

@@ -130,8 +130,9 @@ pub enum CtlError {
     Invalid {
         /// The file as the user named it, or `stdin`.
         source: String,
-        /// The first error, with document, field and line.
-        error: SpecError,
+        /// Every error of the file, in document order, each with its
+        /// document, field and line; never empty.
+        errors: Vec<SpecError>,
         /// Whether the command would have sent something (apply, delete),
         /// so the message can reassure that nothing was.
         would_send: bool,
@@ -247,8 +248,16 @@ impl CtlError {
                  ${KEY_FILE_ENV}, else ctl.key_file of keel.toml; nothing was sent"
             )),
             CtlError::Invalid {
-                would_send: true, ..
-            } => Some("nothing was sent".into()),
+                errors, would_send, ..
+            } => {
+                // The first error is on the summary line; the others follow,
+                // one per line, so a whole file is fixed in one round.
+                let mut lines: Vec<String> = errors.iter().skip(1).map(|e| e.to_string()).collect();
+                if *would_send {
+                    lines.push("nothing was sent".into());
+                }
+                (!lines.is_empty()).then(|| lines.join("\n  "))
+            }
             CtlError::NeedsControlPlane { .. } => Some(format!(
                 "give --controlplane HOST:PORT (or set ${CONTROLPLANE_ENV} or ctl.controlplane); \
                  nothing was sent"
@@ -281,7 +290,11 @@ impl fmt::Display for CtlError {
                 write!(f, "cannot generate a key at {}: {error}", path.display())
             }
             CtlError::Read { source, error } => write!(f, "cannot read {source}: {error}"),
-            CtlError::Invalid { source, error, .. } => write!(f, "{source} is invalid: {error}"),
+            CtlError::Invalid { source, errors, .. } => match errors.as_slice() {
+                [] => write!(f, "{source} is invalid"),
+                [one] => write!(f, "{source} is invalid: {one}"),
+                [first, ..] => write!(f, "{source} is invalid ({} errors): {first}", errors.len()),
+            },
             CtlError::Empty { source } => write!(f, "{source} holds no document"),
             CtlError::NeedsControlPlane { what, socket } => write!(
                 f,
@@ -327,7 +340,7 @@ impl std::error::Error for CtlError {
             CtlError::Config(e) => Some(e),
             CtlError::Key(e) | CtlError::KeyGenerate { error: e, .. } => Some(e),
             CtlError::Read { error, .. } | CtlError::Output(error) => Some(error),
-            CtlError::Invalid { error, .. } => Some(error),
+            CtlError::Invalid { errors, .. } => errors.first().map(|e| e as _),
             CtlError::Request { error, .. } => Some(error),
             _ => None,
         }
