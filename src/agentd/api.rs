@@ -1,6 +1,7 @@
 //! The agent's route table (keel-agentd(8), API), the same for the Unix socket
 //! and the optional TCP listener: jails and their workload's output
-//! (`/jails/{name}/log`), volumes (`agentd::volumes`), ingresses, bases
+//! (`/jails/{name}/log`) and the document they were applied with
+//! (`/jails/{name}/document`), volumes (`agentd::volumes`), ingresses, bases
 //! (`agentd::bases`: `GET /bases`, `GET /bases/{release}`, and `PUT
 //! /bases/{release}`, which starts a fetch and answers 202 at once, or 200
 //! when the base is already there), the proxy's table, health and metrics.
@@ -28,8 +29,8 @@ use crate::common::metrics::{self, Render, Unavailable};
 use crate::common::spec;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    COMMITTED_HEADER, EPOCH_HEADER, LOG_BYTES_MAX, VOLUMES_PARAM, format_committed, last_lines,
-    parse_tail_query, parse_volumes_query,
+    AppliedDocument, COMMITTED_HEADER, EPOCH_HEADER, LOG_BYTES_MAX, VOLUMES_PARAM,
+    format_committed, last_lines, parse_tail_query, parse_volumes_query,
 };
 use crate::host::zfs::ZfsError;
 
@@ -213,6 +214,13 @@ impl AgentApi {
                 Err(r) => r,
                 Ok(()) => self.workload_log(name, req)?,
             },
+            ("GET", ["jails", name, "document"]) => match check_name(name) {
+                Err(r) => r,
+                Ok(()) => match self.worker.document(name)? {
+                    Some(document) => Response::json(200, &AppliedDocument { document }),
+                    None => not_found(name),
+                },
+            },
             ("GET", ["jails", name]) => match check_name(name) {
                 Err(r) => r,
                 Ok(()) => match self.worker.get(name)? {
@@ -256,6 +264,13 @@ impl AgentApi {
                 Err(r) => r,
                 Ok(()) => match self.worker.ingress(name)? {
                     Some(status) => Response::json(200, &status),
+                    None => ingress_not_found(name),
+                },
+            },
+            ("GET", ["ingresses", name, "document"]) => match check_ingress(name) {
+                Err(r) => r,
+                Ok(()) => match self.worker.ingress_document(name)? {
+                    Some(document) => Response::json(200, &AppliedDocument { document }),
                     None => ingress_not_found(name),
                 },
             },

@@ -65,6 +65,14 @@ pub enum Command {
         /// Where the answer goes.
         reply: Sender<Option<JailStatus>>,
     },
+    /// The document a jail was applied with, as YAML (`None`: no such
+    /// jail), for `keelctl get jail NAME -o yaml`.
+    Document {
+        /// Jail name.
+        name: String,
+        /// Where the answer goes.
+        reply: Sender<Option<String>>,
+    },
     /// The end of a jail's workload output (`None`: no such jail).
     Log {
         /// Jail name.
@@ -197,6 +205,13 @@ pub enum IngressCommand {
         /// Where the answer goes.
         reply: Sender<Vec<IngressStatus>>,
     },
+    /// The document an Ingress was applied with, as YAML (`None`: unknown).
+    Document {
+        /// Ingress name.
+        name: String,
+        /// Where the answer goes.
+        reply: Sender<Option<String>>,
+    },
 }
 
 /// The worker is gone (it panicked or shut down); the daemon must stop.
@@ -252,6 +267,14 @@ impl WorkerHandle {
     /// See [`Command::Get`].
     pub fn get(&self, name: &str) -> Result<Option<JailStatus>, WorkerGone> {
         self.ask(|reply| Command::Get {
+            name: name.to_string(),
+            reply,
+        })
+    }
+
+    /// See [`Command::Document`].
+    pub fn document(&self, name: &str) -> Result<Option<String>, WorkerGone> {
+        self.ask(|reply| Command::Document {
             name: name.to_string(),
             reply,
         })
@@ -318,6 +341,16 @@ impl WorkerHandle {
     pub fn delete_ingress(&self, name: &str) -> Result<Result<bool, IngressApiError>, WorkerGone> {
         self.ask(|reply| {
             Command::Ingress(IngressCommand::Delete {
+                name: name.to_string(),
+                reply,
+            })
+        })
+    }
+
+    /// See [`IngressCommand::Document`].
+    pub fn ingress_document(&self, name: &str) -> Result<Option<String>, WorkerGone> {
+        self.ask(|reply| {
+            Command::Ingress(IngressCommand::Document {
                 name: name.to_string(),
                 reply,
             })
@@ -513,6 +546,9 @@ fn run<J, Z, N, M>(
             }
             Command::Get { name, reply } => {
                 let _ = reply.send(reconciler.get(&name));
+            }
+            Command::Document { name, reply } => {
+                let _ = reply.send(reconciler.applied(&name).map(|jail| jail.to_yaml()));
             }
             Command::Log {
                 name,
@@ -774,6 +810,14 @@ fn ingress_command<J, Z, N, M>(
         }
         IngressCommand::List { reply } => {
             let _ = reply.send(ingress.as_ref().map(|c| c.statuses()).unwrap_or_default());
+        }
+        IngressCommand::Document { name, reply } => {
+            let _ = reply.send(
+                ingress
+                    .as_ref()
+                    .and_then(|c| c.applied(&name))
+                    .map(|i| i.to_yaml()),
+            );
         }
     }
 }

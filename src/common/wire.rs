@@ -740,3 +740,13 @@ mod volume_query_tests {
         assert!(parse_volumes_query(Some("volumes=a&volumes=b")).is_err());
     }
 }
+
+/// `GET /jails/{name}/document`, `/services/{name}/document` and
+/// `/ingresses/{name}/document`: the document the object was last applied
+/// with, as YAML, so `keelctl get ... -o yaml` prints something `apply`
+/// takes back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedDocument {
+    /// A whole `kind: ...` document.
+    pub document: String,
+}

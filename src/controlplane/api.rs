@@ -12,13 +12,14 @@
 //! | `PUT/GET/DELETE /nodes/{id}/jails/{name}` | operator | forwarded to that node |
 //! | `PUT/GET/DELETE /jails/{name}` | operator | scheduled: sticky placement, recorded after success |
 //! | `GET /jails/{name}/log`, `GET /nodes/{id}/jails/{name}/log` | operator | forwarded to the node the jail is placed on (or named) |
+//! | `GET /jails/{name}/document`, `GET /nodes/{id}/jails/{name}/document`, `GET /nodes/{id}/ingresses/{name}/document` | operator | the document the object was applied with, forwarded likewise |
 //! | `GET /nodes/{id}/volumes`, `GET/DELETE /nodes/{id}/volumes/{name}` | operator | forwarded to that node |
 //! | `GET /volumes` | operator | every registered node's volumes, each tagged with its node |
 //! | `GET /nodes/{id}/ingresses`, `PUT/GET/DELETE /nodes/{id}/ingresses/{name}` | operator | forwarded to that node |
 //! | `GET /nodes/{id}/bases`, `PUT/GET /nodes/{id}/bases/{release}` | operator | forwarded to that node (a `PUT` starts a base fetch there) |
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs; a new template rolls out |
-//! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions` | operator | the desired count; back to an earlier template; the templates kept |
+//! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions`, `GET /services/{name}/document` | operator | the desired count; back to an earlier template; the templates kept; the current document |
 //! | `GET /metrics` | operator | Prometheus text |
 //! | `GET /healthz` | none | liveness of the control plane itself: its worker answers within [`HEALTH_WAIT`], else 503 |
 //!
@@ -74,8 +75,9 @@ use crate::common::http::{Client, Endpoint, Handler, OutgoingRequest, Request, R
 use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, HeartbeatRequest,
-    RegisterRequest, ServiceApply, VolumeStatus, parse_committed, parse_volumes_query,
+    AppliedDocument, COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer,
+    HeartbeatRequest, RegisterRequest, ServiceApply, VolumeStatus, parse_committed,
+    parse_volumes_query,
 };
 use crate::controlplane::endpoint_board::EndpointBoard;
 use crate::controlplane::heal::heal;
@@ -215,6 +217,10 @@ impl ControlPlaneApi {
                     None => Response::error(404, &format!("no service named {name}"), None),
                 }
             }
+            ("GET", ["services", name, "document"]) => match self.worker.service_document(name)? {
+                Some((document, _digest)) => Response::json(200, &AppliedDocument { document }),
+                None => Response::error(404, &format!("no service named {name}"), None),
+            },
             ("DELETE", ["services", name]) => match self.drain_service(name)? {
                 Err(r) => refused(&r),
                 Ok(()) => self.delete_service(name)?,
@@ -250,20 +256,27 @@ impl ControlPlaneApi {
                 Err(r) => refused(&r),
                 Ok(addr) => self.delete(name, id, addr, req)?,
             },
-            ("GET", ["nodes", id, "jails", name, "log"]) => match self.worker.resolve_node(id)? {
-                Err(r) => refused(&r),
-                Ok(addr) => {
-                    self.forwarder
-                        .forward(id, addr, req, &format!("/jails/{name}/log"), None)
+            ("GET", ["nodes", id, "jails", name, part @ ("log" | "document")]) => {
+                match self.worker.resolve_node(id)? {
+                    Err(r) => refused(&r),
+                    Ok(addr) => self.forwarder.forward(
+                        id,
+                        addr,
+                        req,
+                        &format!("/jails/{name}/{part}"),
+                        None,
+                    ),
                 }
-            },
-            ("GET", ["jails", name, "log"]) => match self.worker.resolve_placed(name)? {
-                Err(r) => refused(&r),
-                Ok(t) => self
-                    .forwarder
-                    .forward(&t.node, t.addr, req, &format!("/jails/{name}/log"), None)
-                    .with_header("X-Keel-Node", &t.node),
-            },
+            }
+            ("GET", ["jails", name, part @ ("log" | "document")]) => {
+                match self.worker.resolve_placed(name)? {
+                    Err(r) => refused(&r),
+                    Ok(t) => self
+                        .forwarder
+                        .forward(&t.node, t.addr, req, &format!("/jails/{name}/{part}"), None)
+                        .with_header("X-Keel-Node", &t.node),
+                }
+            }
             ("PUT", ["jails", name]) => self.apply(name, None, req)?,
             ("GET", ["jails", name]) => match self.worker.resolve_placed(name)? {
                 Err(r) => refused(&r),
@@ -316,6 +329,18 @@ impl ControlPlaneApi {
                     }
                 }
             }
+            ("GET", ["nodes", id, "ingresses", name, "document"]) => {
+                match self.worker.resolve_node(id)? {
+                    Err(r) => refused(&r),
+                    Ok(addr) => self.forwarder.forward(
+                        id,
+                        addr,
+                        req,
+                        &format!("/ingresses/{name}/document"),
+                        None,
+                    ),
+                }
+            }
             ("GET", ["nodes", id, "bases"]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
                 Ok(addr) => self.forwarder.forward(id, addr, req, "/bases", None),
@@ -350,7 +375,11 @@ impl ControlPlaneApi {
             | (_, ["nodes", _, "jails", _])
             | (_, ["nodes", _, "ingresses", _])
             | (_, ["services", _]) => method_not_allowed("GET, PUT, DELETE"),
-            (_, ["services"]) | (_, ["services", _, "revisions"]) => method_not_allowed("GET"),
+            (_, ["services"])
+            | (_, ["services", _, "revisions" | "document"])
+            | (_, ["jails", _, "log" | "document"])
+            | (_, ["nodes", _, "jails", _, "log" | "document"])
+            | (_, ["nodes", _, "ingresses", _, "document"]) => method_not_allowed("GET"),
             (_, ["services", _, "scale" | "undo"]) => method_not_allowed("POST"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
         };

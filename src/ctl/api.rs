@@ -32,8 +32,8 @@ use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
-    BaseStatus, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus, RolloutPolicy,
-    ServiceApply, ServiceRevision, ServiceStatus, VolumeStatus, volumes_query,
+    AppliedDocument, BaseStatus, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus,
+    RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus, VolumeStatus, volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -470,6 +470,28 @@ impl Api {
 
     /// Names reaching here are DNS labels (checked when parsed), so they need
     /// no escaping in a path.
+    /// `GET .../jails/{name}/document`: the document the jail was applied
+    /// with.
+    pub fn jail_document(&self, name: &str) -> Result<String, ApiError> {
+        self.document(&format!("{}/document", self.jail_path(name)))
+    }
+
+    /// `GET /services/{name}/document`: the service's current document.
+    pub fn service_document(&self, name: &str) -> Result<String, ApiError> {
+        self.document(&format!("/services/{name}/document"))
+    }
+
+    /// `GET .../ingresses/{name}/document`: the document the ingress was
+    /// applied with.
+    pub fn ingress_document(&self, name: &str) -> Result<String, ApiError> {
+        self.document(&format!("{}/document", self.ingress_path(Some(name))))
+    }
+
+    fn document(&self, path: &str) -> Result<String, ApiError> {
+        let applied: AppliedDocument = decode(self.call("GET", path, &[], b"")?, &self.client)?;
+        Ok(applied.document)
+    }
+
     fn jail_path(&self, name: &str) -> String {
         match &self.route {
             Route::Agent | Route::Scheduled => format!("/jails/{name}"),

@@ -200,6 +200,10 @@ pub fn execute(
                         action: format!("get service/{name}"),
                         error,
                     })?;
+                    if *format == OutputFormat::Yaml {
+                        let document = api.service_document(name);
+                        return show_manifest(out, &format!("service/{name}"), document, &service);
+                    }
                     if *format == OutputFormat::Table && service.replicas.is_empty() {
                         let _ = writeln!(
                             stderr,
@@ -282,6 +286,10 @@ pub fn execute(
                 action: format!("get jail/{name}"),
                 error,
             })?;
+            if *format == OutputFormat::Yaml {
+                let document = api.jail_document(name);
+                return show_manifest(out, &format!("jail/{name}"), document, &found.status);
+            }
             if *api.route() == Route::Agent {
                 show(out, *format, &found.status, || {
                     output::jail_table(std::slice::from_ref(&found.status), now_unix())
@@ -357,6 +365,10 @@ pub fn execute(
                     action: format!("get ingress/{name}"),
                     error,
                 })?;
+                if *format == OutputFormat::Yaml {
+                    let document = api.ingress_document(name);
+                    return show_manifest(out, &format!("ingress/{name}"), document, &one);
+                }
                 show(out, *format, &one, || {
                     output::ingress_table(std::slice::from_ref(&one))
                 })?;
@@ -1054,6 +1066,26 @@ fn show<T: serde::Serialize>(
             reason,
         })?,
     };
+    out.print(&text);
+    Ok(())
+}
+
+/// Prints one object as `apply` takes it back: its document, then its
+/// status (see [`output::manifest_yaml`]).
+fn show_manifest(
+    out: &mut Out<'_>,
+    label: &str,
+    document: Result<String, ApiError>,
+    status: &impl serde::Serialize,
+) -> Result<(), CtlError> {
+    let document = document.map_err(|error| CtlError::Request {
+        action: format!("get {label}"),
+        error,
+    })?;
+    let text = output::manifest_yaml(&document, status).map_err(|reason| CtlError::Encode {
+        format: OutputFormat::Yaml.to_string(),
+        reason,
+    })?;
     out.print(&text);
     Ok(())
 }

@@ -693,6 +693,17 @@ pub fn encode(format: OutputFormat, value: &impl Serialize) -> Result<String, St
     }
 }
 
+/// What `get KIND NAME -o yaml` prints: the document the object was applied
+/// with, then its `status`, which `apply` ignores, so the output applies
+/// back as it is.
+pub fn manifest_yaml(document: &str, status: &impl Serialize) -> Result<String, String> {
+    let mut object: serde_yaml::Mapping = serde_yaml::from_str(document)
+        .map_err(|e| format!("the daemon's document is not a YAML mapping: {e}"))?;
+    let status = serde_yaml::to_value(status).map_err(|e| e.to_string())?;
+    object.insert("status".into(), status);
+    serde_yaml::to_string(&object).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

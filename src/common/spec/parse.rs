@@ -37,6 +37,11 @@ macro_rules! tagged {
             kind: IgnoredAny,
             metadata: Metadata,
             spec: $spec,
+            // What `keelctl get NAME -o yaml` prints after the spec, so its
+            // output applies back; the daemons own status, so it is dropped.
+            #[allow(dead_code)]
+            #[serde(default)]
+            status: Option<IgnoredAny>,
         }
     };
 }

@@ -329,6 +329,20 @@ fn a_field_reports_its_first_problem_only() {
 }
 
 #[test]
+fn a_status_section_is_ignored_so_printed_objects_apply_back() {
+    let printed = format!("{JAIL}status:\n  state: Running\n  restarts: 3\n");
+    assert_eq!(
+        parse_documents(&printed).expect("valid"),
+        parse_documents(JAIL).expect("valid")
+    );
+    let printed = format!("{SERVICE}status: {{ready: 1, anything: [1, 2]}}\n");
+    assert_eq!(
+        parse_documents(&printed).expect("valid"),
+        parse_documents(SERVICE).expect("valid")
+    );
+}
+
+#[test]
 fn syntax_errors_have_a_position() {
     let err = parse_documents(&with(JAIL, 5, "  base: [")).expect_err("syntax");
     assert_eq!(err.document, 1);
