@@ -12,6 +12,7 @@ mod conformance;
 mod controlplane;
 mod crash_campaign;
 mod ctl;
+mod ctl_config;
 mod ctl_ingress;
 mod ctl_services;
 mod daemons;

@@ -29,7 +29,7 @@ use crate::common::metrics::{self, Render, Unavailable};
 use crate::common::spec;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    AppliedDocument, COMMITTED_HEADER, EPOCH_HEADER, LOG_BYTES_MAX, VOLUMES_PARAM,
+    AppliedDocument, COMMITTED_HEADER, EPOCH_HEADER, LOG_BYTES_MAX, VOLUMES_PARAM, VersionInfo,
     format_committed, last_lines, parse_tail_query, parse_volumes_query,
 };
 use crate::host::zfs::ZfsError;
@@ -207,6 +207,7 @@ impl AgentApi {
                 Err(Unavailable::Gone(_)) => return Err(WorkerGone),
                 rendered => metrics::answer(rendered),
             },
+            ("GET", ["version"]) => Response::json(200, &VersionInfo::of("keel-agentd")),
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
             ("GET", ["proxy"]) => self.proxy_table(),
             ("GET", ["proxy", "replicas"]) => self.proxy_replicas(),
@@ -288,6 +289,7 @@ impl AgentApi {
             },
             (_, ["healthz"])
             | (_, ["metrics"])
+            | (_, ["version"])
             | (_, ["jails"])
             | (_, ["volumes"])
             | (_, ["ingresses"])

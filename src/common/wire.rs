@@ -750,3 +750,23 @@ pub struct AppliedDocument {
     /// A whole `kind: ...` document.
     pub document: String,
 }
+
+/// `GET /version` of both daemons: which program answered and its version,
+/// for `keelctl version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    /// `keel-agentd` or `keel-controlplane`.
+    pub program: String,
+    /// The package version it was built from.
+    pub version: String,
+}
+
+impl VersionInfo {
+    /// This build's, for `program`.
+    pub fn of(program: &str) -> VersionInfo {
+        VersionInfo {
+            program: program.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}

@@ -21,6 +21,7 @@
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs; a new template rolls out |
 //! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions`, `GET /services/{name}/document` | operator | the desired count; back to an earlier template; the templates kept; the current document |
 //! | `GET /metrics` | operator | Prometheus text |
+//! | `GET /version` | operator | the control plane's program and version |
 //! | `GET /healthz` | none | liveness of the control plane itself: its worker answers within [`HEALTH_WAIT`], else 503 |
 //!
 //! Every route but `/healthz` needs a signed request (`common::auth`): a node
@@ -76,7 +77,7 @@ use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
     AppliedDocument, COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer,
-    HeartbeatRequest, RegisterRequest, ServiceApply, VolumeStatus, parse_committed,
+    HeartbeatRequest, RegisterRequest, ServiceApply, VersionInfo, VolumeStatus, parse_committed,
     parse_volumes_query,
 };
 use crate::controlplane::endpoint_board::EndpointBoard;
@@ -225,6 +226,7 @@ impl ControlPlaneApi {
                 Err(r) => refused(&r),
                 Ok(()) => self.delete_service(name)?,
             },
+            ("GET", ["version"]) => Response::json(200, &VersionInfo::of("keel-controlplane")),
             ("GET", ["nodes"]) => Response::json(200, &self.worker.nodes()?),
             ("POST", ["nodes", id, verb @ ("cordon" | "uncordon")]) => {
                 let cordoned = *verb == "cordon";
@@ -368,7 +370,7 @@ impl ControlPlaneApi {
             (_, ["nodes", _, "endpoints"]) => method_not_allowed("GET"),
             (_, ["nodes", _]) => method_not_allowed("DELETE"),
             (_, ["nodes", _, "cordon" | "uncordon"]) => method_not_allowed("POST"),
-            (_, ["nodes"]) | (_, ["metrics"]) | (_, ["nodes", _, "jails"]) => {
+            (_, ["nodes"]) | (_, ["metrics"]) | (_, ["version"]) | (_, ["nodes", _, "jails"]) => {
                 method_not_allowed("GET")
             }
             (_, ["jails", _])

@@ -42,6 +42,7 @@ pub fn route_pattern(segments: &[&str]) -> &'static str {
     match segments {
         ["healthz"] => "/healthz",
         ["metrics"] => "/metrics",
+        ["version"] => "/version",
         ["nodes"] => "/nodes",
         ["nodes", "register"] => "/nodes/register",
         ["nodes", _] => "/nodes/{id}",

@@ -33,7 +33,8 @@ use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
     AppliedDocument, BaseStatus, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus,
-    RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus, VolumeStatus, volumes_query,
+    RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus, VersionInfo, VolumeStatus,
+    volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -177,6 +178,16 @@ impl Api {
     /// The routes this client's jail requests use.
     pub fn route(&self) -> &Route {
         &self.route
+    }
+
+    /// Where requests go, as messages show it: the socket or `HOST:PORT`.
+    pub fn endpoint(&self) -> String {
+        self.client.endpoint.to_string()
+    }
+
+    /// `GET /version`: the daemon's program and version.
+    pub fn version(&self) -> Result<VersionInfo, ApiError> {
+        decode(self.call("GET", "/version", &[], b"")?, &self.client)
     }
 
     /// `PUT` the jail as YAML; the node reconciles it before answering with

@@ -49,7 +49,11 @@ use crate::common::wire::{BaseState, Liveness, VolumeStatus};
 
 use super::api::ApiError;
 use super::api::{Api, Route};
-use super::args::{Command, Input, Invocation, OutputFormat, Resource};
+use super::args::{
+    Command, ConfigCommand, GlobalOptions, Input, Invocation, OutputFormat, Resource,
+};
+use super::completion;
+use super::contexts::{Context, Contexts, ContextsError};
 use super::output::{NodeJail, OnNode};
 use super::{CONTROLPLANE_ENV, CtlError, Env, Remote, Target, Unreached, output, target};
 
@@ -130,6 +134,19 @@ pub fn execute(
 ) -> Result<(), CtlError> {
     let resolve = || connect(&target(&invocation.global, env)?);
     match &invocation.command {
+        Command::Completion { shell } => out.print(&completion::script(*shell)),
+        Command::Config(config) => run_config(config, &invocation.global, env, out, stderr)?,
+        Command::Version { client_only } => {
+            out.line(&format!("Client: keelctl {}", env!("CARGO_PKG_VERSION")));
+            if !client_only {
+                let api = resolve()?;
+                let server = api.version().map_err(|error| CtlError::Request {
+                    action: "version".into(),
+                    error,
+                })?;
+                out.line(&output::server_version_line(&server, &api.endpoint()));
+            }
+        }
         Command::Validate { input } => {
             let (_, docs) = read_documents(input, stdin, false)?;
             out.line(&output::valid_line(docs.len()));
@@ -1067,6 +1084,79 @@ fn show<T: serde::Serialize>(
         })?,
     };
     out.print(&text);
+    Ok(())
+}
+
+/// `config ...`: reads and replaces the contexts file; sends nothing.
+fn run_config(
+    command: &ConfigCommand,
+    global: &GlobalOptions,
+    env: &Env,
+    out: &mut Out<'_>,
+    stderr: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let failed = CtlError::Contexts;
+    let path = env
+        .contexts_file
+        .as_deref()
+        .ok_or(CtlError::Contexts(ContextsError::NoHome))?;
+    let mut file = Contexts::load(path).map_err(failed)?;
+    match command {
+        ConfigCommand::GetContexts => {
+            if file.contexts.is_empty() {
+                let _ = writeln!(stderr, "No contexts found in {}.", path.display());
+            } else {
+                out.print(&output::contexts_table(&file));
+            }
+        }
+        ConfigCommand::CurrentContext => match &file.current {
+            Some(name) => out.line(name),
+            None => {
+                return Err(failed(ContextsError::NoCurrent {
+                    path: path.to_path_buf(),
+                }));
+            }
+        },
+        ConfigCommand::UseContext { name } => {
+            file.get(path, name).map_err(failed)?;
+            file.current = Some(name.clone());
+            file.save(path).map_err(failed)?;
+            out.line(&format!("Switched to context {name}."));
+        }
+        ConfigCommand::SetContext { name } => {
+            let context = Context {
+                controlplane: global.controlplane.clone(),
+                key_file: global.key_file.clone(),
+                socket: global.socket.clone(),
+            };
+            let replaced = file.contexts.insert(name.clone(), context).is_some();
+            file.check().map_err(|message| {
+                failed(ContextsError::Invalid {
+                    path: path.to_path_buf(),
+                    message,
+                })
+            })?;
+            file.save(path).map_err(failed)?;
+            let verb = if replaced { "modified" } else { "created" };
+            out.line(&format!("Context {name} {verb} in {}.", path.display()));
+        }
+        ConfigCommand::DeleteContext { name } => {
+            file.get(path, name).map_err(failed)?;
+            file.contexts.remove(name);
+            let was_current = file.current.as_deref() == Some(name.as_str());
+            if was_current {
+                file.current = None;
+            }
+            file.save(path).map_err(failed)?;
+            out.line(&format!("Deleted context {name} from {}.", path.display()));
+            if was_current {
+                let _ = writeln!(
+                    stderr,
+                    "It was the current context: none is set now; choose one with `keelctl config use-context NAME`."
+                );
+            }
+        }
+    }
     Ok(())
 }
 

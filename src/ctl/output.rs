@@ -21,10 +21,11 @@ use std::collections::BTreeSet;
 
 use crate::common::wire::{
     BaseStatus, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceRevision, ServiceStatus,
-    VolumeStatus,
+    VersionInfo, VolumeStatus,
 };
 
 use super::args::OutputFormat;
+use super::contexts::Contexts;
 
 /// Spaces between two columns.
 const COLUMN_GAP: usize = 3;
@@ -691,6 +692,43 @@ pub fn encode(format: OutputFormat, value: &impl Serialize) -> Result<String, St
         OutputFormat::Yaml => serde_yaml::to_string(value).map_err(|e| e.to_string()),
         OutputFormat::Table => Err("a table is not an encoding".into()),
     }
+}
+
+/// The `config get-contexts` table: `*` marks the current context, SERVER
+/// is the control plane's `HOST:PORT` or the agent's socket.
+pub fn contexts_table(file: &Contexts) -> String {
+    let mut rows = vec![
+        ["CURRENT", "NAME", "SERVER", "KEY FILE"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect(),
+    ];
+    rows.extend(file.contexts.iter().map(|(name, context)| {
+        vec![
+            if file.current.as_deref() == Some(name.as_str()) {
+                "*".to_string()
+            } else {
+                String::new()
+            },
+            name.clone(),
+            one_line(&context.server()),
+            context
+                .key_file
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |k| one_line(&k.display().to_string())),
+        ]
+    }));
+    table(&rows)
+}
+
+/// `version`'s second line: `Server: keel-agentd 0.1.0 (/var/run/keel/agentd.sock)`.
+pub fn server_version_line(server: &VersionInfo, endpoint: &str) -> String {
+    format!(
+        "Server: {} {} ({})",
+        one_line(&server.program),
+        one_line(&server.version),
+        one_line(endpoint)
+    )
 }
 
 /// What `get KIND NAME -o yaml` prints: the document the object was applied
