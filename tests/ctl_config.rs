@@ -97,7 +97,10 @@ fn contexts_choose_the_agent_or_the_control_plane_below_flags_and_environment() 
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("CURRENT   NAME   SERVER"), "{table}");
     assert!(lines[1].starts_with("*         lab    "), "{table}");
-    assert!(lines[2].starts_with("          prod   127.0.0.1:"), "{table}");
+    assert!(
+        lines[2].starts_with("          prod   127.0.0.1:"),
+        "{table}"
+    );
     let version = ok(&dir, &["version"], &[]);
     assert_eq!(
         version,

@@ -16,6 +16,7 @@ mod ctl_config;
 mod ctl_ingress;
 mod ctl_services;
 mod daemons;
+mod describe;
 mod endpoint_push;
 mod golden_agent;
 mod golden_base;

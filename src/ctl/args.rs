@@ -230,6 +230,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "get bases [RELEASE]",
         "list the node's release bases and running fetches, or show one (with --controlplane: of the --node)",
     ),
+    (
+        "describe jail|service|node|volume|ingress NAME",
+        "one object in detail: status, conditions, the spec it was applied with",
+    ),
     ("delete jail NAME...", "delete jails by name"),
     (
         "delete service NAME...",
@@ -359,7 +363,7 @@ fn applies_to(id: FlagId, verb: &str) -> bool {
         FlagId::Timeout | FlagId::ToRevision => verb == "rollout",
         FlagId::Node => matches!(
             verb,
-            "apply" | "get" | "delete" | "logs" | "delete-volume" | "base"
+            "apply" | "get" | "describe" | "delete" | "logs" | "delete-volume" | "base"
         ),
         // Where requests go: every command that sends one; `config
         // set-context` records them.
@@ -583,6 +587,13 @@ pub enum Command {
         name: String,
         /// The revision to go back to; `None` for the one before the current.
         to: Option<u64>,
+    },
+    /// `describe jail|service|node|volume|ingress NAME`.
+    Describe {
+        /// What kind of object.
+        resource: Resource,
+        /// Its name.
+        name: String,
     },
     /// `config ...`.
     Config(ConfigCommand),
@@ -1280,6 +1291,41 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 )),
             }
         }
+        "describe" => {
+            if filename.is_some() {
+                return Err(not_for("--filename"));
+            }
+            let (kind, name) = match rest {
+                [kind, name] => (kind, name),
+                [] | [_] => {
+                    return Err(usage(
+                        "`describe` needs the kind and NAME, e.g. describe jail web-1",
+                    ));
+                }
+                [_, _, word, ..] => return Err(extra(word)),
+            };
+            let resource = resource(kind)?;
+            let name = match resource {
+                Resource::Jails => object_name("jail", name)?,
+                Resource::Services => object_name("service", name)?,
+                Resource::Nodes => object_name("node", name)?,
+                Resource::Volumes => object_name("volume", name)?,
+                Resource::Ingresses => object_name("ingress", name)?,
+                Resource::Bases => {
+                    return Err(usage(
+                        "bases are not described: `get bases RELEASE` shows everything known of one",
+                    ));
+                }
+            };
+            if matches!(resource, Resource::Services | Resource::Nodes)
+                && seen.global.node.is_some()
+            {
+                return Err(usage(format!(
+                    "--node does not apply to `describe {kind}`: the control plane answers for it"
+                )));
+            }
+            Ok(Command::Describe { resource, name })
+        }
         "version" => {
             no_file_or_node_for(verb, filename.is_some(), seen)?;
             match rest.first() {
@@ -1918,6 +1964,29 @@ mod tests {
                 .as_deref(),
             Some("prod")
         );
+    }
+
+    #[test]
+    fn describe_takes_a_kind_and_a_name() {
+        assert_eq!(
+            cmd(&["describe", "svc", "web"]),
+            Command::Describe {
+                resource: Resource::Services,
+                name: "web".into()
+            }
+        );
+        assert_eq!(
+            cmd(&["describe", "jail", "web-1", "--node", "n1"]),
+            Command::Describe {
+                resource: Resource::Jails,
+                name: "web-1".into()
+            }
+        );
+        assert!(err(&["describe", "jail"]).contains("needs the kind and NAME"));
+        assert!(err(&["describe", "jail", "Web"]).contains("DNS label"));
+        assert!(err(&["describe", "base", "14.2-RELEASE"]).contains("get bases RELEASE"));
+        assert!(err(&["describe", "node", "n1", "--node", "n2"]).contains("--node does not apply"));
+        assert!(err(&["describe", "jail", "a", "-o", "json"]).contains("--output does not apply"));
     }
 
     #[test]

@@ -54,6 +54,7 @@ use super::args::{
 };
 use super::completion;
 use super::contexts::{Context, Contexts, ContextsError};
+use super::describe;
 use super::output::{NodeJail, OnNode};
 use super::{CONTROLPLANE_ENV, CtlError, Env, Remote, Target, Unreached, output, target};
 
@@ -134,6 +135,9 @@ pub fn execute(
 ) -> Result<(), CtlError> {
     let resolve = || connect(&target(&invocation.global, env)?);
     match &invocation.command {
+        Command::Describe { resource, name } => {
+            out.print(&describe_one(invocation, env, *resource, name)?.render());
+        }
         Command::Completion { shell } => out.print(&completion::script(*shell)),
         Command::Config(config) => run_config(config, &invocation.global, env, out, stderr)?,
         Command::Version { client_only } => {
@@ -1085,6 +1089,65 @@ fn show<T: serde::Serialize>(
     };
     out.print(&text);
     Ok(())
+}
+
+/// `describe KIND NAME`: the object's status, and the document it was
+/// applied with when the daemon keeps one (a daemon that cannot give it
+/// leaves the Spec section out rather than failing the command).
+fn describe_one(
+    invocation: &Invocation,
+    env: &Env,
+    resource: Resource,
+    name: &str,
+) -> Result<describe::Description, CtlError> {
+    let failed = |kind: &str| {
+        let action = format!("describe {kind}/{name}");
+        move |error| CtlError::Request { action, error }
+    };
+    let now = now_unix();
+    Ok(match resource {
+        Resource::Jails => {
+            let api = connect(&target(&invocation.global, env)?)?;
+            let found = api.get_jail(name).map_err(failed("jail"))?;
+            let document = api.jail_document(name).ok();
+            describe::jail(
+                &found.status,
+                found.node.as_deref(),
+                document.as_deref(),
+                now,
+            )
+        }
+        Resource::Services => {
+            let api = controlplane_only(invocation, env, "`describe service`")?;
+            let status = api.get_service(name).map_err(failed("service"))?;
+            let document = api.service_document(name).ok();
+            describe::service(&status, document.as_deref())
+        }
+        Resource::Nodes => {
+            let api = controlplane_only(invocation, env, "`describe node`")?;
+            let node = api.get_node(name).map_err(failed("node"))?;
+            let jails = (node.status == Liveness::Alive)
+                .then(|| api.list_jails_on(name).ok())
+                .flatten()
+                .map(|jails| jails.into_iter().map(|j| j.name).collect::<Vec<_>>());
+            describe::node(&node, jails.as_deref())
+        }
+        Resource::Volumes => {
+            let api = connect(&target(&invocation.global, env)?)?;
+            describe::volume(&api.get_volume(name).map_err(failed("volume"))?)
+        }
+        Resource::Ingresses => {
+            let api = ingress_api(invocation, env, "`describe ingress NAME`")?;
+            let status = api.get_ingress(name).map_err(failed("ingress"))?;
+            let document = api.ingress_document(name).ok();
+            describe::ingress(&status, named_node(&api), document.as_deref())
+        }
+        Resource::Bases => {
+            return Err(CtlError::Usage(
+                "bases are not described: `get bases RELEASE` shows everything known of one".into(),
+            ));
+        }
+    })
 }
 
 /// `config ...`: reads and replaces the contexts file; sends nothing.

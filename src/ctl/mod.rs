@@ -29,6 +29,7 @@ pub mod args;
 pub mod commands;
 pub mod completion;
 pub mod contexts;
+pub mod describe;
 pub mod output;
 
 use std::ffi::OsString;
@@ -955,7 +956,7 @@ mod tests {
         assert_eq!(code, 2);
         assert_eq!(
             err,
-            "keelctl: unknown command \"frobnicate\"; use apply, get, delete, logs, cordon, uncordon, delete-volume, base, scale, rollout, validate, key, help, config, completion or version\n  try 'keelctl --help'\n"
+            "keelctl: unknown command \"frobnicate\"; use apply, get, describe, delete, logs, cordon, uncordon, delete-volume, base, scale, rollout, validate, key, help, config, completion or version\n  try 'keelctl --help'\n"
         );
         let (code, _, err) = run_with(&["apply", "-f", "/nonexistent/web.yaml"], "");
         assert_eq!(code, 2);
