@@ -1,9 +1,10 @@
 //! The agent's route table (keel-agentd(8), API), the same for the Unix socket
 //! and the optional TCP listener: jails and their workload's output
-//! (`/jails/{name}/log`), what a `PUT /jails/{name}` of the same body would
-//! do (`POST /jails/{name}/dry-run`, with the FreeBSD commands, and `POST
-//! /jails/{name}/diff`, without; both change nothing: see the reconciler's
-//! `dry_run`), volumes (`agentd::volumes`), ingresses, bases
+//! (`/jails/{name}/log`) and the document they were applied with
+//! (`/jails/{name}/document`), what a `PUT /jails/{name}` of the same body
+//! would do (`POST /jails/{name}/dry-run`, with the FreeBSD commands, and
+//! `POST /jails/{name}/diff`, without; both change nothing: see the
+//! reconciler's `dry_run`), volumes (`agentd::volumes`), ingresses, bases
 //! (`agentd::bases`: `GET /bases`, `GET /bases/{release}`, and `PUT
 //! /bases/{release}`, which starts a fetch and answers 202 at once, or 200
 //! when the base is already there), the proxy's table, health and metrics.
@@ -31,8 +32,8 @@ use crate::common::metrics::{self, Render, Unavailable};
 use crate::common::spec;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    COMMITTED_HEADER, EPOCH_HEADER, LOG_BYTES_MAX, VOLUMES_PARAM, format_committed, last_lines,
-    parse_tail_query, parse_volumes_query,
+    AppliedDocument, COMMITTED_HEADER, EPOCH_HEADER, LOG_BYTES_MAX, VOLUMES_PARAM, VersionInfo,
+    format_committed, last_lines, parse_tail_query, parse_volumes_query,
 };
 use crate::host::zfs::ZfsError;
 
@@ -209,12 +210,20 @@ impl AgentApi {
                 Err(Unavailable::Gone(_)) => return Err(WorkerGone),
                 rendered => metrics::answer(rendered),
             },
+            ("GET", ["version"]) => Response::json(200, &VersionInfo::of("keel-agentd")),
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
             ("GET", ["proxy"]) => self.proxy_table(),
             ("GET", ["proxy", "replicas"]) => self.proxy_replicas(),
             ("GET", ["jails", name, "log"]) => match check_name(name) {
                 Err(r) => r,
                 Ok(()) => self.workload_log(name, req)?,
+            },
+            ("GET", ["jails", name, "document"]) => match check_name(name) {
+                Err(r) => r,
+                Ok(()) => match self.worker.document(name)? {
+                    Some(document) => Response::json(200, &AppliedDocument { document }),
+                    None => not_found(name),
+                },
             },
             ("GET", ["jails", name]) => match check_name(name) {
                 Err(r) => r,
@@ -266,6 +275,13 @@ impl AgentApi {
                     None => ingress_not_found(name),
                 },
             },
+            ("GET", ["ingresses", name, "document"]) => match check_ingress(name) {
+                Err(r) => r,
+                Ok(()) => match self.worker.ingress_document(name)? {
+                    Some(document) => Response::json(200, &AppliedDocument { document }),
+                    None => ingress_not_found(name),
+                },
+            },
             ("PUT", ["ingresses", name]) => match check_ingress(name) {
                 Err(r) => r,
                 Ok(()) => self.put_ingress(name, req)?,
@@ -280,6 +296,7 @@ impl AgentApi {
             },
             (_, ["healthz"])
             | (_, ["metrics"])
+            | (_, ["version"])
             | (_, ["jails"])
             | (_, ["volumes"])
             | (_, ["ingresses"])
@@ -401,8 +418,14 @@ impl AgentApi {
 /// index below `spec.replicas`, expanded from the template
 /// (`JailTemplate::to_jail_spec`, which also renames the volumes).
 fn jail_for(name: &str, text: &str) -> Result<spec::Jail, Response> {
-    let bad = |e: spec::SpecError| Response::error(400, &e.to_string(), Some(&e.field));
-    let mut docs = spec::parse_documents(text).map_err(bad)?;
+    // Every error at once, for a client that did not validate first; the
+    // first one's field is the answer's `field`.
+    let bad = |errors: Vec<spec::SpecError>| {
+        let message: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        let field = errors.first().map(|e| e.field.as_str());
+        Response::error(400, &message.join("; "), field)
+    };
+    let mut docs = spec::check_documents(text).map_err(bad)?;
     if docs.len() != 1 {
         return Err(Response::error(
             400,

@@ -724,6 +724,11 @@ where
         self.list().into_iter().find(|s| s.name == name)
     }
 
+    /// The spec desired jail `name` was last applied with.
+    pub fn applied(&self, name: &str) -> Option<&Jail> {
+        self.state.jails.get(name).map(|rec| &rec.spec)
+    }
+
     /// The end (at most `max_bytes`) of what desired jail `name`'s workload
     /// printed; `None` for a jail nobody applied.
     pub fn workload_log(&self, name: &str, max_bytes: u64) -> Option<Result<Vec<u8>, JailError>> {

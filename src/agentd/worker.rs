@@ -65,6 +65,14 @@ pub enum Command {
         /// Where the answer goes.
         reply: Sender<Option<JailStatus>>,
     },
+    /// The document a jail was applied with, as YAML (`None`: no such
+    /// jail), for `keelctl get jail NAME -o yaml`.
+    Document {
+        /// Jail name.
+        name: String,
+        /// Where the answer goes.
+        reply: Sender<Option<String>>,
+    },
     /// The end of a jail's workload output (`None`: no such jail).
     Log {
         /// Jail name.
@@ -209,6 +217,13 @@ pub enum IngressCommand {
         /// Where the answer goes.
         reply: Sender<Vec<IngressStatus>>,
     },
+    /// The document an Ingress was applied with, as YAML (`None`: unknown).
+    Document {
+        /// Ingress name.
+        name: String,
+        /// Where the answer goes.
+        reply: Sender<Option<String>>,
+    },
 }
 
 /// The worker is gone (it panicked or shut down); the daemon must stop.
@@ -284,6 +299,14 @@ impl WorkerHandle {
         })
     }
 
+    /// See [`Command::Document`].
+    pub fn document(&self, name: &str) -> Result<Option<String>, WorkerGone> {
+        self.ask(|reply| Command::Document {
+            name: name.to_string(),
+            reply,
+        })
+    }
+
     /// See [`Command::Log`].
     pub fn log(
         &self,
@@ -345,6 +368,16 @@ impl WorkerHandle {
     pub fn delete_ingress(&self, name: &str) -> Result<Result<bool, IngressApiError>, WorkerGone> {
         self.ask(|reply| {
             Command::Ingress(IngressCommand::Delete {
+                name: name.to_string(),
+                reply,
+            })
+        })
+    }
+
+    /// See [`IngressCommand::Document`].
+    pub fn ingress_document(&self, name: &str) -> Result<Option<String>, WorkerGone> {
+        self.ask(|reply| {
+            Command::Ingress(IngressCommand::Document {
                 name: name.to_string(),
                 reply,
             })
@@ -540,6 +573,9 @@ fn run<J, Z, N, M>(
             }
             Command::Get { name, reply } => {
                 let _ = reply.send(reconciler.get(&name));
+            }
+            Command::Document { name, reply } => {
+                let _ = reply.send(reconciler.applied(&name).map(|jail| jail.to_yaml()));
             }
             Command::Log {
                 name,
@@ -813,6 +849,14 @@ fn ingress_command<J, Z, N, M>(
         }
         IngressCommand::List { reply } => {
             let _ = reply.send(ingress.as_ref().map(|c| c.statuses()).unwrap_or_default());
+        }
+        IngressCommand::Document { name, reply } => {
+            let _ = reply.send(
+                ingress
+                    .as_ref()
+                    .and_then(|c| c.applied(&name))
+                    .map(|i| i.to_yaml()),
+            );
         }
     }
 }

@@ -741,6 +741,35 @@ mod volume_query_tests {
     }
 }
 
+/// `GET /jails/{name}/document`, `/services/{name}/document` and
+/// `/ingresses/{name}/document`: the document the object was last applied
+/// with, as YAML, so `keelctl get ... -o yaml` prints something `apply`
+/// takes back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedDocument {
+    /// A whole `kind: ...` document.
+    pub document: String,
+}
+
+/// `GET /version` of both daemons: which program answered and its version,
+/// for `keelctl version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    /// `keel-agentd` or `keel-controlplane`.
+    pub program: String,
+    /// The package version it was built from.
+    pub version: String,
+}
+
+impl VersionInfo {
+    /// This build's, for `program`.
+    pub fn of(program: &str) -> VersionInfo {
+        VersionInfo {
+            program: program.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}
 /// How one field of an object differs between what the daemon holds and
 /// what a dry run or diff was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

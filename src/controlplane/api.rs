@@ -14,14 +14,16 @@
 //! | `POST /jails/{name}/dry-run`, `POST /jails/{name}/diff`, `POST /nodes/{id}/jails/{name}/dry-run`, `POST /nodes/{id}/jails/{name}/diff` | operator | forwarded to the node the apply would go to (placement, volume, scheduler's pick), recording nothing; the answer's `X-Keel-Node` names it |
 //! | `POST /services/{name}/diff` | operator | the object diff against the service held, refused as its apply would be; no host commands (a replica's are its node's) |
 //! | `GET /jails/{name}/log`, `GET /nodes/{id}/jails/{name}/log` | operator | forwarded to the node the jail is placed on (or named) |
+//! | `GET /jails/{name}/document`, `GET /nodes/{id}/jails/{name}/document`, `GET /nodes/{id}/ingresses/{name}/document` | operator | the document the object was applied with, forwarded likewise |
 //! | `GET /nodes/{id}/volumes`, `GET/DELETE /nodes/{id}/volumes/{name}` | operator | forwarded to that node |
 //! | `GET /volumes` | operator | every registered node's volumes, each tagged with its node |
 //! | `GET /nodes/{id}/ingresses`, `PUT/GET/DELETE /nodes/{id}/ingresses/{name}` | operator | forwarded to that node |
 //! | `GET /nodes/{id}/bases`, `PUT/GET /nodes/{id}/bases/{release}` | operator | forwarded to that node (a `PUT` starts a base fetch there) |
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs; a new template rolls out |
-//! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions` | operator | the desired count; back to an earlier template; the templates kept |
+//! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions`, `GET /services/{name}/document` | operator | the desired count; back to an earlier template; the templates kept; the current document |
 //! | `GET /metrics` | operator | Prometheus text |
+//! | `GET /version` | operator | the control plane's program and version |
 //! | `GET /healthz` | none | liveness of the control plane itself: its worker answers within [`HEALTH_WAIT`], else 503 |
 //!
 //! Every route but `/healthz` needs a signed request (`common::auth`): a node
@@ -76,8 +78,9 @@ use crate::common::http::{Client, Endpoint, Handler, OutgoingRequest, Request, R
 use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, HeartbeatRequest,
-    RegisterRequest, ServiceApply, VolumeStatus, parse_committed, parse_volumes_query,
+    AppliedDocument, COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer,
+    HeartbeatRequest, RegisterRequest, ServiceApply, VersionInfo, VolumeStatus, parse_committed,
+    parse_volumes_query,
 };
 use crate::controlplane::endpoint_board::EndpointBoard;
 use crate::controlplane::heal::heal;
@@ -217,10 +220,15 @@ impl ControlPlaneApi {
                     None => Response::error(404, &format!("no service named {name}"), None),
                 }
             }
+            ("GET", ["services", name, "document"]) => match self.worker.service_document(name)? {
+                Some((document, _digest)) => Response::json(200, &AppliedDocument { document }),
+                None => Response::error(404, &format!("no service named {name}"), None),
+            },
             ("DELETE", ["services", name]) => match self.drain_service(name)? {
                 Err(r) => refused(&r),
                 Ok(()) => self.delete_service(name)?,
             },
+            ("GET", ["version"]) => Response::json(200, &VersionInfo::of("keel-controlplane")),
             ("GET", ["nodes"]) => Response::json(200, &self.worker.nodes()?),
             ("POST", ["nodes", id, verb @ ("cordon" | "uncordon")]) => {
                 let cordoned = *verb == "cordon";
@@ -252,20 +260,27 @@ impl ControlPlaneApi {
                 Err(r) => refused(&r),
                 Ok(addr) => self.delete(name, id, addr, req)?,
             },
-            ("GET", ["nodes", id, "jails", name, "log"]) => match self.worker.resolve_node(id)? {
-                Err(r) => refused(&r),
-                Ok(addr) => {
-                    self.forwarder
-                        .forward(id, addr, req, &format!("/jails/{name}/log"), None)
+            ("GET", ["nodes", id, "jails", name, part @ ("log" | "document")]) => {
+                match self.worker.resolve_node(id)? {
+                    Err(r) => refused(&r),
+                    Ok(addr) => self.forwarder.forward(
+                        id,
+                        addr,
+                        req,
+                        &format!("/jails/{name}/{part}"),
+                        None,
+                    ),
                 }
-            },
-            ("GET", ["jails", name, "log"]) => match self.worker.resolve_placed(name)? {
-                Err(r) => refused(&r),
-                Ok(t) => self
-                    .forwarder
-                    .forward(&t.node, t.addr, req, &format!("/jails/{name}/log"), None)
-                    .with_header("X-Keel-Node", &t.node),
-            },
+            }
+            ("GET", ["jails", name, part @ ("log" | "document")]) => {
+                match self.worker.resolve_placed(name)? {
+                    Err(r) => refused(&r),
+                    Ok(t) => self
+                        .forwarder
+                        .forward(&t.node, t.addr, req, &format!("/jails/{name}/{part}"), None)
+                        .with_header("X-Keel-Node", &t.node),
+                }
+            }
             ("PUT", ["jails", name]) => self.apply(name, None, req)?,
             ("POST", ["jails", name, verb @ ("dry-run" | "diff")]) => {
                 self.dry_run(name, None, verb, req)?
@@ -328,6 +343,18 @@ impl ControlPlaneApi {
                     }
                 }
             }
+            ("GET", ["nodes", id, "ingresses", name, "document"]) => {
+                match self.worker.resolve_node(id)? {
+                    Err(r) => refused(&r),
+                    Ok(addr) => self.forwarder.forward(
+                        id,
+                        addr,
+                        req,
+                        &format!("/ingresses/{name}/document"),
+                        None,
+                    ),
+                }
+            }
             ("GET", ["nodes", id, "bases"]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
                 Ok(addr) => self.forwarder.forward(id, addr, req, "/bases", None),
@@ -355,14 +382,18 @@ impl ControlPlaneApi {
             (_, ["nodes", _, "endpoints"]) => method_not_allowed("GET"),
             (_, ["nodes", _]) => method_not_allowed("DELETE"),
             (_, ["nodes", _, "cordon" | "uncordon"]) => method_not_allowed("POST"),
-            (_, ["nodes"]) | (_, ["metrics"]) | (_, ["nodes", _, "jails"]) => {
+            (_, ["nodes"]) | (_, ["metrics"]) | (_, ["version"]) | (_, ["nodes", _, "jails"]) => {
                 method_not_allowed("GET")
             }
             (_, ["jails", _])
             | (_, ["nodes", _, "jails", _])
             | (_, ["nodes", _, "ingresses", _])
             | (_, ["services", _]) => method_not_allowed("GET, PUT, DELETE"),
-            (_, ["services"]) | (_, ["services", _, "revisions"]) => method_not_allowed("GET"),
+            (_, ["services"])
+            | (_, ["services", _, "revisions" | "document"])
+            | (_, ["jails", _, "log" | "document"])
+            | (_, ["nodes", _, "jails", _, "log" | "document"])
+            | (_, ["nodes", _, "ingresses", _, "document"]) => method_not_allowed("GET"),
             (_, ["services", _, "scale" | "undo"]) => method_not_allowed("POST"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
         };

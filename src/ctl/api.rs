@@ -32,8 +32,9 @@ use crate::common::auth::{self, AuthError, Signer};
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
-    BaseStatus, DryRunReport, ErrorBody, IngressStatus, JailStatus, NodeRemoval, NodeStatus,
-    RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus, VolumeStatus, volumes_query,
+    AppliedDocument, BaseStatus, DryRunReport, ErrorBody, IngressStatus, JailStatus, NodeRemoval,
+    NodeStatus, RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus, VersionInfo,
+    VolumeStatus, volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -177,6 +178,16 @@ impl Api {
     /// The routes this client's jail requests use.
     pub fn route(&self) -> &Route {
         &self.route
+    }
+
+    /// Where requests go, as messages show it: the socket or `HOST:PORT`.
+    pub fn endpoint(&self) -> String {
+        self.client.endpoint.to_string()
+    }
+
+    /// `GET /version`: the daemon's program and version.
+    pub fn version(&self) -> Result<VersionInfo, ApiError> {
+        decode(self.call("GET", "/version", &[], b"")?, &self.client)
     }
 
     /// `PUT` the jail as YAML; the node reconciles it before answering with
@@ -507,6 +518,28 @@ impl Api {
 
     /// Names reaching here are DNS labels (checked when parsed), so they need
     /// no escaping in a path.
+    /// `GET .../jails/{name}/document`: the document the jail was applied
+    /// with.
+    pub fn jail_document(&self, name: &str) -> Result<String, ApiError> {
+        self.document(&format!("{}/document", self.jail_path(name)))
+    }
+
+    /// `GET /services/{name}/document`: the service's current document.
+    pub fn service_document(&self, name: &str) -> Result<String, ApiError> {
+        self.document(&format!("/services/{name}/document"))
+    }
+
+    /// `GET .../ingresses/{name}/document`: the document the ingress was
+    /// applied with.
+    pub fn ingress_document(&self, name: &str) -> Result<String, ApiError> {
+        self.document(&format!("{}/document", self.ingress_path(Some(name))))
+    }
+
+    fn document(&self, path: &str) -> Result<String, ApiError> {
+        let applied: AppliedDocument = decode(self.call("GET", path, &[], b"")?, &self.client)?;
+        Ok(applied.document)
+    }
+
     fn jail_path(&self, name: &str) -> String {
         match &self.route {
             Route::Agent | Route::Scheduled => format!("/jails/{name}"),

@@ -22,10 +22,11 @@ use std::collections::BTreeSet;
 use crate::common::cmd::render_argv;
 use crate::common::wire::{
     BaseStatus, ChangeKind, DryRunAction, DryRunReport, IngressStatus, JailStatus, NodeRemoval,
-    NodeStatus, ServiceRevision, ServiceStatus, VolumeStatus,
+    NodeStatus, ServiceRevision, ServiceStatus, VersionInfo, VolumeStatus,
 };
 
 use super::args::OutputFormat;
+use super::contexts::Contexts;
 
 /// Spaces between two columns.
 const COLUMN_GAP: usize = 3;
@@ -432,7 +433,7 @@ pub fn volume_table(volumes: &[VolumeStatus]) -> String {
 
 /// The `get bases` table, or `""` when there is none. SIZE is the
 /// dataset's, `-` before it exists; PROGRESS is a running fetch's download
-/// (`12.5MiB/190.2MiB`), or a failed one's error.
+/// (`12.5M/190.2M`), or a failed one's error.
 pub fn base_table(bases: &[BaseStatus]) -> String {
     if bases.is_empty() {
         return String::new();
@@ -625,8 +626,9 @@ pub fn cores(cpu: f64) -> String {
 }
 
 /// Bytes rounded to one decimal in the largest unit (K, M, G, T, powers of
-/// 1024 as in specs) that keeps the number at 1 or more: `512M`, `1.5G`,
-/// `15.6G`, `800`. Specs use [`crate::common::spec::format_size`], which is
+/// 1024 as in specs) that keeps the number at 1 or more, `B` below a
+/// kilobyte, so every size of a table carries its unit: `512M`, `1.5G`,
+/// `15.6G`, `800B`. Specs use [`crate::common::spec::format_size`], which is
 /// exact; a host's memory is rarely a round number, so a table rounds.
 pub fn approx_size(bytes: u64) -> String {
     const UNITS: [(&str, u32); 4] = [("T", 40), ("G", 30), ("M", 20), ("K", 10)];
@@ -638,7 +640,7 @@ pub fn approx_size(bytes: u64) -> String {
             return format!("{}{unit}", text.trim_end_matches(".0"));
         }
     }
-    bytes.to_string()
+    format!("{bytes}B")
 }
 
 /// The line `apply` prints for one applied jail:
@@ -759,6 +761,54 @@ pub fn encode(format: OutputFormat, value: &impl Serialize) -> Result<String, St
         OutputFormat::Yaml => serde_yaml::to_string(value).map_err(|e| e.to_string()),
         OutputFormat::Table => Err("a table is not an encoding".into()),
     }
+}
+
+/// The `config get-contexts` table: `*` marks the current context, SERVER
+/// is the control plane's `HOST:PORT` or the agent's socket.
+pub fn contexts_table(file: &Contexts) -> String {
+    let mut rows = vec![
+        ["CURRENT", "NAME", "SERVER", "KEY FILE"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect(),
+    ];
+    rows.extend(file.contexts.iter().map(|(name, context)| {
+        vec![
+            if file.current.as_deref() == Some(name.as_str()) {
+                "*".to_string()
+            } else {
+                String::new()
+            },
+            name.clone(),
+            one_line(&context.server()),
+            context
+                .key_file
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |k| one_line(&k.display().to_string())),
+        ]
+    }));
+    table(&rows)
+}
+
+/// `version`'s second line: `Server: keel-agentd 0.1.0 (/var/run/keel/agentd.sock)`.
+pub fn server_version_line(server: &VersionInfo, endpoint: &str) -> String {
+    format!(
+        "Server: {} {} ({})",
+        one_line(&server.program),
+        one_line(&server.version),
+        one_line(endpoint)
+    )
+}
+
+/// What `get KIND NAME -o yaml` prints: the document the object was applied
+/// with, then its `status`, which `apply` ignores, so the output applies
+/// back as it is.
+pub fn manifest_yaml(document: &str, status: &impl Serialize) -> Result<String, String> {
+    let mut object: serde_yaml::Mapping = serde_yaml::from_str(document)
+        .map_err(|e| format!("the daemon's document is not a YAML mapping: {e}"))?;
+    let status = serde_yaml::to_value(status).map_err(|e| e.to_string())?;
+    object.insert("status".into(), status);
+    serde_yaml::to_string(&object).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -950,7 +1000,7 @@ database-primary   CrashLoop   no      10.20.0.12   12         2h    jail -c fai
         let want = "\
 NAME       STATUS   ADDRESS          POD CIDR        CPU      MEM        JAILS   LAST SEEN
 n1         Alive    127.0.0.1:7441   127.64.3.0/24   1.5/2    512M/16G   2       0s
-node-two   Dead     127.0.0.1:7441   127.64.3.0/24   0.25/2   0/16G      2       2m
+node-two   Dead     127.0.0.1:7441   127.64.3.0/24   0.25/2   0B/16G     2       2m
 n3         Dead     127.0.0.1:7441   127.64.3.0/24   0/2      1.5G/16G   2       never
 ";
         assert_eq!(node_table(&nodes), want);
@@ -1092,8 +1142,8 @@ blog   blog.example.com   web       -                      BackingOff   DNS-01 c
         assert_eq!(cores(0.5), "0.5");
         assert_eq!(cores(1.0 / 3.0), "0.33");
         assert_eq!(cores(0.0), "0");
-        assert_eq!(approx_size(0), "0");
-        assert_eq!(approx_size(800), "800");
+        assert_eq!(approx_size(0), "0B");
+        assert_eq!(approx_size(800), "800B");
         assert_eq!(approx_size(1536), "1.5K");
         assert_eq!(approx_size(16_734_502_912), "15.6G");
         assert_eq!(approx_size(3 << 40), "3T");
