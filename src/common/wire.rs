@@ -816,20 +816,6 @@ pub enum DryRunAction {
     Replace,
 }
 
-impl DryRunAction {
-    /// The verb of a `would:` line.
-    pub fn verb(&self) -> &'static str {
-        match self {
-            DryRunAction::Nothing => "leave",
-            DryRunAction::Create => "create",
-            DryRunAction::Start => "start",
-            DryRunAction::UpdateRecord => "update the record of",
-            DryRunAction::UpdateInPlace => "update in place",
-            DryRunAction::Replace => "replace",
-        }
-    }
-}
-
 /// One command a dry run recorded, in the order the apply would run it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedCommand {
