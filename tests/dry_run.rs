@@ -2,7 +2,9 @@
 //! `keel-agentd --simulate`, and through a simulated cluster's control plane:
 //! the FreeBSD commands an apply would run, listed while nothing changes (no
 //! jail process, no dataset directory, no jail.conf, the state file byte
-//! for byte, `get jails` as before).
+//! for byte, `get jails` as before). `on_freebsd` runs the FreeBSD seams over
+//! the scripted host and checks that a dry run lists exactly the commands
+//! the apply then runs.
 
 use std::path::Path;
 use std::process::Command;
@@ -290,6 +292,34 @@ fn diff_exits_0_for_the_same_spec_1_for_a_change_and_2_for_an_invalid_file() {
         refused.stderr.contains("spec.resources.memory"),
         "{refused:?}"
     );
+
+    // The routes themselves refuse a bad body as the apply does: 400 naming
+    // the field.
+    let client =
+        keel::common::http::Client::new(keel::common::http::Endpoint::Unix(agent.socket()));
+    for verb in ["dry-run", "diff"] {
+        let body =
+            "kind: Jail\nmetadata: {name: web-1}\nspec: {base: 14.2-RELEASE, exec: {start: []}}\n";
+        let answer = client
+            .request(
+                "POST",
+                &format!("/jails/web-1/{verb}"),
+                &[],
+                body.as_bytes(),
+            )
+            .expect("the agent answers");
+        assert_eq!(
+            answer.status,
+            400,
+            "{verb}: {:?}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        assert!(
+            String::from_utf8_lossy(&answer.body).contains("spec.exec.start"),
+            "{verb}: {:?}",
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
 
     // An unreachable agent is an error too, never "differs".
     let mut cmd = Command::new(KEELCTL);
