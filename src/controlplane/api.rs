@@ -400,15 +400,33 @@ impl ControlPlaneApi {
         Ok(response.authenticated())
     }
 
-    /// A scheduled (`node` = None) or named apply; see the module docs.
-    fn apply(&self, name: &str, node: Option<&str>, req: &Request) -> Result<Response, WorkerGone> {
+    /// Where a jail request goes: with `begin`, an apply marked in flight
+    /// ([`WorkerHandle::begin_apply`]), else only planned
+    /// ([`WorkerHandle::plan_apply`], a dry run); the refusal as an answer.
+    fn jail_target(
+        &self,
+        name: &str,
+        node: Option<&str>,
+        req: &Request,
+        begin: bool,
+    ) -> Result<Result<Target, Response>, WorkerGone> {
         let volumes = match declared_volumes(req) {
             Ok(v) => v,
-            Err(response) => return Ok(response),
+            Err(response) => return Ok(Err(response)),
         };
-        let target: Target = match self.worker.begin_apply(name, node, volumes)? {
-            Err(r) => return Ok(refused(&r)),
+        let target = if begin {
+            self.worker.begin_apply(name, node, volumes)?
+        } else {
+            self.worker.plan_apply(name, node, volumes)?
+        };
+        Ok(target.map_err(|r| refused(&r)))
+    }
+
+    /// A scheduled (`node` = None) or named apply; see the module docs.
+    fn apply(&self, name: &str, node: Option<&str>, req: &Request) -> Result<Response, WorkerGone> {
+        let target = match self.jail_target(name, node, req, true)? {
             Ok(t) => t,
+            Err(response) => return Ok(response),
         };
         let response = self.forwarder.forward(
             &target.node,
@@ -446,13 +464,9 @@ impl ControlPlaneApi {
         verb: &str,
         req: &Request,
     ) -> Result<Response, WorkerGone> {
-        let volumes = match declared_volumes(req) {
-            Ok(v) => v,
-            Err(response) => return Ok(response),
-        };
-        let target: Target = match self.worker.plan_apply(name, node, volumes)? {
-            Err(r) => return Ok(refused(&r)),
+        let target = match self.jail_target(name, node, req, false)? {
             Ok(t) => t,
+            Err(response) => return Ok(response),
         };
         let response = self.forwarder.forward(
             &target.node,
