@@ -702,7 +702,8 @@ pub fn help_text() -> String {
          $KEEL_CONTROLPLANE, $KEEL_SOCKET, the current-context of ~/.config/keel/config.toml,\n\
          ctl.controlplane, agent.socket (keel.toml).\n\
          \nExit status: 0 success, 1 request failed (daemon unreachable or refused) or a \
-         listing left out a node it could not reach, 2 usage or validation error.\n",
+         listing left out a node it could not reach, 2 usage or validation error; `diff`: \
+         0 no difference, 1 some, 2 any error.\n",
     );
     out
 }

@@ -29,6 +29,12 @@
 //! the progress on stderr whenever it changes, until the base is Ready (exit
 //! 0) or the fetch failed (exit 1 with the node's reason).
 //!
+//! `apply --dry-run` and `diff` validate the whole file as an apply does,
+//! then ask, object by object, what its apply would do (`Api::dry_run_jail`,
+//! `Api::diff_service`) and print the answers; nothing is applied. `diff`
+//! keeps kubectl's exit codes: [`CtlError::Differs`] (1) when an object
+//! differs, and any failure of its own is [`CtlError::DiffFailed`] (2).
+//!
 //! `delete-volume` asks before anything is sent when stdin is a terminal
 //! ([`Env::interactive`]) and `--yes` is not given; a script is never asked.
 //! `logs -f` asks the log route again every `LOG_POLL` and prints only the
