@@ -82,7 +82,7 @@ pub const FLAGS: &[Flag] = &[
         short: Some('f'),
         long: "filename",
         value: Some("FILE"),
-        help: "spec file, a directory of .yaml/.yml files, or - for stdin (apply, delete, validate)",
+        help: "spec file, a directory of .yaml/.yml files, or - for stdin (apply, diff, delete, validate)",
     },
     Flag {
         id: FlagId::Output,
@@ -381,7 +381,7 @@ fn applies_to(id: FlagId, verb: &str) -> bool {
         FlagId::Timeout | FlagId::ToRevision => verb == "rollout",
         FlagId::Node => matches!(
             verb,
-            "apply" | "get" | "describe" | "delete" | "logs" | "delete-volume" | "base"
+            "apply" | "diff" | "get" | "describe" | "delete" | "logs" | "delete-volume" | "base"
         ),
         // Where requests go: every command that sends one; `config
         // set-context` records them.
