@@ -559,14 +559,23 @@ mod on_freebsd {
     }
 
     /// The dry run lists exactly the changes the apply then makes, and
-    /// makes none itself: for a new jail, a new exec, a new memory limit,
-    /// the same spec, and a crashed workload.
+    /// makes none itself: for a new jail, a new exec, a new memory limit, a
+    /// new volume quota, a new probe, the same spec, and a crashed workload.
     #[test]
     fn the_dry_run_lists_exactly_what_the_apply_then_runs() {
         let dir = tempfile::tempdir().expect("tempdir");
         let host = ScriptedHost::new(CommandPaths::default(), "zroot");
         let mut agent = agent(&host, dir.path());
-        let steps: [(&str, Jail, DryRunAction); 4] = [
+        let mut quota = web("/bin/sleep, '301'", "256M");
+        quota.spec.volumes[0].size = Some(2 << 30);
+        let mut probe = quota.clone();
+        probe.spec.health = parse_jail(
+            "kind: Jail\nmetadata: {name: x}\nspec:\n  base: b\n  exec: {start: [/bin/x]}\n  health: {tcp: {port: 80}}\n",
+        )
+        .expect("valid spec")
+        .spec
+        .health;
+        let steps: [(&str, Jail, DryRunAction); 6] = [
             (
                 "new",
                 web("/bin/sleep, '300'", "512M"),
@@ -582,11 +591,9 @@ mod on_freebsd {
                 web("/bin/sleep, '301'", "256M"),
                 DryRunAction::UpdateInPlace,
             ),
-            (
-                "same",
-                web("/bin/sleep, '301'", "256M"),
-                DryRunAction::Nothing,
-            ),
+            ("quota", quota, DryRunAction::UpdateInPlace),
+            ("probe", probe.clone(), DryRunAction::UpdateRecord),
+            ("same", probe, DryRunAction::Nothing),
         ];
         for (what, spec, action) in steps {
             let before = host.ran().len();
@@ -603,13 +610,21 @@ mod on_freebsd {
                 .filter(|c| c.changes_host)
                 .map(|c| render_argv(&c.argv))
                 .collect();
+            match what {
+                "quota" => assert_eq!(
+                    planned,
+                    ["/sbin/zfs set quota=2147483648 zroot/keel/volumes/web-content"]
+                ),
+                "probe" | "same" => assert!(planned.is_empty(), "{what}: {planned:?}"),
+                _ => {}
+            }
             let from = host.ran().len();
             agent.apply(spec, None).expect("apply");
             assert_eq!(planned, changes_since(&host, from), "{what}");
         }
 
         host.crash("web-1");
-        let spec = web("/bin/sleep, '301'", "256M");
+        let spec = agent.record("web-1").expect("recorded").spec.clone();
         let report = agent.dry_run(spec.clone(), None).expect("dry run");
         assert_eq!(report.action, DryRunAction::Start, "{report:?}");
         let planned: Vec<String> = report
