@@ -641,4 +641,22 @@ mod on_freebsd {
         agent.apply(spec, None).expect("apply");
         assert_eq!(planned, changes_since(&host, from), "crashed");
     }
+
+    /// A step the host would refuse ends the list, with a note that says
+    /// why; the apply then fails at the same command.
+    #[test]
+    fn a_refused_step_ends_the_list_with_a_note() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host = ScriptedHost::new(CommandPaths::default(), "zroot");
+        let mut agent = agent(&host, dir.path());
+        let mut spec = web("/bin/sleep, '300'", "512M");
+        spec.spec.base = "13.0-RELEASE".into();
+        let report = agent.dry_run(spec.clone(), None).expect("dry run");
+        let note = report.note.clone().expect("a note");
+        assert!(note.contains("13.0-RELEASE@keel"), "{note}");
+        let last = report.commands.last().expect("commands");
+        assert_eq!(last.argv[..2], ["/sbin/zfs", "clone"], "{report:?}");
+        let error = agent.apply(spec, None).expect_err("no such base");
+        assert!(error.to_string().contains("13.0-RELEASE@keel"), "{error}");
+    }
 }
