@@ -37,13 +37,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keel::agentd::reconciler::{
-    AgentState, Deployed, JailRecord, NodeNetwork, PassReport, Reconciler, STATE_FILE,
+    AgentState, AgentStore, Deployed, JailRecord, NodeNetwork, PassReport, Reconciler,
 };
 use keel::common::backoff::SystemClock;
 use keel::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
 use keel::common::config::CommandPaths;
 use keel::common::spec::{self, Jail};
-use keel::common::store::Store;
 use keel::common::sync::lock;
 use keel::host::iface_names;
 use keel::host::jail::FreeBsdJails;
@@ -482,7 +481,7 @@ impl CommandRunner for SyntheticHost {
 fn reconciler(
     host: &Arc<SyntheticHost>,
     dir: &Path,
-    store: Store<AgentState>,
+    store: AgentStore,
     state: Option<AgentState>,
 ) -> FreeBsdReconciler {
     let paths = CommandPaths::default();
@@ -536,7 +535,7 @@ fn seeded_state(n: usize) -> AgentState {
 fn apply_check() -> Result<f64, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let host = Arc::new(SyntheticHost::new(HostModel::empty()));
-    let (store, state) = Store::open(dir.path(), STATE_FILE).map_err(|e| e.to_string())?;
+    let (store, state) = AgentStore::open(dir.path()).map_err(|e| e.to_string())?;
     let mut r = reconciler(&host, dir.path(), store, state);
     for i in 0..APPLY_CHECK {
         let status = r
@@ -637,11 +636,12 @@ impl Run {
     fn start(n: usize) -> Result<Run, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         {
-            let (mut store, _) =
-                Store::<AgentState>::open(dir.path(), STATE_FILE).map_err(|e| e.to_string())?;
-            store.save(&seeded_state(n)).map_err(|e| e.to_string())?;
+            let (mut store, _) = AgentStore::open(dir.path()).map_err(|e| e.to_string())?;
+            store
+                .save_all(&seeded_state(n))
+                .map_err(|e| e.to_string())?;
         }
-        let (store, state) = Store::open(dir.path(), STATE_FILE).map_err(|e| e.to_string())?;
+        let (store, state) = AgentStore::open(dir.path()).map_err(|e| e.to_string())?;
         let host = Arc::new(SyntheticHost::new(HostModel::seeded(n)));
         let reconciler = reconciler(&host, dir.path(), store, state);
         let mut run = Run {

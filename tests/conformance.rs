@@ -40,7 +40,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use keel::agentd::reconciler::{NodeNetwork, Phase, Reconciler, STATE_FILE};
+use keel::agentd::reconciler::{AgentStore, NodeNetwork, Phase, Reconciler};
 use keel::agentd::{routes, volumes};
 use keel::common::backoff::ManualClock;
 use keel::common::cidr::Ipv4Net;
@@ -48,7 +48,6 @@ use keel::common::cmd::{CommandRunner, RecordingRunner};
 use keel::common::config::CommandPaths;
 use keel::common::names::replica_name;
 use keel::common::spec::{Jail, parse_jail, parse_service};
-use keel::common::store::Store;
 use keel::common::wire::Peer;
 use keel::host::fake::{CallLog, Faults};
 use keel::host::jail::{FakeJails, FreeBsdJails, ObservedJail, Removal};
@@ -291,7 +290,7 @@ impl<B: Backend> Rig<B> {
             volumes_dir: dir.path().join("volumes"),
         };
         let (backend, jails, zfs, net, mounts) = B::build(dir.path(), &layout);
-        let (store, state) = Store::open(&dir.path().join("agent"), STATE_FILE).expect("store");
+        let (store, state) = AgentStore::open(&dir.path().join("agent")).expect("store");
         let clock = ManualClock::new();
         let agent = Reconciler::new(
             jails,

@@ -5,7 +5,7 @@
 //! - a change that never got an answer is either wholly there or wholly
 //!   absent (for the agent: recorded spec, workload and directory agree; for
 //!   the control plane: placement and the node holding the jail agree);
-//! - the state files parse (the agent's through `Store`, the control plane's
+//! - the state files parse (the agent's through `AgentStore`, the control plane's
 //!   journal through `open_state`, while the daemon is down);
 //! - no jail runs twice (agent: workload processes per jail name, from
 //!   /proc; control plane: fake agents holding the same name, after the
@@ -39,11 +39,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keel::agentd::reconciler::{AgentState, STATE_FILE};
+use keel::agentd::reconciler::AgentStore;
 use keel::common::auth::Signer;
 use keel::common::cidr::Ipv4Net;
 use keel::common::http::{Client, ClientResponse, Endpoint, HttpError};
-use keel::common::store::Store;
 use keel::common::wire::{JailStatus, NodeStatus, Phase};
 use keel::controlplane::worker::open_state;
 
@@ -282,7 +281,7 @@ fn check_agent(
         statuses.iter().map(|s| (s.name.as_str(), s)).collect();
 
     // The state file parses and holds exactly what the API shows.
-    let (_, state) = Store::<AgentState>::open(&agent.state_dir(), STATE_FILE)
+    let (_, state) = AgentStore::open(&agent.state_dir())
         .unwrap_or_else(|e| panic!("{context}: the state file does not parse: {e}"));
     let state = state.unwrap_or_default();
     assert!(
@@ -944,9 +943,7 @@ fn a_failing_store_is_reported_to_the_api_caller_and_keeps_the_previous_state() 
     let zfs = FakeZfs::new(log.clone(), faults.clone());
     zfs.add_base("14.2-RELEASE");
     let fs = FaultyFs::new();
-    let (store, state) =
-        Store::<AgentState>::with_fs(&dir.path().join("state"), STATE_FILE, fs.clone())
-            .expect("store");
+    let (store, state) = AgentStore::with_fs(&dir.path().join("state"), fs.clone()).expect("store");
     let reconciler = Reconciler::new(
         FakeJails::new(log.clone(), faults.clone()),
         zfs,
@@ -980,7 +977,7 @@ fn a_failing_store_is_reported_to_the_api_caller_and_keeps_the_previous_state() 
     let r = call("PUT", "/jails/a", &jail_yaml("a", 1));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let list_before = call("GET", "/jails", b"").body;
-    let disk_before = Store::<AgentState>::open(&dir.path().join("state"), STATE_FILE)
+    let disk_before = AgentStore::open(&dir.path().join("state"))
         .expect("state parses")
         .1;
     log.clear();
@@ -1006,7 +1003,7 @@ fn a_failing_store_is_reported_to_the_api_caller_and_keeps_the_previous_state() 
                 list_before,
                 "{step} {method} {path}: the API shows the previous state"
             );
-            let disk = Store::<AgentState>::open(&dir.path().join("state"), STATE_FILE)
+            let disk = AgentStore::open(&dir.path().join("state"))
                 .expect("state parses")
                 .1;
             assert_eq!(

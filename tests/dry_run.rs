@@ -58,7 +58,8 @@ fn other() -> String {
 /// What must not move during a dry run.
 #[derive(Debug, PartialEq)]
 struct Host {
-    state_file: Option<Vec<u8>>,
+    /// node.json, then every jail record file, byte for byte.
+    state_files: Vec<(String, Option<Vec<u8>>)>,
     jails: String,
     pids: std::collections::BTreeMap<String, u32>,
     jail_dirs: Vec<String>,
@@ -77,9 +78,21 @@ fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
+fn state_files(state_dir: &Path) -> Vec<(String, Option<Vec<u8>>)> {
+    let records = state_dir.join("records");
+    std::iter::once(("node.json".to_string(), state_dir.join("node.json")))
+        .chain(
+            entries(&records)
+                .into_iter()
+                .map(|name| (name.clone(), records.join(name))),
+        )
+        .map(|(name, path)| (name, std::fs::read(path).ok()))
+        .collect()
+}
+
 fn host(agent: &Agent) -> Host {
     Host {
-        state_file: std::fs::read(agent.state_dir().join("agentd.json")).ok(),
+        state_files: state_files(&agent.state_dir()),
         jails: exits(agent, 0, &["get", "jails", "-o", "json"]),
         pids: agent.jail_pids(),
         jail_dirs: entries(&agent.dir().join("keel-sim/jails")),
@@ -479,12 +492,12 @@ mod on_freebsd {
     use std::path::Path;
     use std::time::Duration;
 
+    use keel::agentd::reconciler::AgentStore;
     use keel::agentd::reconciler::{DryRunHost, NodeNetwork, Reconciler};
     use keel::common::backoff::SystemClock;
     use keel::common::cmd::render_argv;
     use keel::common::config::CommandPaths;
     use keel::common::spec::{Jail, parse_jail};
-    use keel::common::store::Store;
     use keel::common::wire::DryRunAction;
     use keel::host::jail::FreeBsdJails;
     use keel::host::mount::FreeBsdMounts;
@@ -512,7 +525,7 @@ mod on_freebsd {
         );
         let paths = CommandPaths::default();
         let conf_dir = dir.join("jail-conf");
-        let (store, state) = Store::open(&dir.join("state"), "agentd.json").expect("store");
+        let (store, state) = AgentStore::open(&dir.join("state")).expect("store");
         let mut agent = Reconciler::new(
             FreeBsdJails::new(host.clone(), paths.clone(), &conf_dir),
             FreeBsdZfs::new(host.clone(), paths.clone(), layout, 1, Duration::ZERO),

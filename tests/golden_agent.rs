@@ -18,12 +18,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel::agentd::reconciler::{NodeNetwork, Phase, Reconciler, STATE_FILE};
+use keel::agentd::reconciler::{AgentStore, NodeNetwork, Phase, Reconciler};
 use keel::common::backoff::ManualClock;
 use keel::common::cmd::RecordingRunner;
 use keel::common::config::CommandPaths;
 use keel::common::spec::{Jail, parse_jail};
-use keel::common::store::Store;
 use keel::host::jail::FreeBsdJails;
 use keel::host::mount::FreeBsdMounts;
 use keel::host::net::FreeBsdNet;
@@ -51,7 +50,7 @@ fn agent(runner: Runner, state_dir: &Path) -> FreeBsdAgent {
 /// writes them has its own directory, as tests run in parallel.
 fn agent_with_confs(runner: Runner, state_dir: &Path, confs: &Path) -> FreeBsdAgent {
     let paths = CommandPaths::default();
-    let (store, state) = Store::open(state_dir, STATE_FILE).expect("store opens");
+    let (store, state) = AgentStore::open(state_dir).expect("store opens");
     Reconciler::new(
         FreeBsdJails::new(runner.clone(), paths.clone(), confs),
         FreeBsdZfs::new(
@@ -133,8 +132,7 @@ fn agent_provisions_keeps_and_deletes_a_jail_with_two_volumes() {
         assert!(agent.get("web-1").is_none());
     });
     assert!(!conf.exists(), "the conf of a deleted jail is removed");
-    let (_, saved) = Store::<keel::agentd::reconciler::AgentState>::open(state.path(), STATE_FILE)
-        .expect("store opens");
+    let (_, saved) = AgentStore::open(state.path()).expect("store opens");
     let saved = saved.expect("state saved");
     assert!(saved.jails.is_empty() && saved.deleting.is_empty());
 }
@@ -174,7 +172,7 @@ fn agent_provisions_and_deletes_a_jail_without_limits_without_rctl() {
 fn provisioned_state() -> tempfile::TempDir {
     use keel::host::fake::{CallLog, Faults};
     let dir = tempfile::tempdir().expect("tempdir");
-    let (store, state) = Store::open(dir.path(), STATE_FILE).expect("store opens");
+    let (store, state) = AgentStore::open(dir.path()).expect("store opens");
     let mut fake = Reconciler::new(
         keel::host::jail::FakeJails::new(CallLog::new(), Faults::default()),
         FakeZfs::with_bases(&["14.2-RELEASE"]),

@@ -22,13 +22,12 @@ use keel::agentd::ingress::controller::{
     CERT_DIR, CONF_DIR, INGRESS_JAIL, IngressController, IngressSettings,
 };
 use keel::agentd::ingress::dns::FakeDns;
-use keel::agentd::reconciler::{NodeNetwork, Reconciler, STATE_FILE};
+use keel::agentd::reconciler::{AgentStore, NodeNetwork, Reconciler};
 use keel::common::auth::KeyFilePolicy;
 use keel::common::backoff::ManualClock;
 use keel::common::cmd::RecordingRunner;
 use keel::common::config::CommandPaths;
 use keel::common::spec::parse_ingress;
-use keel::common::store::Store;
 use keel::common::wire::IngressPhase;
 use keel::host::fake::{CallLog, Faults};
 use keel::host::jail::{FakeJails, FreeBsdJails, JailRuntime};
@@ -92,7 +91,7 @@ where
     N: NetManager,
     M: MountManager,
 {
-    let (store, saved) = Store::open(state, STATE_FILE).expect("store");
+    let (store, saved) = AgentStore::open(state).expect("store");
     Reconciler::new(
         j,
         z,

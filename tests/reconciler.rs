@@ -14,12 +14,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use keel::agentd::reconciler::{
-    AgentState, HostError, JailRecord, Phase, ReconcileError, Reconciler, STATE_FILE,
+    AgentState, AgentStore, HostError, JailRecord, Phase, ReconcileError, Reconciler,
 };
 use keel::common::backoff::ManualClock;
 use keel::common::cidr::Ipv4Net;
 use keel::common::spec::{Jail, parse_jail};
-use keel::common::store::{FaultyFs, Step, Store};
+use keel::common::store::{FaultyFs, Step};
 use keel::host::fake::{CallLog, Faults};
 use keel::host::jail::{FakeJails, JailParams, JailRuntime};
 use keel::host::mount::FakeMounts;
@@ -72,16 +72,11 @@ impl Host {
     }
 
     fn agent_on(&self, subnet: &str) -> Agent {
-        let (store, state) = Store::open(self.dir.path(), STATE_FILE).expect("store opens");
+        let (store, state) = AgentStore::open(self.dir.path()).expect("store opens");
         self.agent_with(store, state, subnet)
     }
 
-    fn agent_with(
-        &self,
-        store: Store<AgentState>,
-        state: Option<AgentState>,
-        subnet: &str,
-    ) -> Agent {
+    fn agent_with(&self, store: AgentStore, state: Option<AgentState>, subnet: &str) -> Agent {
         Reconciler::new(
             self.jails.clone(),
             self.zfs.clone(),
@@ -99,9 +94,7 @@ impl Host {
 
     /// What a freshly started agent would load from the state directory.
     fn saved(&self) -> Option<AgentState> {
-        Store::<AgentState>::open(self.dir.path(), STATE_FILE)
-            .expect("store opens")
-            .1
+        AgentStore::open(self.dir.path()).expect("store opens").1
     }
 
     /// Log entries since the last `take`, and forgets them.
@@ -388,8 +381,8 @@ fn one_broken_jail_never_blocks_the_others_and_is_retried_after_its_delay() {
             },
         );
     }
-    let (mut store, _) = Store::open(host.dir.path(), STATE_FILE).expect("store");
-    store.save(&state).expect("saved");
+    let (mut store, _) = AgentStore::open(host.dir.path()).expect("store");
+    store.save_all(&state).expect("saved");
     let mut agent = host.agent();
     host.faults.fail("clone_rootfs", Some("a"));
 
@@ -684,8 +677,7 @@ fn an_apply_that_cannot_be_persisted_is_refused_and_changes_nothing() {
     for step in [Step::Write, Step::Fsync, Step::Rename] {
         let host = Host::new();
         let fs = FaultyFs::new();
-        let (store, state) =
-            Store::with_fs(host.dir.path(), STATE_FILE, fs.clone()).expect("store");
+        let (store, state) = AgentStore::with_fs(host.dir.path(), fs.clone()).expect("store");
         let mut agent = host.agent_with(store, state, SUBNET);
         agent.apply(jail("a"), None).expect("a");
         let before = agent.state().clone();
@@ -1498,7 +1490,7 @@ fn a_dry_run_lists_the_freebsd_commands_and_changes_neither_host_nor_state() {
     use keel::common::wire::DryRunAction;
     let host = Host::new();
     let fs = FaultyFs::new();
-    let (store, state) = Store::with_fs(host.dir.path(), STATE_FILE, fs.clone()).expect("store");
+    let (store, state) = AgentStore::with_fs(host.dir.path(), fs.clone()).expect("store");
     let mut agent = host.agent_with(store, state, SUBNET);
     agent.apply(jail("a"), None).expect("a");
     let before = agent.state().clone();
@@ -1591,4 +1583,36 @@ fn a_dry_run_refuses_what_the_apply_refuses() {
         .expect_err("owned locally");
     assert!(matches!(err, ReconcileError::Conflict { .. }), "{err:?}");
     assert!(host.take().is_empty());
+}
+
+#[test]
+fn an_apply_writes_its_own_jail_record_and_no_other() {
+    let host = Host::new();
+    let fs = FaultyFs::new();
+    let (store, state) = AgentStore::with_fs(host.dir.path(), fs.clone()).expect("store");
+    let mut agent = host.agent_with(store, state, SUBNET);
+    for name in ["a", "b", "c"] {
+        agent.apply(jail(name), None).expect(name);
+    }
+    let before = fs.log().len();
+    agent.apply(jail("d"), None).expect("d");
+    let mut changed = jail("b");
+    changed.spec.exec.start = vec!["/usr/local/bin/other".into()];
+    agent.apply(changed, None).expect("b changed");
+    agent.delete("c").expect("c deleted");
+    let records = host.dir.path().join("records");
+    let log = fs.log();
+    // Every operation after the first three applies is on the record
+    // directory itself (its fsync) or on d's, b's or c's record.
+    let ours = |l: &&String| {
+        l.ends_with(&format!(" {}", records.display()))
+            || ["d", "b", "c"].iter().any(|n| {
+                l.contains(&format!("/records/.{n}.json.tmp"))
+                    || l.contains(&format!("/records/{n}.json"))
+            })
+    };
+    let foreign: Vec<&String> = log[before..].iter().filter(|l| !ours(l)).collect();
+    assert!(foreign.is_empty(), "{foreign:#?}");
+    assert!(log[before..].len() >= 4, "{:#?}", &log[before..]);
+    assert_eq!(host.saved().as_ref(), Some(agent.state()));
 }

@@ -46,7 +46,7 @@ use crate::agentd::ingress::acme::AcmeSettings;
 use crate::agentd::ingress::controller::{IngressController, IngressSettings};
 use crate::agentd::ingress::dns::OvhDns;
 use crate::agentd::proxy::{Proxy, ProxyConfig};
-use crate::agentd::reconciler::{AgentState, DryRunHost, NodeNetwork, Reconciler, STATE_FILE};
+use crate::agentd::reconciler::{AgentState, AgentStore, DryRunHost, NodeNetwork, Reconciler};
 use crate::agentd::worker;
 use crate::common::auth::KeyFilePolicy;
 use crate::common::auth::{Signer, Verifier};
@@ -61,7 +61,7 @@ use crate::common::lockfile::{LockError, StateDirLock};
 use crate::common::logging;
 use crate::common::metrics::{self, ListenError};
 use crate::common::replay_floor::{self, FloorError};
-use crate::common::store::{Store, StoreError};
+use crate::common::store::StoreError;
 use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
 use crate::host::base::{BaseLayout, BaseStore, FreeBsdBases};
 use crate::host::capacity::{Capacity, FreeBsdCapacity, Preflight};
@@ -165,8 +165,8 @@ pub fn run(options: Options) -> Result<(), RunError> {
         logging::to_stderr("keel-agentd", level);
     }
 
-    let (store, state): (Store<AgentState>, Option<AgentState>) =
-        Store::open(&cfg.agent.state_dir, STATE_FILE).map_err(RunError::Store)?;
+    let (store, state): (AgentStore, Option<AgentState>) =
+        AgentStore::open(&cfg.agent.state_dir).map_err(RunError::Store)?;
     let (layout, bases_dir) = if options.simulate {
         simulated_layout(&cfg, &options.source.cwd)
     } else {

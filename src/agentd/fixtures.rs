@@ -4,11 +4,10 @@
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use crate::agentd::reconciler::{AgentState, NodeNetwork, Reconciler, STATE_FILE};
+use crate::agentd::reconciler::{AgentState, AgentStore, NodeNetwork, Reconciler};
 use crate::common::backoff::ManualClock;
 use crate::common::cidr::Ipv4Net;
 use crate::common::spec;
-use crate::common::store::Store;
 use crate::common::wire::Peer;
 use crate::host::fake::{CallLog, Faults};
 use crate::host::jail::FakeJails;
@@ -27,7 +26,7 @@ pub const DEFAULT_SUBNET: &str = "10.20.0.0/24";
 /// with base 14.2-RELEASE present.
 pub fn fake_reconciler(dir: &Path, net: FakeNet) -> FakeReconciler {
     let log = CallLog::new();
-    let (store, state) = Store::open(dir, STATE_FILE).expect("store");
+    let (store, state) = AgentStore::open(dir).expect("store");
     let zfs = FakeZfs::new(log.clone(), Faults::default());
     zfs.add_base("14.2-RELEASE");
     let subnet = state

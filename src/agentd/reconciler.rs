@@ -5,8 +5,9 @@
 //! seed's: [`Reconciler::new`], [`Reconciler::apply`], [`Reconciler::delete`] and
 //! [`Reconciler::reconcile`].
 //!
-//! - `apply` and `delete` change the desired state, persist it with
-//!   [`crate::common::store`] *before* anything is acknowledged, then converge
+//! - `apply` and `delete` change the desired state, persist that jail's
+//!   record ([`records`]: one file per jail, so the write does not grow with
+//!   the number of jails) *before* anything is acknowledged, then converge
 //!   that one jail so the caller's response reflects the host. An apply is an
 //!   explicit request and does not wait out the jail's backoff delay.
 //! - `reconcile` (the 5 s timer) observes the whole host with one call per
@@ -69,11 +70,11 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 pub use crate::agentd::health::Target as HealthTarget;
-use crate::common::backoff::{Backoff, Clock, Policy, Snapshot};
+use crate::common::backoff::{Backoff, Clock, Policy, Snapshot, SnapshotEntry};
 use crate::common::cidr::Ipv4Net;
 use crate::common::cmd::CmdOutput;
 use crate::common::spec::{Jail, JailSpec, Resources};
-use crate::common::store::{Store, StoreError};
+use crate::common::store::StoreError;
 pub use crate::common::wire::{JailStatus, Phase};
 use crate::host::jail::{JailError, JailNetwork, JailParams, Limits, ObservedJail, Removal};
 use crate::host::mount::MountError;
@@ -82,9 +83,13 @@ use crate::host::zfs::{Dataset, ZfsError};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager, iface_names};
 
 mod dry_run;
+pub mod records;
 pub use dry_run::DryRunHost;
+pub use records::AgentStore;
+use records::{JailFile, NodeRecord};
 
-/// File name of the agent's desired state inside its state directory.
+/// File name of the single state file earlier agents kept every jail in;
+/// [`AgentStore::open`] converts it to one record per jail, once.
 pub const STATE_FILE: &str = "agentd.json";
 
 /// The node's own network: the bridge and the subnet jails live in.
@@ -132,7 +137,9 @@ pub struct AgentState {
     /// jail's address in `network.address` so no other jail takes it meanwhile.
     pub deleting: BTreeMap<String, Jail>,
     /// Crash-loop backoff per jail, so a restarted agent does not hammer a
-    /// workload that was crash-looping before it went down.
+    /// workload that was crash-looping before it went down. Each jail's
+    /// entry is kept in its record; this holds them all, as on disk (the
+    /// reconciler's live backoff runs ahead until the next save).
     #[serde(default)]
     pub backoff: Snapshot<String>,
     /// The subnet the control plane assigned (clustered nodes only); kept so a
@@ -393,10 +400,11 @@ pub struct Reconciler<J, Z, N, M> {
     net: N,
     mounts: M,
     node: NodeNetwork,
-    store: Store<AgentState>,
+    store: AgentStore,
     state: AgentState,
-    /// `state` holds bookkeeping (restarts, [`Deployed`]) not yet on disk.
-    dirty: bool,
+    /// Jails whose bookkeeping (restarts, [`Deployed`]) in `state` is not on
+    /// disk yet.
+    dirty: BTreeSet<String>,
     backoff: Backoff<String>,
     clock: Box<dyn Clock>,
     runtime: BTreeMap<String, Runtime>,
@@ -433,7 +441,7 @@ where
         net: N,
         mounts: M,
         node: NodeNetwork,
-        store: Store<AgentState>,
+        store: AgentStore,
         initial: Option<AgentState>,
         clock: Box<dyn Clock>,
     ) -> Reconciler<J, Z, N, M> {
@@ -447,7 +455,7 @@ where
             node,
             store,
             state,
-            dirty: false,
+            dirty: BTreeSet::new(),
             backoff,
             clock,
             runtime: BTreeMap::new(),
@@ -561,11 +569,10 @@ where
         if let Ok(obs) = &observed {
             self.check_quotas(&record.spec.spec, obs)?;
         }
-        let mut next = self.state.clone();
-        next.deleting.remove(&name);
-        next.jails.insert(name.clone(), record);
-        if next != self.state {
-            self.commit(next)?;
+        let unchanged =
+            previous.as_ref() == Some(&record) && !self.state.deleting.contains_key(&name);
+        if !unchanged {
+            self.commit_jail(&name, Some(record), None)?;
         }
         if changed {
             // A new spec is a new workload: it does not inherit the old
@@ -581,7 +588,7 @@ where
             self.note_failure(&name, &error);
             return Err(ReconcileError::Host { jail: name, error });
         }
-        if let Err(e) = self.save_bookkeeping() {
+        if let Err(e) = self.save_bookkeeping(Some(&name)) {
             return Err(ReconcileError::Host {
                 jail: name,
                 error: HostError::Store(e.to_string()),
@@ -605,10 +612,7 @@ where
             (None, Some(spec)) => spec.clone(),
             (None, None) => return Err(ReconcileError::NotFound(name.to_string())),
         };
-        let mut next = self.state.clone();
-        next.jails.remove(name);
-        next.deleting.insert(name.to_string(), spec);
-        self.commit(next)?;
+        self.commit_jail(name, None, Some(spec))?;
         let crashed = self.runtime.get(name).and_then(|r| r.phase) == Some(Phase::CrashLoop);
         self.finish_delete(name, crashed).map_err(|error| {
             self.note_failure(name, &error);
@@ -688,7 +692,7 @@ where
             }
         }
 
-        if let Err(e) = self.save_bookkeeping() {
+        if let Err(e) = self.save_bookkeeping(None) {
             report.failures.push(JailFailure {
                 jail: "(state)".into(),
                 error: e.to_string(),
@@ -744,31 +748,114 @@ where
         self.state.jails.get(name)
     }
 
-    /// Persists `next` (with the current backoff) and makes it the state. If
-    /// the write fails the in-memory state stays as it was, so nothing
-    /// unacknowledged is ever half-applied.
-    fn commit(&mut self, mut next: AgentState) -> Result<(), ReconcileError> {
-        next.backoff = self.backoff.snapshot();
-        self.store.save(&next)?;
-        self.state = next;
-        self.dirty = false;
+    /// Persists jail `name`'s record as `desired` or `deleting` (neither:
+    /// the record is removed) with its current backoff, then makes it the
+    /// state. Only that jail's file is written. If the write fails the
+    /// in-memory state stays as it was, so nothing unacknowledged is ever
+    /// half-applied.
+    fn commit_jail(
+        &mut self,
+        name: &str,
+        desired: Option<JailRecord>,
+        deleting: Option<Jail>,
+    ) -> Result<(), ReconcileError> {
+        let file = JailFile {
+            desired,
+            deleting,
+            backoff: self.backoff.snapshot_of(&name.to_string()),
+        };
+        self.store.save_jail(name, &file)?;
+        self.record_saved(name, file);
         Ok(())
     }
 
-    /// Writes bookkeeping (restart counts, [`Deployed`], backoff) when it
-    /// changed; a steady pass writes nothing. On failure it stays pending and
-    /// the next pass tries again.
-    fn save_bookkeeping(&mut self) -> Result<(), StoreError> {
-        let snapshot = self.backoff.snapshot();
-        if !self.dirty && snapshot == self.state.backoff {
-            return Ok(());
+    /// Makes `file`, just written, jail `name`'s state.
+    fn record_saved(&mut self, name: &str, file: JailFile) {
+        match file.desired {
+            Some(rec) => self.state.jails.insert(name.to_string(), rec),
+            None => self.state.jails.remove(name),
+        };
+        match file.deleting {
+            Some(jail) => self.state.deleting.insert(name.to_string(), jail),
+            None => self.state.deleting.remove(name),
+        };
+        // Entries are in key order: one jail's is found, replaced, added or
+        // dropped without rebuilding the others.
+        let entries = &mut self.state.backoff.entries;
+        match (
+            entries.binary_search_by(|e| e.key.as_str().cmp(name)),
+            file.backoff,
+        ) {
+            (Ok(i), Some(entry)) => entries[i] = entry,
+            (Ok(i), None) => {
+                entries.remove(i);
+            }
+            (Err(i), Some(entry)) => entries.insert(i, entry),
+            (Err(_), None) => {}
         }
-        let mut next = self.state.clone();
-        next.backoff = snapshot;
-        self.store.save(&next)?;
-        self.state = next;
-        self.dirty = false;
+        self.dirty.remove(name);
+    }
+
+    /// Jail `name`'s backoff entry as its record on disk holds it.
+    fn saved_backoff(&self, name: &str) -> Option<&SnapshotEntry<String>> {
+        let entries = &self.state.backoff.entries;
+        entries
+            .binary_search_by(|e| e.key.as_str().cmp(name))
+            .ok()
+            .map(|i| &entries[i])
+    }
+
+    /// Persists the node-wide record `node` and makes it the state.
+    fn commit_node(&mut self, node: NodeRecord) -> Result<(), ReconcileError> {
+        self.store.save_node(&node)?;
+        self.state.node_subnet = node.node_subnet;
+        self.state.cluster_routes = node.cluster_routes;
+        self.state.service_vips = node.service_vips;
         Ok(())
+    }
+
+    fn node_record(&self) -> NodeRecord {
+        NodeRecord {
+            node_subnet: self.state.node_subnet,
+            cluster_routes: self.state.cluster_routes.clone(),
+            service_vips: self.state.service_vips.clone(),
+        }
+    }
+
+    /// Writes the record of every jail (or only of `only`) whose bookkeeping
+    /// (restart count, [`Deployed`], backoff) changed; a steady pass writes
+    /// nothing. A failed write stays pending, the next pass tries again, and
+    /// the other jails are still written; the first failure is returned.
+    fn save_bookkeeping(&mut self, only: Option<&str>) -> Result<(), StoreError> {
+        let names: Vec<String> = match only {
+            Some(name) => vec![name.to_string()],
+            None => self
+                .state
+                .jails
+                .keys()
+                .chain(self.state.deleting.keys())
+                .cloned()
+                .collect(),
+        };
+        let mut first_error = None;
+        for name in names {
+            let backoff = self.backoff.snapshot_of(&name);
+            if !self.dirty.contains(&name) && backoff.as_ref() == self.saved_backoff(&name) {
+                continue;
+            }
+            let file = JailFile {
+                desired: self.state.jails.get(&name).cloned(),
+                deleting: self.state.deleting.get(&name).cloned(),
+                backoff,
+            };
+            match self.store.save_jail(&name, &file) {
+                Ok(()) => self.record_saved(&name, file),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Refuses (409, with the numbers) a declared quota below what an
@@ -942,7 +1029,7 @@ where
                 stop_failure = self.remove_jail(name, !j.running)?;
                 if let Some(r) = self.state.jails.get_mut(name) {
                     r.restarts += 1;
-                    self.dirty = true;
+                    self.dirty.insert(name.to_string());
                 }
                 epair_ready = self.epair_on_host(name)?;
             }
@@ -1109,7 +1196,7 @@ where
                 .and_then(|r| r.deployed.as_mut())
             {
                 d.spec.base = spec.base.clone();
-                self.dirty = true;
+                self.dirty.insert(name.to_string());
             }
         }
         for v in &spec.volumes {
@@ -1183,7 +1270,7 @@ where
                 address: rec.address,
                 limits,
             });
-            self.dirty = true;
+            self.dirty.insert(name.to_string());
         }
     }
 
@@ -1222,10 +1309,8 @@ where
             })
             .unwrap_or_default();
         self.teardown(name, &volumes, workload_gone)?;
-        let mut next = self.state.clone();
-        next.deleting.remove(name);
         self.backoff.forget(&name.to_string());
-        self.commit(next)
+        self.commit_jail(name, None, None)
             .map_err(|e| HostError::Store(e.to_string()))?;
         self.runtime.remove(name);
         Ok(())
@@ -1444,9 +1529,11 @@ where
             self.set_node_subnet(subnet)?;
         }
         if self.state.node_subnet != Some(subnet) {
-            let mut next = self.state.clone();
-            next.node_subnet = Some(subnet);
-            if let Err(e) = self.commit(next) {
+            let next = NodeRecord {
+                node_subnet: Some(subnet),
+                ..self.node_record()
+            };
+            if let Err(e) = self.commit_node(next) {
                 self.node = previous;
                 return Err(e);
             }
@@ -1476,9 +1563,11 @@ where
         if self.state.cluster_routes == routes {
             return Ok(());
         }
-        let mut next = self.state.clone();
-        next.cluster_routes = routes;
-        self.commit(next)
+        let next = NodeRecord {
+            cluster_routes: routes,
+            ..self.node_record()
+        };
+        self.commit_node(next)
     }
 
     /// Persists the set of service VIPs Keel has aliased now.
@@ -1486,9 +1575,11 @@ where
         if self.state.service_vips == vips {
             return Ok(());
         }
-        let mut next = self.state.clone();
-        next.service_vips = vips;
-        self.commit(next)
+        let next = NodeRecord {
+            service_vips: vips,
+            ..self.node_record()
+        };
+        self.commit_node(next)
     }
 }
 
@@ -1566,7 +1657,7 @@ where
         };
         if let Some(r) = self.state.jails.get_mut(name) {
             r.restarts += 1;
-            self.dirty = true;
+            self.dirty.insert(name.to_string());
         }
         let now = self.clock.now();
         let key = name.to_string();
@@ -1577,7 +1668,7 @@ where
         rt.forced_removal = stop_failure.map(|e| e.to_string());
         rt.health_failure = None;
         rt.health_restart = Some(format!("restarted: its health check failed: {reason}"));
-        self.save_bookkeeping()?;
+        self.save_bookkeeping(Some(name))?;
         Ok(true)
     }
 

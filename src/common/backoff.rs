@@ -242,16 +242,22 @@ impl<K: Ord + Clone> Backoff<K> {
         Snapshot {
             entries: self
                 .entries
-                .iter()
-                .map(|(key, e)| SnapshotEntry {
-                    key: key.clone(),
-                    restarts: e.restarts,
-                    delay_ms: e
-                        .delay
-                        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                })
+                .keys()
+                .filter_map(|key| self.snapshot_of(key))
                 .collect(),
         }
+    }
+
+    /// What to persist of `key` alone (its entry of [`Backoff::snapshot`]),
+    /// for state kept one record per key; `None` when it has no record.
+    pub fn snapshot_of(&self, key: &K) -> Option<SnapshotEntry<K>> {
+        self.entries.get(key).map(|e| SnapshotEntry {
+            key: key.clone(),
+            restarts: e.restarts,
+            delay_ms: e
+                .delay
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        })
     }
 
     /// Backoff rebuilt from a [`Snapshot`] loaded at `now`: every key may be

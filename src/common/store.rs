@@ -12,9 +12,24 @@
 //! naming the file; the operator inspects it and moves it aside. Starting
 //! fresh over existing state would forget jails, volumes and placements.
 //!
+//! [`RecordStore`] is the same promise for state kept as one record per
+//! key, one file per record in a directory of its own (the agent's jails,
+//! `agentd::reconciler::records`): a save writes only its record, so its cost
+//! does not grow with the number of records. Each record file is written
+//! exactly as a state file (temp file, fsync, rename, directory fsync), so a
+//! crash at any step leaves that record old or new, never torn, and never
+//! touches another record. A removal unlinks the file and fsyncs the
+//! directory. Why files and not a journal (`common::journal`): the agent has
+//! one worker thread, so its writes never overlap and group commit would
+//! have nothing to group; a record file needs no compaction and no replay,
+//! a restart reads exactly what the last save wrote, and an operator can
+//! read or back up one jail's record on its own. The price is one directory
+//! entry per record, which a start reads once.
+//!
 //! File system access goes through [`StoreFs`] so tests can stop a save at
 //! any step ([`FaultyFs`]) and check what a restart would find.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
@@ -49,11 +64,16 @@ pub enum Step {
     Rename,
     /// fsync(2) the directory so the rename itself is durable.
     FsyncDir,
+    /// unlink(2) a record file ([`RecordStore::remove`]; followed by
+    /// [`Step::FsyncDir`]).
+    Remove,
 }
 
 impl Step {
-    /// Every step, in order.
+    /// Every step of a save, in order.
     pub const ALL: [Step; 4] = [Step::Write, Step::Fsync, Step::Rename, Step::FsyncDir];
+    /// Every step of a record's removal, in order.
+    pub const REMOVAL: [Step; 2] = [Step::Remove, Step::FsyncDir];
 }
 
 impl fmt::Display for Step {
@@ -63,6 +83,7 @@ impl fmt::Display for Step {
             Step::Fsync => "fsync of the temp file",
             Step::Rename => "renaming the temp file over the state file",
             Step::FsyncDir => "fsync of the state directory",
+            Step::Remove => "removing the record file",
         })
     }
 }
@@ -79,6 +100,13 @@ pub trait StoreFs: Send {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Flushes the directory `dir` (its entries) to stable storage.
     fn fsync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Creates `dir` and its missing parents (mode [`DIR_MODE`]); an
+    /// existing directory keeps its mode.
+    fn create_dir(&self, dir: &Path) -> io::Result<()>;
+    /// The names of the entries of `dir` (files and directories alike).
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Removes the file `path`; one that does not exist is not an error.
+    fn remove(&self, path: &Path) -> io::Result<()>;
 }
 
 /// The real file system.
@@ -117,6 +145,27 @@ impl StoreFs for RealFs {
     fn fsync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
     }
+
+    fn create_dir(&self, dir: &Path) -> io::Result<()> {
+        // An existing directory keeps its mode: the operator may have chosen
+        // a group for backups.
+        DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            names.push(entry?.file_name().to_string_lossy().into_owned());
+        }
+        Ok(names)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A file system that lives in memory and never touches the disk: the
@@ -124,7 +173,7 @@ impl StoreFs for RealFs {
 /// as an apply and leave the real state file byte for byte as it was. Clones
 /// share their files.
 #[derive(Debug, Clone, Default)]
-pub struct MemoryFs(Arc<Mutex<std::collections::BTreeMap<PathBuf, Vec<u8>>>>);
+pub struct MemoryFs(Arc<Mutex<BTreeMap<PathBuf, Vec<u8>>>>);
 
 impl StoreFs for MemoryFs {
     fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
@@ -152,6 +201,24 @@ impl StoreFs for MemoryFs {
     fn fsync_dir(&self, _dir: &Path) -> io::Result<()> {
         Ok(())
     }
+
+    fn create_dir(&self, _dir: &Path) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        Ok(lock(&self.0)
+            .keys()
+            .filter(|p| p.parent() == Some(dir))
+            .filter_map(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect())
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        lock(&self.0).remove(path);
+        Ok(())
+    }
 }
 
 /// A [`RealFs`] that can be told to fail a step, for crash tests. Clones
@@ -167,6 +234,8 @@ pub struct FaultyFs(Arc<Mutex<FaultState>>);
 #[derive(Debug, Default)]
 struct FaultState {
     fail_at: Option<Step>,
+    /// Runs of `fail_at` to let through before it fails.
+    skip: usize,
     stop: bool,
     stopped: bool,
     log: Vec<String>,
@@ -182,13 +251,21 @@ impl FaultyFs {
     pub fn fail_at(&self, step: Step) {
         let mut s = lock(&self.0);
         s.fail_at = Some(step);
+        s.skip = 0;
         s.stop = false;
     }
 
     /// `step` and everything after it fails, as if the process died there.
     pub fn stop_at(&self, step: Step) {
+        self.stop_at_nth(step, 0);
+    }
+
+    /// Like [`FaultyFs::stop_at`], at the run of `step` after `skip` runs
+    /// of it went through (a crash part-way through several saves).
+    pub fn stop_at_nth(&self, step: Step, skip: usize) {
         let mut s = lock(&self.0);
         s.fail_at = Some(step);
+        s.skip = skip;
         s.stop = true;
     }
 
@@ -209,6 +286,11 @@ impl FaultyFs {
     /// Logs the operation and says whether to fail it.
     fn check(&self, step: Step, what: String) -> io::Result<()> {
         let mut s = lock(&self.0);
+        if s.fail_at == Some(step) && s.skip > 0 {
+            s.skip -= 1;
+            s.log.push(what);
+            return Ok(());
+        }
         let fail = s.stopped || s.fail_at == Some(step);
         if s.fail_at == Some(step) {
             s.fail_at = None;
@@ -252,6 +334,19 @@ impl StoreFs for FaultyFs {
     fn fsync_dir(&self, dir: &Path) -> io::Result<()> {
         self.check(Step::FsyncDir, format!("fsync {}", dir.display()))?;
         RealFs.fsync_dir(dir)
+    }
+
+    fn create_dir(&self, dir: &Path) -> io::Result<()> {
+        RealFs.create_dir(dir)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        RealFs.list(dir)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.check(Step::Remove, format!("remove {}", path.display()))?;
+        RealFs.remove(path)
     }
 }
 
@@ -422,26 +517,15 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
         file_name: &str,
         fs: impl StoreFs + 'static,
     ) -> Result<(Store<T>, Option<T>), StoreError> {
-        let plain = !file_name.is_empty()
-            && file_name != "."
-            && file_name != ".."
-            && !file_name.contains('/')
-            && !file_name.contains('\0');
-        if !plain {
+        if !is_plain_name(file_name) {
             return Err(StoreError::BadName {
                 name: file_name.to_string(),
             });
         }
-        // An existing directory keeps its mode: the operator may have chosen
-        // a group for backups.
-        DirBuilder::new()
-            .recursive(true)
-            .mode(DIR_MODE)
-            .create(dir)
-            .map_err(|source| StoreError::CreateDir {
-                dir: dir.to_path_buf(),
-                source,
-            })?;
+        fs.create_dir(dir).map_err(|source| StoreError::CreateDir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
         let store = Store {
             dir: dir.to_path_buf(),
             path: dir.join(file_name),
@@ -472,29 +556,7 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
     }
 
     fn load(&self) -> Result<Option<T>, StoreError> {
-        let bytes = match self.fs.read(&self.path) {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => return Ok(None),
-            Err(source) => {
-                return Err(StoreError::Read {
-                    path: self.path.clone(),
-                    source,
-                });
-            }
-        };
-        let corrupt = |e: serde_json::Error| StoreError::Corrupt {
-            path: self.path.clone(),
-            reason: e.to_string(),
-        };
-        let header: Header = serde_json::from_slice(&bytes).map_err(corrupt)?;
-        if header.format != FORMAT {
-            return Err(StoreError::UnknownFormat {
-                path: self.path.clone(),
-                found: header.format,
-            });
-        }
-        let doc: Document<T> = serde_json::from_slice(&bytes).map_err(corrupt)?;
-        Ok(Some(doc.state))
+        read_document(self.fs.as_ref(), &self.path)
     }
 
     /// Replaces the saved state with `value`, durably. On error the previous
@@ -502,17 +564,202 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
     /// [`Step::FsyncDir`], when the new state is in place but a power cut
     /// could still undo it.
     pub fn save(&mut self, value: &T) -> Result<(), StoreError> {
-        let doc = DocumentRef {
-            format: FORMAT,
-            state: value,
+        let bytes = encode_document(&self.path, value)?;
+        write_durably(self.fs.as_ref(), &self.dir, &self.tmp, &self.path, &bytes)
+    }
+}
+
+/// True for a name that is one plain entry of a directory.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+/// The state of the document at `path`, `None` when there is none.
+fn read_document<T: DeserializeOwned>(
+    fs: &dyn StoreFs,
+    path: &Path,
+) -> Result<Option<T>, StoreError> {
+    let bytes = match fs.read(path) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Ok(None),
+        Err(source) => {
+            return Err(StoreError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let header: Header = serde_json::from_slice(&bytes).map_err(corrupt)?;
+    if header.format != FORMAT {
+        return Err(StoreError::UnknownFormat {
+            path: path.to_path_buf(),
+            found: header.format,
+        });
+    }
+    let doc: Document<T> = serde_json::from_slice(&bytes).map_err(corrupt)?;
+    Ok(Some(doc.state))
+}
+
+/// `value` as the document a save writes to `path`.
+fn encode_document<T: Serialize>(path: &Path, value: &T) -> Result<Vec<u8>, StoreError> {
+    let doc = DocumentRef {
+        format: FORMAT,
+        state: value,
+    };
+    let mut bytes = serde_json::to_vec_pretty(&doc).map_err(|e| StoreError::Encode {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// The save protocol of the module docs: `bytes` into `tmp`, fsync, rename
+/// over `path`, fsync of `dir`.
+fn write_durably(
+    fs: &dyn StoreFs,
+    dir: &Path,
+    tmp: &Path,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let fail = |step: Step, target: &Path| {
+        let path = path.to_path_buf();
+        let target = target.to_path_buf();
+        move |source| StoreError::Save {
+            path,
+            step,
+            target,
+            source,
+        }
+    };
+    fs.write_temp(tmp, bytes).map_err(fail(Step::Write, tmp))?;
+    fs.fsync_file(tmp).map_err(fail(Step::Fsync, tmp))?;
+    fs.rename(tmp, path).map_err(fail(Step::Rename, path))?;
+    fs.fsync_dir(dir).map_err(fail(Step::FsyncDir, dir))?;
+    Ok(())
+}
+
+/// Suffix of a record file: `{key}.json`.
+const RECORD_SUFFIX: &str = ".json";
+
+/// One record per key, each in its own file `{dir}/{key}.json` written as a
+/// state file is. See the module docs.
+pub struct RecordStore<T> {
+    dir: PathBuf,
+    /// The directory exists (see [`RecordStore::ensure_dir`]).
+    exists: bool,
+    fs: Box<dyn StoreFs>,
+    // fn() -> T: the store holds no T, so it is Send whatever T is.
+    _record: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for RecordStore<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecordStore")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> RecordStore<T> {
+    /// Opens the record directory `dir` over `fs` and reads every record in
+    /// it; a missing directory holds none and is created by the first save.
+    /// A temp file left by a crash (`.{key}.json.tmp`) is never read; any
+    /// other entry that is not `{key}.json` is not Keel's and is left alone.
+    /// One unreadable record fails the open, naming its file, and nothing is
+    /// changed.
+    pub fn with_fs(
+        dir: &Path,
+        fs: Box<dyn StoreFs>,
+    ) -> Result<(RecordStore<T>, BTreeMap<String, T>), StoreError> {
+        let names = match fs.list(dir) {
+            Ok(names) => Some(names),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(StoreError::Read {
+                    path: dir.to_path_buf(),
+                    source,
+                });
+            }
         };
-        let mut bytes = serde_json::to_vec_pretty(&doc).map_err(|e| StoreError::Encode {
-            path: self.path.clone(),
-            reason: e.to_string(),
-        })?;
-        bytes.push(b'\n');
+        let store = RecordStore {
+            dir: dir.to_path_buf(),
+            exists: names.is_some(),
+            fs,
+            _record: PhantomData,
+        };
+        let mut records = BTreeMap::new();
+        for name in names.unwrap_or_default() {
+            let Some(key) = name.strip_suffix(RECORD_SUFFIX) else {
+                continue;
+            };
+            if key.is_empty() || key.starts_with('.') {
+                continue;
+            }
+            if let Some(record) = read_document(store.fs.as_ref(), &store.dir.join(&name))? {
+                records.insert(key.to_string(), record);
+            }
+        }
+        Ok((store, records))
+    }
+
+    /// True once the directory exists (it was there at open, or a save
+    /// created it).
+    pub fn exists(&self) -> bool {
+        self.exists
+    }
+
+    /// Creates the directory before its first record, and makes its entry
+    /// in the parent durable: a record in a directory a power cut could
+    /// undo would not be on disk.
+    fn ensure_dir(&mut self) -> Result<(), StoreError> {
+        if self.exists {
+            return Ok(());
+        }
+        let create_failed = |source| StoreError::CreateDir {
+            dir: self.dir.clone(),
+            source,
+        };
+        self.fs.create_dir(&self.dir).map_err(create_failed)?;
+        if let Some(parent) = self.dir.parent() {
+            self.fs.fsync_dir(parent).map_err(create_failed)?;
+        }
+        self.exists = true;
+        Ok(())
+    }
+
+    /// The record directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file holding `key`'s record.
+    pub fn path_of(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}{RECORD_SUFFIX}"))
+    }
+
+    /// Replaces `key`'s record with `value`, durably, writing nothing else.
+    /// On error the previous record is what a restart reads, except after a
+    /// failed [`Step::FsyncDir`] (see [`Store::save`]).
+    pub fn save(&mut self, key: &str, value: &T) -> Result<(), StoreError> {
+        let path = self.checked_path(key)?;
+        self.ensure_dir()?;
+        let tmp = self.dir.join(format!(".{key}{RECORD_SUFFIX}.tmp"));
+        let bytes = encode_document(&path, value)?;
+        write_durably(self.fs.as_ref(), &self.dir, &tmp, &path, &bytes)
+    }
+
+    /// Removes `key`'s record, durably; a key without one is not an error.
+    /// On error the record may still be what a restart reads.
+    pub fn remove(&mut self, key: &str) -> Result<(), StoreError> {
+        let path = self.checked_path(key)?;
         let fail = |step: Step, target: &Path| {
-            let path = self.path.clone();
+            let path = path.clone();
             let target = target.to_path_buf();
             move |source| StoreError::Save {
                 path,
@@ -521,19 +768,20 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
                 source,
             }
         };
-        self.fs
-            .write_temp(&self.tmp, &bytes)
-            .map_err(fail(Step::Write, &self.tmp))?;
-        self.fs
-            .fsync_file(&self.tmp)
-            .map_err(fail(Step::Fsync, &self.tmp))?;
-        self.fs
-            .rename(&self.tmp, &self.path)
-            .map_err(fail(Step::Rename, &self.path))?;
+        self.fs.remove(&path).map_err(fail(Step::Remove, &path))?;
         self.fs
             .fsync_dir(&self.dir)
             .map_err(fail(Step::FsyncDir, &self.dir))?;
         Ok(())
+    }
+
+    fn checked_path(&self, key: &str) -> Result<PathBuf, StoreError> {
+        if !is_plain_name(key) || key.starts_with('.') {
+            return Err(StoreError::BadName {
+                name: key.to_string(),
+            });
+        }
+        Ok(self.path_of(key))
     }
 }
 
@@ -742,6 +990,157 @@ mod tests {
         let err = Store::<State>::open(&file.join("sub"), "s.json").expect_err("not a dir");
         assert!(matches!(err, StoreError::CreateDir { .. }), "{err:?}");
         assert!(err.to_string().contains("plain-file/sub"), "{err}");
+    }
+
+    type Records = BTreeMap<String, State>;
+
+    fn reopen_records(dir: &Path) -> Records {
+        let (_, got) = RecordStore::<State>::with_fs(dir, Box::new(RealFs)).expect("reopen");
+        got
+    }
+
+    fn seeded_records(dir: &Path) -> Records {
+        let (mut store, _) = RecordStore::<State>::with_fs(dir, Box::new(RealFs)).expect("open");
+        let records: Records = [("web", 1), ("db", 2), ("cache", 3)]
+            .iter()
+            .map(|(k, v)| (k.to_string(), state(&[("v", *v)])))
+            .collect();
+        for (k, v) in &records {
+            store.save(k, v).expect("seed");
+        }
+        records
+    }
+
+    #[test]
+    fn a_record_save_writes_only_its_own_file() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("records");
+        let mut want = seeded_records(&dir);
+        let fs = FaultyFs::new();
+        let (mut store, got) =
+            RecordStore::<State>::with_fs(&dir, Box::new(fs.clone())).expect("open");
+        assert_eq!(got, want);
+        store.save("db", &state(&[("v", 9)])).expect("save");
+        let d = dir.display();
+        assert_eq!(
+            fs.log(),
+            [
+                format!("write {d}/.db.json.tmp"),
+                format!("fsync {d}/.db.json.tmp"),
+                format!("rename {d}/.db.json.tmp {d}/db.json"),
+                format!("fsync {d}"),
+            ]
+        );
+        want.insert("db".into(), state(&[("v", 9)]));
+        assert_eq!(reopen_records(&dir), want);
+        store.remove("web").expect("remove");
+        want.remove("web");
+        assert_eq!(reopen_records(&dir), want);
+        assert!(!dir.join("web.json").exists());
+        // Removing what is not there is done already.
+        store.remove("web").expect("remove again");
+    }
+
+    #[test]
+    fn the_first_record_creates_the_directory_and_makes_it_durable() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("records");
+        let fs = FaultyFs::new();
+        let (mut store, got) =
+            RecordStore::<State>::with_fs(&dir, Box::new(fs.clone())).expect("open");
+        assert!(got.is_empty());
+        assert!(!store.exists() && !dir.exists(), "opening creates nothing");
+        store.save("web", &state(&[("v", 1)])).expect("save");
+        assert!(store.exists());
+        let mode = std::fs::metadata(&dir).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        assert_eq!(fs.log()[0], format!("fsync {}", tmp.path().display()));
+    }
+
+    /// The record store's promise: a save or a removal interrupted at each
+    /// step leaves that record old or new (or gone), never torn, and every
+    /// other record as it was.
+    #[test]
+    fn an_interrupted_record_write_leaves_old_or_new_and_the_others_intact() {
+        let new = state(&[("v", 42)]);
+        let saves = Step::ALL.into_iter().map(|step| (step, false));
+        let removals = Step::REMOVAL.into_iter().map(|step| (step, true));
+        for (step, removal) in saves.chain(removals) {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let dir = tmp.path().join("records");
+            let old = seeded_records(&dir);
+            let fs = FaultyFs::new();
+            let (mut store, _) =
+                RecordStore::<State>::with_fs(&dir, Box::new(fs.clone())).expect("open");
+            fs.stop_at(step);
+            let result = if removal {
+                store.remove("db")
+            } else {
+                store.save("db", &new)
+            };
+            let err = result.expect_err("the process died here");
+            assert!(matches!(err, StoreError::Save { step: s, .. } if s == step));
+            drop(store);
+
+            let got = reopen_records(&dir);
+            let mut want = old.clone();
+            // The rename (the unlink) is the commit point.
+            if step == Step::FsyncDir {
+                if removal {
+                    want.remove("db");
+                } else {
+                    want.insert("db".into(), new.clone());
+                }
+            }
+            assert_eq!(got, want, "stopped at {step:?}, removal: {removal}");
+
+            // A leftover temp file does not block the next save.
+            let (mut store, _) =
+                RecordStore::<State>::with_fs(&dir, Box::new(RealFs)).expect("reopen");
+            store.save("db", &new).expect("save after crash");
+            want.insert("db".into(), new.clone());
+            assert_eq!(reopen_records(&dir), want);
+        }
+    }
+
+    #[test]
+    fn a_corrupt_record_is_an_error_naming_it_and_is_kept() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("records");
+        seeded_records(&dir);
+        let path = dir.join("db.json");
+        let torn = b"{\"format\": 1, \"state\": {\"v\": ";
+        std::fs::write(&path, torn).expect("write");
+        let err = RecordStore::<State>::with_fs(&dir, Box::new(RealFs)).expect_err("corrupt");
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&path).expect("read"), torn);
+    }
+
+    #[test]
+    fn temp_files_and_foreign_entries_are_not_records() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("records");
+        let want = seeded_records(&dir);
+        std::fs::write(dir.join(".db.json.tmp"), b"{\"format\": 1, \"sta").expect("write");
+        std::fs::write(dir.join("README"), b"not a record").expect("write");
+        assert_eq!(reopen_records(&dir), want);
+    }
+
+    #[test]
+    fn record_keys_that_are_not_plain_names_are_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (mut store, _) =
+            RecordStore::<State>::with_fs(tmp.path(), Box::new(RealFs)).expect("open");
+        for key in ["", ".", "..", "a/b", "../x", ".hidden"] {
+            let err = store.save(key, &state(&[])).expect_err(key);
+            assert!(matches!(err, StoreError::BadName { .. }), "{key}: {err:?}");
+            let err = store.remove(key).expect_err(key);
+            assert!(matches!(err, StoreError::BadName { .. }), "{key}: {err:?}");
+        }
     }
 
     proptest! {

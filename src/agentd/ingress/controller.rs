@@ -779,7 +779,7 @@ mod tests {
     use super::*;
     use crate::agentd::ingress::acme::AcmeSettings;
     use crate::agentd::ingress::dns::FakeDns;
-    use crate::agentd::reconciler::{NodeNetwork, STATE_FILE as AGENT_STATE};
+    use crate::agentd::reconciler::{AgentStore, NodeNetwork};
     use crate::common::auth::KeyFilePolicy;
     use crate::common::backoff::ManualClock;
     use crate::common::cidr::Ipv4Net;
@@ -821,7 +821,7 @@ mod tests {
         );
         zfs.add_base("14.2-RELEASE");
         zfs.add_base("14.5-RELEASE-nginx");
-        let (store, state) = Store::open(dir, AGENT_STATE).expect("store");
+        let (store, state) = AgentStore::open(dir).expect("store");
         Reconciler::new(
             jails.clone(),
             zfs,

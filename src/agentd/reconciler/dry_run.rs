@@ -22,7 +22,7 @@
 //!   each existing jail's conf (read from `{conf_dir}` when it is there, else
 //!   rendered from its record, as simulate mode writes none), so the argv names
 //!   the real `{conf_dir}/{name}.conf` and a replace shows `jail -f CONF -r`.
-//! - Its state store is in memory ([`Store::in_memory`]), started from a copy
+//! - Its state store is in memory ([`AgentStore::in_memory`]), started from a copy
 //!   of this reconciler's state: the state file is not written, and this
 //!   reconciler is only read (`&self`).
 //! - Root seeds ([`Reconciler::seed_root`]) are not copied: they write files,
@@ -49,12 +49,11 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::{HostError, JailRecord, ReconcileError, Reconciler, STATE_FILE, identity};
+use super::{AgentStore, HostError, JailRecord, ReconcileError, Reconciler, identity};
 use crate::common::backoff::SystemClock;
 use crate::common::config::{CommandPaths, DevfsRuleset};
 use crate::common::objdiff;
 use crate::common::spec::{Jail, JailSpec};
-use crate::common::store::Store;
 use crate::common::wire::{DryRunAction, DryRunReport, PlannedCommand};
 use crate::host::jail::{ConfFiles, FreeBsdJails, ObservedJail, render_jail_conf};
 use crate::host::mount::FreeBsdMounts;
@@ -139,7 +138,7 @@ where
             FreeBsdNet::new(host.clone(), paths.clone()),
             FreeBsdMounts::new(host.clone(), paths),
             self.node.clone(),
-            Store::in_memory(STATE_FILE),
+            AgentStore::in_memory(),
             Some(self.state.clone()),
             Box::new(SystemClock),
         );
