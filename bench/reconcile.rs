@@ -16,8 +16,19 @@
 //! median pass time, then the ratios time(5000)/time(500) and
 //! time(1000)/time(100). It exits non-zero when the number of processes per
 //! steady pass exceeds 6 or differs between two N (a correctness property of
-//! the claim "observation is batched"), or when a pass is not a no-op. Pass
-//! times are printed, never asserted.
+//! the claim "observation is batched"), when a pass is not a no-op, or when
+//! the CPU ratio time(5000)/time(500) of a pass exceeds 11 (linear is 10).
+//!
+//! Then the cost of one apply on a full node: a new jail applied through
+//! `Reconciler::apply` on a node already running N = 100 and N = 5000 jails,
+//! [`APPLIES`] times per N, the sizes taking turns. It prints per N the
+//! median of Keel's own CPU time per apply (the thread's CPU time minus what
+//! the synthetic runner spent answering, which a real host spends in other
+//! processes), the processes it spawned and the bytes it wrote durably to the
+//! state directory (counted by a [`StoreFs`] under the agent's store). It
+//! exits non-zero when apply(5000)/apply(100) exceeds 2 for either the CPU
+//! time or the bytes: an apply touches one jail, so its cost must not follow
+//! the number of jails on the node.
 //!
 //! Before the timed runs, 100 jails are applied one by one through
 //! `Reconciler::apply` on an empty synthetic host, and the host that produced
@@ -43,6 +54,7 @@ use keel::common::backoff::SystemClock;
 use keel::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
 use keel::common::config::CommandPaths;
 use keel::common::spec::{self, Jail};
+use keel::common::store::{RealFs, StoreFs};
 use keel::common::sync::lock;
 use keel::host::iface_names;
 use keel::host::jail::FreeBsdJails;
@@ -54,6 +66,14 @@ use keel::host::zfs::{FreeBsdZfs, ZfsLayout};
 const SIZES: [usize; 4] = [100, 500, 1000, 5000];
 /// Jails applied through `Reconciler::apply` to check the synthetic host.
 const APPLY_CHECK: usize = 100;
+/// Largest CPU ratio time(5000)/time(500) of a steady pass (linear: 10).
+const MAX_PASS_RATIO: f64 = 11.0;
+/// Jail counts of the apply measurement.
+const APPLY_SIZES: [usize; 2] = [100, 5000];
+/// New jails applied per size in the apply measurement.
+const APPLIES: usize = 21;
+/// Largest ratio apply(5000)/apply(100), of CPU time and of bytes written.
+const MAX_APPLY_RATIO: f64 = 2.0;
 /// Most processes a steady pass may spawn.
 const MAX_PROCESSES_PER_PASS: u64 = 6;
 /// Processes per running jail in `ps` (a jail running /etc/rc has several).
@@ -273,6 +293,9 @@ struct SyntheticHost {
     model: Mutex<HostModel>,
     rendered: Mutex<Option<Rendered>>,
     spawned: AtomicU64,
+    /// CPU time (ns) the runner spent answering: the work of the host's
+    /// own processes, not Keel's.
+    runner_cpu_ns: AtomicU64,
     by_command: Mutex<BTreeMap<String, u64>>,
     unexpected: Mutex<Vec<String>>,
 }
@@ -300,6 +323,7 @@ impl SyntheticHost {
             model: Mutex::new(model),
             rendered: Mutex::new(None),
             spawned: AtomicU64::new(0),
+            runner_cpu_ns: AtomicU64::new(0),
             by_command: Mutex::default(),
             unexpected: Mutex::default(),
         }
@@ -307,6 +331,10 @@ impl SyntheticHost {
 
     fn spawned(&self) -> u64 {
         self.spawned.load(Ordering::Relaxed)
+    }
+
+    fn runner_cpu(&self) -> Duration {
+        Duration::from_nanos(self.runner_cpu_ns.load(Ordering::Relaxed))
     }
 
     /// Per-command counts since the last call, reset.
@@ -474,7 +502,14 @@ impl CommandRunner for SyntheticHost {
             .collect::<Vec<_>>()
             .join(" ");
         *lock(&self.by_command).entry(key).or_insert(0) += 1;
-        Ok(self.answer(argv))
+        let start = thread_cpu();
+        let out = self.answer(argv);
+        let spent = thread_cpu().saturating_sub(start);
+        self.runner_cpu_ns.fetch_add(
+            u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        Ok(out)
     }
 }
 
@@ -706,6 +741,178 @@ impl Run {
     }
 }
 
+/// The real file system, counting the bytes written to it.
+#[derive(Debug, Clone, Default)]
+struct CountingFs(Arc<AtomicU64>);
+
+impl CountingFs {
+    fn written(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl StoreFs for CountingFs {
+    fn read(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+        RealFs.read(path)
+    }
+    fn write_temp(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        self.0.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        RealFs.write_temp(path, bytes)
+    }
+    fn fsync_file(&self, path: &Path) -> std::io::Result<()> {
+        RealFs.fsync_file(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        RealFs.rename(from, to)
+    }
+    fn fsync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        RealFs.fsync_dir(dir)
+    }
+    fn create_dir(&self, dir: &Path) -> std::io::Result<()> {
+        RealFs.create_dir(dir)
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        RealFs.list(dir)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        RealFs.remove(path)
+    }
+}
+
+/// One N of the apply measurement: a node running N jails, adopted by a
+/// restarted agent, then given new jails one apply at a time.
+struct ApplyRun {
+    n: usize,
+    host: Arc<SyntheticHost>,
+    reconciler: FreeBsdReconciler,
+    fs: CountingFs,
+    _dir: tempfile::TempDir,
+    applied: usize,
+    cpu: Vec<Duration>,
+    procs: Vec<u64>,
+    bytes: Vec<u64>,
+}
+
+impl ApplyRun {
+    fn start(n: usize) -> Result<ApplyRun, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        {
+            let (mut store, _) = AgentStore::open(dir.path()).map_err(|e| e.to_string())?;
+            store
+                .save_all(&seeded_state(n))
+                .map_err(|e| e.to_string())?;
+        }
+        let fs = CountingFs::default();
+        let (store, state) =
+            AgentStore::with_fs(dir.path(), fs.clone()).map_err(|e| e.to_string())?;
+        let host = Arc::new(SyntheticHost::new(HostModel::seeded(n)));
+        let mut reconciler = reconciler(&host, dir.path(), store, state);
+        let report = reconciler.reconcile();
+        if !report.failures.is_empty() || !report.restarted.is_empty() {
+            return Err(format!("N={n}: the adoption pass was not a no-op"));
+        }
+        Ok(ApplyRun {
+            n,
+            host,
+            reconciler,
+            fs,
+            _dir: dir,
+            applied: 0,
+            cpu: Vec::new(),
+            procs: Vec::new(),
+            bytes: Vec::new(),
+        })
+    }
+
+    /// Applies the next new jail and records what it cost.
+    fn apply(&mut self) -> Result<(), String> {
+        let i = self.n + self.applied;
+        self.applied += 1;
+        let (procs, bytes, runner) = (
+            self.host.spawned(),
+            self.fs.written(),
+            self.host.runner_cpu(),
+        );
+        let cpu_start = thread_cpu();
+        let status = self
+            .reconciler
+            .apply(jail_spec(i), None)
+            .map_err(|e| format!("N={}: apply {}: {e}", self.n, jail_name(i)))?;
+        let cpu = thread_cpu().saturating_sub(cpu_start);
+        let runner = self.host.runner_cpu().saturating_sub(runner);
+        self.cpu.push(cpu.saturating_sub(runner));
+        self.procs.push(self.host.spawned() - procs);
+        self.bytes.push(self.fs.written() - bytes);
+        if status.address != address(&node(), i) {
+            return Err(format!(
+                "N={}: {} got address {}, expected {}",
+                self.n,
+                jail_name(i),
+                status.address,
+                address(&node(), i)
+            ));
+        }
+        let unexpected = self.host.take_unexpected();
+        if !unexpected.is_empty() {
+            return Err(format!(
+                "N={}: commands not modelled: {unexpected:?}",
+                self.n
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The apply measurement (see the module docs); false when a ratio misses.
+fn measure_applies() -> Result<bool, String> {
+    let mut runs = APPLY_SIZES
+        .iter()
+        .map(|n| ApplyRun::start(*n))
+        .collect::<Result<Vec<_>, _>>()?;
+    for _ in 0..APPLIES {
+        for r in &mut runs {
+            r.apply()?;
+        }
+    }
+    let median_bytes = |r: &ApplyRun| {
+        let mut b = r.bytes.clone();
+        b.sort_unstable();
+        b[b.len() / 2]
+    };
+    for r in &runs {
+        let cpu = spread(r.cpu.clone());
+        println!(
+            "apply N={:>5}  keel cpu median {:>7.3} ms (min {:.3}, max {:.3})  procs/apply {}  durable bytes/apply {} (max {})",
+            r.n,
+            ms(cpu.median),
+            ms(cpu.min),
+            ms(cpu.max),
+            r.procs[r.procs.len() / 2],
+            median_bytes(r),
+            r.bytes.iter().max().copied().unwrap_or(0)
+        );
+    }
+    let (small, large) = (&runs[0], &runs[runs.len() - 1]);
+    let cpu_ratio = spread(large.cpu.clone()).median.as_secs_f64()
+        / spread(small.cpu.clone()).median.as_secs_f64();
+    let bytes_ratio = median_bytes(large) as f64 / median_bytes(small).max(1) as f64;
+    let verdict = |r: f64| {
+        if r <= MAX_APPLY_RATIO {
+            "met"
+        } else {
+            "MISSED"
+        }
+    };
+    println!(
+        "ratio apply({})/apply({}): keel cpu {cpu_ratio:.2} ({}), durable bytes {bytes_ratio:.2} ({}) (target at most {MAX_APPLY_RATIO})",
+        large.n,
+        small.n,
+        verdict(cpu_ratio),
+        verdict(bytes_ratio)
+    );
+    Ok(cpu_ratio <= MAX_APPLY_RATIO && bytes_ratio <= MAX_APPLY_RATIO)
+}
+
 /// [`SIZES`], or the comma-separated list in `KEEL_BENCH_SIZES` (to profile
 /// one size, e.g. `KEEL_BENCH_SIZES=5000 perf record ...`).
 fn sizes() -> Vec<usize> {
@@ -804,7 +1011,7 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "ratio time(5000)/time(500): wall {}, cpu {} (linear: 10, target at most 12)",
+        "ratio time(5000)/time(500): wall {}, cpu {} (linear: 10, target at most {MAX_PASS_RATIO})",
         ratio(false, 5000, 500),
         ratio(true, 5000, 500)
     );
@@ -828,5 +1035,36 @@ fn main() -> ExitCode {
     println!(
         "processes per steady pass: {max}, constant in N (target at most {MAX_PROCESSES_PER_PASS}): met"
     );
+    let mut failed = false;
+    // The ratio is checked whenever both sizes ran (KEEL_BENCH_SIZES may
+    // leave one out, to profile a single size).
+    if let Ok(r) = ratio(true, 5000, 500).parse::<f64>() {
+        if r > MAX_PASS_RATIO {
+            eprintln!(
+                "FAIL: cpu ratio time(5000)/time(500) of a pass is {r:.2}, above {MAX_PASS_RATIO}"
+            );
+            failed = true;
+        } else {
+            println!(
+                "cpu ratio time(5000)/time(500) {r:.2} (target at most {MAX_PASS_RATIO}): met"
+            );
+        }
+    }
+    match measure_applies() {
+        Ok(true) => {}
+        Ok(false) => {
+            eprintln!(
+                "FAIL: an apply on a node of 5000 jails costs more than {MAX_APPLY_RATIO}x one on a node of 100"
+            );
+            failed = true;
+        }
+        Err(e) => {
+            eprintln!("apply measurement failed: {e}");
+            failed = true;
+        }
+    }
+    if failed {
+        return ExitCode::FAILURE;
+    }
     ExitCode::SUCCESS
 }
