@@ -691,6 +691,117 @@ pub struct BaseStatus {
     pub error: Option<String>,
 }
 
+/// What an [`Event`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ObjectKind {
+    /// A jail (on an agent, or placed by the control plane).
+    Jail,
+    /// A Service (control plane).
+    Service,
+    /// A node of the cluster.
+    Node,
+    /// A volume.
+    Volume,
+    /// An Ingress.
+    Ingress,
+}
+
+impl ObjectKind {
+    /// Every kind, in the order `--for` lists them.
+    pub const ALL: [ObjectKind; 5] = [
+        ObjectKind::Jail,
+        ObjectKind::Service,
+        ObjectKind::Node,
+        ObjectKind::Volume,
+        ObjectKind::Ingress,
+    ];
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ObjectKind::Jail => "jail",
+            ObjectKind::Service => "service",
+            ObjectKind::Node => "node",
+            ObjectKind::Volume => "volume",
+            ObjectKind::Ingress => "ingress",
+        })
+    }
+}
+
+/// Whether an [`Event`] is routine or needs a look, as kubectl shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventType {
+    /// Something went as it should (a start, a placement).
+    Normal,
+    /// Something went wrong or was lost (an exit, a dead node).
+    Warning,
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        })
+    }
+}
+
+/// One thing a daemon did or saw, as `GET /events` answers it
+/// (`common::events` keeps them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Numbered by the daemon that recorded it, one up per event, and kept
+    /// across its restarts: `GET /events?after=SEQ` answers the newer ones.
+    pub seq: u64,
+    /// When (Unix seconds).
+    pub time_unix: u64,
+    /// What it is about.
+    pub kind: ObjectKind,
+    /// The object's name.
+    pub name: String,
+    /// A short CamelCase word (Started, Exited, NodeDead, Rescheduled, ...).
+    pub reason: String,
+    /// For people; an exit names its status when known.
+    pub message: String,
+    /// The node it happened on or is about; empty when none (a Service).
+    pub node: String,
+    /// Normal or Warning.
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    /// Which daemon recorded it: `controlplane`, or the node id of the agent
+    /// the control plane had it from; absent in an agent's own answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// A node whose events the control plane could not have.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnreachedNode {
+    /// The node id.
+    pub node: String,
+    /// Why (Dead, or what its agent answered).
+    pub error: String,
+}
+
+/// The answer of `GET /events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventsAnswer {
+    /// The events asked for, oldest first.
+    pub events: Vec<Event>,
+    /// The newest sequence number the answering daemon handed out: the next
+    /// `after` of a watch.
+    pub last_seq: u64,
+    /// Through the control plane: the nodes whose events are missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreached: Vec<UnreachedNode>,
+}
+
+/// Longest wait of `GET /events?wait=1` for a newer event before the daemon
+/// answers with none; keelctl's read timeout on that request is longer.
+pub const EVENTS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 #[cfg(test)]
 mod volume_query_tests {
     use super::*;
