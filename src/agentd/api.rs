@@ -1,6 +1,8 @@
 //! The agent's route table (keel-agentd(8), API), the same for the Unix socket
 //! and the optional TCP listener: jails and their workload's output
-//! (`/jails/{name}/log`), volumes (`agentd::volumes`), ingresses, bases
+//! (`/jails/{name}/log`), events (`GET /events`: read from the ring the
+//! reconciler records in, never through the worker, so a watch waits there),
+//! volumes (`agentd::volumes`), ingresses, bases
 //! (`agentd::bases`: `GET /bases`, `GET /bases/{release}`, and `PUT
 //! /bases/{release}`, which starts a fetch and answers 202 at once, or 200
 //! when the base is already there), the proxy's table, health and metrics.
@@ -207,6 +209,8 @@ impl AgentApi {
                 rendered => metrics::answer(rendered),
             },
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
+            // From the ring, never the worker: a watch waits there.
+            ("GET", ["events"]) => self.worker.events().respond(req.query.as_deref()),
             ("GET", ["proxy"]) => self.proxy_table(),
             ("GET", ["proxy", "replicas"]) => self.proxy_replicas(),
             ("GET", ["jails", name, "log"]) => match check_name(name) {
@@ -274,6 +278,7 @@ impl AgentApi {
             (_, ["healthz"])
             | (_, ["metrics"])
             | (_, ["jails"])
+            | (_, ["events"])
             | (_, ["volumes"])
             | (_, ["ingresses"])
             | (_, ["proxy"])

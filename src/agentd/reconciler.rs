@@ -72,8 +72,10 @@ pub use crate::agentd::health::Target as HealthTarget;
 use crate::common::backoff::{Backoff, Clock, Policy, Snapshot};
 use crate::common::cidr::Ipv4Net;
 use crate::common::cmd::CmdOutput;
+use crate::common::events::EventLog;
 use crate::common::spec::{Jail, JailSpec, Resources};
 use crate::common::store::{Store, StoreError};
+use crate::common::wire::ObjectKind;
 pub use crate::common::wire::{JailStatus, Phase};
 use crate::host::jail::{JailError, JailNetwork, JailParams, Limits, ObservedJail, Removal};
 use crate::host::mount::MountError;
@@ -403,6 +405,9 @@ pub struct Reconciler<J, Z, N, M> {
     seeds: BTreeMap<String, RootSeed>,
     /// The last incarnation handed out (see `Runtime::incarnation`).
     incarnations: u64,
+    /// Where what happened to a jail is told ([`Reconciler::set_events`]);
+    /// the reconciler records and never learns who reads.
+    events: EventLog,
 }
 
 /// Puts what a jail's workload needs into its root filesystem (the path on
@@ -448,7 +453,20 @@ where
             runtime: BTreeMap::new(),
             seeds: BTreeMap::new(),
             incarnations: 0,
+            events: EventLog::in_memory(""),
         }
+    }
+
+    /// Records what happens to jails (created, started, exited, restarted,
+    /// backing off, failed, deleted) in `events` from now on; until then
+    /// they go to a ring nobody reads.
+    pub fn set_events(&mut self, events: EventLog) {
+        self.events = events;
+    }
+
+    /// Where this reconciler records its events.
+    pub fn events(&self) -> &EventLog {
+        &self.events
     }
 
     /// Registers `seed` for jail `name` (replacing an earlier one): every
@@ -560,6 +578,19 @@ where
         next.jails.insert(name.clone(), record);
         if next != self.state {
             self.commit(next)?;
+            let what = match (&previous, changed) {
+                (None, _) => Some("Created"),
+                (Some(_), true) => Some("Updated"),
+                (Some(_), false) => None,
+            };
+            if let Some(reason) = what {
+                self.events.normal(
+                    ObjectKind::Jail,
+                    &name,
+                    reason,
+                    format!("recorded with address {address}"),
+                );
+            }
         }
         if changed {
             // A new spec is a new workload: it does not inherit the old
@@ -603,6 +634,12 @@ where
         next.jails.remove(name);
         next.deleting.insert(name.to_string(), spec);
         self.commit(next)?;
+        self.events.normal(
+            ObjectKind::Jail,
+            name,
+            "Deleting",
+            "delete recorded; the jail is being removed".into(),
+        );
         let crashed = self.runtime.get(name).and_then(|r| r.phase) == Some(Phase::CrashLoop);
         self.finish_delete(name, crashed).map_err(|error| {
             self.note_failure(name, &error);
@@ -923,7 +960,21 @@ where
                 if !rt.crash_counted {
                     rt.crash_counted = true;
                     rt.phase = Some(Phase::CrashLoop);
-                    self.backoff.record_failure(&key, now);
+                    let delay = self.backoff.record_failure(&key, now);
+                    let how = if j.running {
+                        "its epair is gone".to_string()
+                    } else {
+                        "the workload exited".to_string()
+                    };
+                    self.events.warning(ObjectKind::Jail, name, "Exited", how);
+                    if !force && !self.backoff.ready(&key, now) {
+                        self.events.warning(
+                            ObjectKind::Jail,
+                            name,
+                            "BackOff",
+                            format!("back-off {}s before restarting it", delay.as_secs()),
+                        );
+                    }
                 }
                 if !force && !self.backoff.ready(&key, now) {
                     return Ok(());
@@ -932,6 +983,13 @@ where
                 if let Some(r) = self.state.jails.get_mut(name) {
                     r.restarts += 1;
                     self.dirty = true;
+                    let restarts = r.restarts;
+                    self.events.normal(
+                        ObjectKind::Jail,
+                        name,
+                        "Restarted",
+                        format!("restarting the workload (restart {restarts})"),
+                    );
                 }
                 epair_ready = self.epair_on_host(name)?;
             }
@@ -1138,6 +1196,12 @@ where
         self.set_deployed(name, rec, Some(spec.resources.clone()));
         let params = self.jail_params(name, rec, &root);
         self.jails.create(&params)?;
+        self.events.normal(
+            ObjectKind::Jail,
+            name,
+            "Started",
+            format!("started {}", params.exec_start.join(" ")),
+        );
 
         let key = name.to_string();
         self.backoff.record_started(&key, self.clock.now());
@@ -1217,6 +1281,12 @@ where
         self.commit(next)
             .map_err(|e| HostError::Store(e.to_string()))?;
         self.runtime.remove(name);
+        self.events.normal(
+            ObjectKind::Jail,
+            name,
+            "Deleted",
+            "the jail and its root filesystem are gone".into(),
+        );
         Ok(())
     }
 
@@ -1302,6 +1372,8 @@ where
         if !deleting {
             self.backoff.record_failure(&key, now);
         }
+        self.events
+            .warning(ObjectKind::Jail, name, "Failed", error.to_string());
     }
 
     fn status_of(&self, name: &str) -> JailStatus {
@@ -1520,7 +1592,22 @@ where
         let Some(rt) = self.current_incarnation(name, incarnation) else {
             return false;
         };
+        let was_ready = rt.probe_passed;
         rt.probe_passed = ready;
+        if was_ready && !ready {
+            let why = reason
+                .clone()
+                .unwrap_or_else(|| "its health check failed".into());
+            self.events.warning(
+                ObjectKind::Jail,
+                name,
+                "Unhealthy",
+                format!("not ready: {why}"),
+            );
+        }
+        let Some(rt) = self.runtime.get_mut(name) else {
+            return true;
+        };
         rt.health_failure = match (ready, reason) {
             (true, _) => None,
             (false, Some(why)) => Some(format!("not ready: {why}")),
@@ -1557,6 +1644,12 @@ where
             r.restarts += 1;
             self.dirty = true;
         }
+        self.events.warning(
+            ObjectKind::Jail,
+            name,
+            "Unhealthy",
+            format!("stopped for failing its health check, restarts with backoff: {reason}"),
+        );
         let now = self.clock.now();
         let key = name.to_string();
         self.backoff.record_failure(&key, now);

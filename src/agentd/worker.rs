@@ -35,6 +35,7 @@ use crate::agentd::routes::{self, HeartbeatOutcome};
 use crate::agentd::snapshot::{self, Publisher, Snapshot};
 use crate::agentd::volumes::{self, VolumeError};
 use crate::common::cidr::Ipv4Net;
+use crate::common::events::EventLog;
 use crate::common::spec::{Ingress, Jail};
 use crate::common::supervise::{self, WorkerHealth};
 use crate::common::wire::{IngressStatus, Peer, PlacedJail, VolumeStatus};
@@ -218,6 +219,7 @@ pub struct WorkerHandle {
     jails: Snapshot<Vec<JailStatus>>,
     health_targets: Snapshot<Vec<HealthTarget>>,
     metrics: Snapshot<WorkerMetrics>,
+    events: EventLog,
 }
 
 impl WorkerHandle {
@@ -292,6 +294,12 @@ impl WorkerHandle {
     /// for the worker (`agentd::metrics`).
     pub fn published_metrics(&self) -> Result<Arc<WorkerMetrics>, WorkerGone> {
         self.metrics.latest().ok_or(WorkerGone)
+    }
+
+    /// The ring the reconciler records its events in, read without waiting
+    /// for the worker (`GET /events`).
+    pub fn events(&self) -> &EventLog {
+        &self.events
     }
 
     /// The running jails with a health probe, as the worker published them
@@ -442,6 +450,7 @@ where
         desired: reconciler.state().jails.len(),
         ..WorkerMetrics::default()
     });
+    let events = reconciler.events().clone();
     let published = Published {
         jails: publisher,
         health_targets: targets_publisher,
@@ -456,6 +465,7 @@ where
             jails,
             health_targets,
             metrics,
+            events,
         },
         handle,
     ))
@@ -621,6 +631,11 @@ fn run<J, Z, N, M>(
         // After every command, read-only ones too: cheaper than knowing
         // which ones changed a status (the list is built from memory).
         published.publish(&reconciler, &metrics, ingress.as_ref());
+        // One write for all the events of the command, not one per event
+        // (common::events); the next command retries a failed one.
+        if let Err(e) = reconciler.events().flush() {
+            log::warn!("events are not saved: {e}");
+        }
     }
 }
 

@@ -31,9 +31,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::http::Response;
 use crate::common::store::{Store, StoreError};
 use crate::common::sync::lock;
-use crate::common::wire::{Event, EventType, ObjectKind};
+use crate::common::wire::{EVENTS_WAIT, Event, EventType, EventsAnswer, ObjectKind};
 
 /// Most events kept; the oldest go first.
 pub const CAPACITY: usize = 1000;
@@ -286,7 +287,9 @@ impl EventLog {
         let answer = loop {
             let found = select(&ring, Some(after), object);
             let left = deadline.saturating_duration_since(Instant::now());
-            if !found.is_empty() || left.is_zero() {
+            // Above the newest number, `after` came from a ring since lost
+            // (its file was moved aside): the reader needs this one now.
+            if !found.is_empty() || left.is_zero() || after > ring.last_seq {
                 break (found, ring.last_seq);
             }
             ring = self
@@ -299,6 +302,34 @@ impl EventLog {
         drop(ring);
         self.shared.waiting.fetch_sub(1, Ordering::SeqCst);
         Ok(answer)
+    }
+
+    /// The answer to `query`: the events it asks for, after a wait when it
+    /// asks to wait (see [`EventLog::wait_newer`]).
+    pub fn answer(&self, query: &EventQuery) -> Result<EventsAnswer, TooManyWaiting> {
+        let object = query.object.as_ref();
+        let (events, last_seq) = match (query.wait, query.after) {
+            (true, Some(after)) => self.wait_newer(after, object, EVENTS_WAIT)?,
+            _ => self.since(query.after, object),
+        };
+        Ok(EventsAnswer {
+            events,
+            last_seq,
+            unreached: Vec::new(),
+        })
+    }
+
+    /// `GET /events` on this ring alone (the agent's route): 400 naming a
+    /// bad parameter, 503 when too many watches wait.
+    pub fn respond(&self, query: Option<&str>) -> Response {
+        let query = match EventQuery::parse(query) {
+            Ok(q) => q,
+            Err((why, field)) => return Response::error(400, &why, Some(field)),
+        };
+        match self.answer(&query) {
+            Ok(answer) => Response::json(200, &answer),
+            Err(busy) => Response::error(503, &busy.to_string(), None),
+        }
     }
 
     /// Writes the ring to its file when events were recorded since the last

@@ -15,6 +15,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::common::events::ObjectRef;
 use crate::common::spec;
 
 /// What a flag is, independent of its spelling.
@@ -52,6 +53,10 @@ pub enum FlagId {
     Help,
     /// `-V, --version`.
     Version,
+    /// `--for KIND/NAME` (`get events`).
+    For,
+    /// `-w, --watch` (`get events`).
+    Watch,
 }
 
 /// One keelctl flag, as `--help` shows it and the parser recognises it.
@@ -170,6 +175,20 @@ pub const FLAGS: &[Flag] = &[
         help: "do not ask for confirmation on a terminal (delete-volume)",
     },
     Flag {
+        id: FlagId::For,
+        short: None,
+        long: "for",
+        value: Some("KIND/NAME"),
+        help: "only the events about this object, e.g. jail/web or node/n1 (get events)",
+    },
+    Flag {
+        id: FlagId::Watch,
+        short: Some('w'),
+        long: "watch",
+        value: None,
+        help: "after the events so far, print new ones as they happen until interrupted (get events)",
+    },
+    Flag {
         id: FlagId::Help,
         short: Some('h'),
         long: "help",
@@ -211,6 +230,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
     (
         "get bases [RELEASE]",
         "list the node's release bases and running fetches, or show one (with --controlplane: of the --node)",
+    ),
+    (
+        "get events [--for KIND/NAME] [-w]",
+        "what the daemons did and saw, oldest first (with --controlplane: its own and every Alive node's)",
     ),
     ("delete jail NAME...", "delete jails by name"),
     (
@@ -325,6 +348,7 @@ fn applies_to(id: FlagId, verb: &str) -> bool {
         }
         FlagId::Help => true,
         FlagId::Version => false,
+        FlagId::For | FlagId::Watch => verb == "get",
     }
 }
 
@@ -505,6 +529,15 @@ pub enum Command {
         /// Where the new key file goes (it must not exist).
         path: PathBuf,
     },
+    /// `get events [--for KIND/NAME] [-w] [-o FORMAT]`.
+    GetEvents {
+        /// `--for`: only the events about this object.
+        object: Option<ObjectRef>,
+        /// `-w, --watch`: keep printing new events.
+        watch: bool,
+        /// How to print.
+        output: OutputFormat,
+    },
 }
 
 /// A parsed command line that runs something.
@@ -627,6 +660,8 @@ struct Seen {
     to_revision: Option<String>,
     yes: bool,
     follow: bool,
+    object: Option<String>,
+    watch: bool,
     global: GlobalOptions,
 }
 
@@ -755,6 +790,17 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
                     return Err(twice());
                 }
             }
+            FlagId::For => {
+                let v = utf8_value(&mut parser, flag)?;
+                if seen.object.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::Watch => {
+                if std::mem::replace(&mut seen.watch, true) {
+                    return Err(twice());
+                }
+            }
             FlagId::Yes => {
                 if std::mem::replace(&mut seen.yes, true) {
                     return Err(twice());
@@ -874,6 +920,19 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     if yes && verb != "delete-volume" {
         return Err(not_for("--yes"));
     }
+    let object = seen.object.take();
+    let watch = std::mem::take(&mut seen.watch);
+    let events = verb == "get"
+        && matches!(
+            rest.first().map(String::as_str),
+            Some("events" | "event" | "ev")
+        );
+    if !events && object.is_some() {
+        return Err(usage("--for applies to `get events` only"));
+    }
+    if !events && watch {
+        return Err(usage("--watch applies to `get events` only"));
+    }
     let extra = |word: &String| usage(format!("unexpected argument {word:?} for `{verb}`"));
     let file_only = |filename: Option<OsString>| -> Result<Input, UsageError> {
         if let Some(word) = rest.first() {
@@ -900,6 +959,31 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     "`get` needs what to list: get jails [NAME], get services [NAME], get volumes [NAME], get ingresses [NAME], get bases [RELEASE] or get nodes",
                 ));
             };
+            let output = match output.as_deref() {
+                None | Some("table") => OutputFormat::Table,
+                Some("json") => OutputFormat::Json,
+                Some("yaml") => OutputFormat::Yaml,
+                Some(other) => {
+                    return Err(usage(format!(
+                        "--output {other:?} is not a format; use table, json or yaml"
+                    )));
+                }
+            };
+            if events {
+                if let Some(word) = names.first() {
+                    return Err(usage(format!(
+                        "unexpected argument {word:?} for `get events`; name the object with --for KIND/NAME"
+                    )));
+                }
+                let object = object
+                    .map(|o| ObjectRef::parse(&o).map_err(|why| usage(format!("--for: {why}"))))
+                    .transpose()?;
+                return Ok(Command::GetEvents {
+                    object,
+                    watch,
+                    output,
+                });
+            }
             let resource = resource(kind)?;
             if let Some(word) = names.get(1) {
                 return Err(extra(word));
@@ -933,16 +1017,6 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                         ));
                     }
                     names.first().map(|n| object_name("node", n)).transpose()?
-                }
-            };
-            let output = match output.as_deref() {
-                None | Some("table") => OutputFormat::Table,
-                Some("json") => OutputFormat::Json,
-                Some("yaml") => OutputFormat::Yaml,
-                Some(other) => {
-                    return Err(usage(format!(
-                        "--output {other:?} is not a format; use table, json or yaml"
-                    )));
                 }
             };
             Ok(Command::Get {
@@ -1196,7 +1270,7 @@ fn resource(word: &str) -> Result<Resource, UsageError> {
         "ingresses" | "ingress" | "ing" => Ok(Resource::Ingresses),
         "bases" | "base" => Ok(Resource::Bases),
         other => Err(usage(format!(
-            "unknown resource {other:?}; keelctl knows jails, services, nodes, volumes, ingresses and bases"
+            "unknown resource {other:?}; keelctl knows jails, services, nodes, volumes, ingresses, bases and events"
         ))),
     }
 }

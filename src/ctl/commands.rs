@@ -38,14 +38,16 @@
 //! is `output.rs`), never builds a request path (`api.rs`) and never chooses an
 //! exit status (`CtlError::exit_code`).
 
+use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::auth::{self, KeyFilePolicy, Signer};
+use crate::common::events::{EventQuery, ObjectRef};
 use crate::common::http::Endpoint;
 use crate::common::spec::{self, Document, Ingress, Jail, Service};
-use crate::common::wire::{BaseState, Liveness, VolumeStatus};
+use crate::common::wire::{BaseState, Event, EventsAnswer, Liveness, VolumeStatus};
 
 use super::api::ApiError;
 use super::api::{Api, Route};
@@ -390,6 +392,14 @@ pub fn execute(
                     })?;
                 }
             }
+        }
+        Command::GetEvents {
+            object,
+            watch,
+            output: format,
+        } => {
+            let api = resolve()?;
+            get_events(&api, object.clone(), *watch, *format, out, stderr)?;
         }
         Command::BaseFetch { release } => {
             let api = node_api(invocation, env, "`base fetch`", BASES_ON_A_NODE)?;
@@ -964,6 +974,124 @@ fn unreached_volume_nodes(volumes: &[VolumeStatus]) -> Vec<Unreached> {
         unreached.push(Unreached { node, why });
     }
     unreached
+}
+
+/// `get events`: the events so far, then with `watch` each newer one as the
+/// daemon's long poll answers it (the daemon waits, keelctl never sleeps)
+/// until interrupted or stdout goes away. Through the control plane the
+/// answer merges its events with every Alive node's; each event is printed
+/// once (by its daemon and number), and with `--node` only that node's.
+/// Nodes the control plane could not ask make the listing fail as
+/// [`CtlError::Incomplete`]; a watch says so on stderr and goes on.
+fn get_events(
+    api: &Api,
+    object: Option<ObjectRef>,
+    watch: bool,
+    format: OutputFormat,
+    out: &mut Out<'_>,
+    stderr: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let failed = |error| CtlError::Request {
+        action: "get events".into(),
+        error,
+    };
+    let only_node = match api.route() {
+        Route::Node(id) => Some(id.clone()),
+        _ => None,
+    };
+    let mut printed: BTreeSet<(Option<String>, u64)> = BTreeSet::new();
+    let mut fresh = |answer: &EventsAnswer| -> Vec<Event> {
+        answer
+            .events
+            .iter()
+            .filter(|e| only_node.as_ref().is_none_or(|n| &e.node == n))
+            .filter(|e| printed.insert((e.source.clone(), e.seq)))
+            .cloned()
+            .collect()
+    };
+    let mut query = EventQuery {
+        after: None,
+        object,
+        wait: false,
+    };
+    let mut answer = api.events(&query).map_err(failed)?;
+    let first = fresh(&answer);
+    let unreached: Vec<Unreached> = answer
+        .unreached
+        .iter()
+        .map(|u| Unreached {
+            node: output::one_line(&u.node),
+            why: format!("could not be asked ({})", output::one_line(&u.error)),
+        })
+        .collect();
+    if !watch {
+        if format == OutputFormat::Table && first.is_empty() {
+            if unreached.is_empty() {
+                let _ = writeln!(stderr, "No events found.");
+            }
+        } else {
+            show(out, format, &first, || {
+                output::event_table(&first, now_unix(), true)
+            })?;
+        }
+        if unreached.is_empty() {
+            return Ok(());
+        }
+        return Err(CtlError::Incomplete {
+            action: "get events".into(),
+            unreached,
+        });
+    }
+    let mut header = true;
+    let mut missing: Vec<String> = Vec::new();
+    let mut batch = first;
+    loop {
+        let now_missing: Vec<String> = answer.unreached.iter().map(|u| u.node.clone()).collect();
+        if now_missing != missing {
+            for u in &answer.unreached {
+                let _ = writeln!(
+                    stderr,
+                    "keelctl: the events of node {} are missing: {}",
+                    output::one_line(&u.node),
+                    output::one_line(&u.error)
+                );
+            }
+            missing = now_missing;
+        }
+        if !batch.is_empty() {
+            out.print(&watched_events(&batch, format, header)?);
+            header = false;
+        }
+        if !out.flush() {
+            return Ok(());
+        }
+        query.after = Some(answer.last_seq);
+        query.wait = true;
+        answer = api.events(&query).map_err(failed)?;
+        batch = fresh(&answer);
+    }
+}
+
+/// What a watch prints for a batch of new events: table rows (under the
+/// headers for its first batch), or each event encoded on its own.
+fn watched_events(
+    events: &[Event],
+    format: OutputFormat,
+    header: bool,
+) -> Result<String, CtlError> {
+    if format == OutputFormat::Table {
+        return Ok(output::event_table(events, now_unix(), header));
+    }
+    let mut text = String::new();
+    for event in events {
+        text.push_str(
+            &output::encode(format, event).map_err(|reason| CtlError::Encode {
+                format: format.to_string(),
+                reason,
+            })?,
+        );
+    }
+    Ok(text)
 }
 
 /// `key generate PATH` without `--id`: the file's name without `.key`.

@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 use crate::common::wire::{
-    BaseStatus, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceRevision, ServiceStatus,
-    VolumeStatus,
+    BaseStatus, Event, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceRevision,
+    ServiceStatus, VolumeStatus,
 };
 
 use super::args::OutputFormat;
@@ -215,6 +215,37 @@ fn jail_row(j: &JailStatus, node: Option<&str>, now_unix: u64) -> Vec<String> {
         j.last_error.as_deref().map(one_line).unwrap_or_default(),
     ]);
     row
+}
+
+/// Column headers of `get events`.
+pub const EVENT_COLUMNS: [&str; 6] = ["LAST SEEN", "TYPE", "REASON", "OBJECT", "NODE", "MESSAGE"];
+
+/// The `get events` rows, oldest first, under the column headers when
+/// `header` (a watch prints them once, above its first rows), or `""`
+/// without events. NODE is `-` for an event about no node.
+pub fn event_table(events: &[Event], now_unix: u64, header: bool) -> String {
+    if events.is_empty() {
+        return String::new();
+    }
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    if header {
+        rows.push(EVENT_COLUMNS.iter().map(|h| h.to_string()).collect());
+    }
+    rows.extend(events.iter().map(|e| {
+        vec![
+            format_age(e.time_unix, now_unix),
+            e.event_type.to_string(),
+            one_line(&e.reason),
+            one_line(&format!("{}/{}", e.kind, e.name)),
+            if e.node.is_empty() {
+                "-".to_string()
+            } else {
+                one_line(&e.node)
+            },
+            one_line(&e.message),
+        ]
+    }));
+    table(&rows)
 }
 
 /// The `get nodes` table, or `""` when there is no node. CPU and MEM are

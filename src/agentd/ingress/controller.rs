@@ -52,9 +52,10 @@ use crate::agentd::ingress::pf::{INGRESS_ANCHOR, ingress_rules};
 use crate::agentd::ingress::{CertManager, CertStatus};
 use crate::agentd::reconciler::{Phase, Reconciler};
 use crate::common::backoff::Backoff;
+use crate::common::events::EventLog;
 use crate::common::spec::{ExecSpec, Ingress, Jail, JailSpec, Metadata, NetworkSpec, Resources};
 use crate::common::store::{Store, StoreError};
-use crate::common::wire::{IngressPhase, IngressStatus};
+use crate::common::wire::{IngressPhase, IngressStatus, ObjectKind};
 use crate::host::beneath::{self, PathBeneath};
 use crate::host::pf::Firewall;
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
@@ -417,7 +418,46 @@ impl IngressController {
                 }
             }
         }
+        self.tell_certificates(reconciler.events(), &observed);
         self.observed = observed;
+    }
+
+    /// Records a CertificateIssued event for each Ingress whose certificate
+    /// expiry moved (a new certificate is in place), and a
+    /// CertificateFailed one for each whose certificate error is new.
+    fn tell_certificates(&self, events: &EventLog, observed: &BTreeMap<String, Observed>) {
+        for (name, now) in observed {
+            let before = self.observed.get(name);
+            let host = self
+                .state
+                .ingresses
+                .get(name)
+                .map(|i| i.spec.host.as_str())
+                .unwrap_or("?");
+            if let Some(expires) = now.expires
+                && before.and_then(|b| b.expires) != Some(expires)
+            {
+                events.normal(
+                    ObjectKind::Ingress,
+                    name,
+                    "CertificateIssued",
+                    format!(
+                        "a certificate for {host} is in place, valid until {expires} (Unix seconds)"
+                    ),
+                );
+            }
+            if now.phase == IngressPhase::BackingOff
+                && let Some(error) = &now.error
+                && before.and_then(|b| b.error.as_ref()) != Some(error)
+            {
+                events.warning(
+                    ObjectKind::Ingress,
+                    name,
+                    "CertificateFailed",
+                    format!("no certificate for {host} yet: {error}"),
+                );
+            }
+        }
     }
 
     /// Writes `conf` next to the live file, checks it with `nginx -t` in the
