@@ -354,6 +354,17 @@ impl EventLog {
     }
 }
 
+impl std::fmt::Debug for EventLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ring = lock(&self.shared.ring);
+        f.debug_struct("EventLog")
+            .field("node", &self.shared.node)
+            .field("kept", &ring.events.len())
+            .field("last_seq", &ring.last_seq)
+            .finish()
+    }
+}
+
 fn select(ring: &Ring, after: Option<u64>, object: Option<&ObjectRef>) -> Vec<Event> {
     let after = after.unwrap_or(0);
     // Sequence numbers only grow along the ring: start at the first newer one.

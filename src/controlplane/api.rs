@@ -19,6 +19,7 @@
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs; a new template rolls out |
 //! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions` | operator | the desired count; back to an earlier template; the templates kept |
+//! | `GET /events?after=SEQ&for=KIND/NAME&wait=1` | operator | the control plane's events (numbered by it: `after` and the wait apply to them) merged with every node's that is not Dead (all those its agent keeps, `for` forwarded), sorted by time, with the nodes it could not ask ([`ControlPlaneApi::events`]) |
 //! | `GET /metrics` | operator | Prometheus text |
 //! | `GET /healthz` | none | liveness of the control plane itself: its worker answers within [`HEALTH_WAIT`], else 503 |
 //!
@@ -69,13 +70,15 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
+use crate::common::events::EventQuery;
 use crate::common::http::server::DEFAULT_MAX_CONNECTIONS;
 use crate::common::http::{Client, Endpoint, Handler, OutgoingRequest, Request, Response};
 use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, HeartbeatRequest,
-    RegisterRequest, ServiceApply, VolumeStatus, parse_committed, parse_volumes_query,
+    COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, EventsAnswer,
+    HeartbeatRequest, Liveness, RegisterRequest, ServiceApply, UnreachedNode, VolumeStatus,
+    parse_committed, parse_volumes_query,
 };
 use crate::controlplane::endpoint_board::EndpointBoard;
 use crate::controlplane::heal::heal;
@@ -89,6 +92,9 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How often a service delete asks whether its replicas drained.
 const DRAIN_POLL: Duration = Duration::from_millis(100);
+
+/// The `source` of the control plane's own events in `GET /events`.
+pub const CONTROLPLANE_SOURCE: &str = "controlplane";
 
 /// Most endpoint long polls waiting at once: a quarter of the listener's
 /// connections, so heartbeats always find a slot (see the module docs).
@@ -235,6 +241,7 @@ impl ControlPlaneApi {
                 Ok(removal) => Response::json(200, &removal),
             },
             ("GET", ["metrics"]) => self.metrics()?,
+            ("GET", ["events"]) => self.events(req)?,
             ("GET", ["nodes", id, "jails"]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
                 Ok(addr) => self.forwarder.forward(id, addr, req, "/jails", None),
@@ -343,7 +350,7 @@ impl ControlPlaneApi {
             (_, ["nodes", _, "endpoints"]) => method_not_allowed("GET"),
             (_, ["nodes", _]) => method_not_allowed("DELETE"),
             (_, ["nodes", _, "cordon" | "uncordon"]) => method_not_allowed("POST"),
-            (_, ["nodes"]) | (_, ["metrics"]) | (_, ["nodes", _, "jails"]) => {
+            (_, ["nodes"]) | (_, ["metrics"]) | (_, ["events"]) | (_, ["nodes", _, "jails"]) => {
                 method_not_allowed("GET")
             }
             (_, ["jails", _])
@@ -624,6 +631,73 @@ impl ControlPlaneApi {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name).then(a.node.cmp(&b.node)));
         Ok(Response::json(200, &out))
+    }
+
+    /// `GET /events`: this process's events, after the wait a watch asks
+    /// for (on the ring the worker records in, never on the worker), then
+    /// every node's that is not Dead, asked one after the other like
+    /// `GET /volumes` asks them. Agents number their events on their own, so
+    /// `after` cannot apply to theirs: each answer carries all their ring
+    /// holds (for the object asked about), tagged with the node as `source`,
+    /// and a watching client prints each (source, number) once. A Dead node,
+    /// or one whose agent did not answer, is named in `unreached`.
+    fn events(&self, req: &Request) -> Result<Response, WorkerGone> {
+        let query = match EventQuery::parse(req.query.as_deref()) {
+            Ok(q) => q,
+            Err((why, field)) => return Ok(Response::error(400, &why, Some(field))),
+        };
+        let mut answer = match self.worker.events().answer(&query) {
+            Ok(answer) => answer,
+            Err(busy) => return Ok(Response::error(503, &busy.to_string(), None)),
+        };
+        for event in &mut answer.events {
+            event.source = Some(CONTROLPLANE_SOURCE.to_string());
+        }
+        let agent_query = EventQuery {
+            after: None,
+            object: query.object.clone(),
+            wait: false,
+        }
+        .to_query();
+        let path = if agent_query.is_empty() {
+            "/events".to_string()
+        } else {
+            format!("/events?{agent_query}")
+        };
+        for node in self.worker.nodes()? {
+            let id = node.node_id;
+            if node.status == Liveness::Dead {
+                answer.unreached.push(UnreachedNode {
+                    node: id,
+                    error: "the node is Dead".into(),
+                });
+                continue;
+            }
+            let r = self
+                .forwarder
+                .send(&id, node.address, "GET", &path, b"", None);
+            let listed = if (200..300).contains(&r.status) {
+                serde_json::from_slice::<EventsAnswer>(&r.body)
+                    .map_err(|e| format!("its agent answered an unreadable list: {e}"))
+            } else {
+                Err(format!(
+                    "its agent answered HTTP {}: {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body)
+                ))
+            };
+            match listed {
+                Ok(theirs) => answer.events.extend(theirs.events.into_iter().map(|mut e| {
+                    e.source = Some(id.clone());
+                    e
+                })),
+                Err(error) => answer.unreached.push(UnreachedNode { node: id, error }),
+            }
+        }
+        answer
+            .events
+            .sort_by(|a, b| (a.time_unix, &a.source, a.seq).cmp(&(b.time_unix, &b.source, b.seq)));
+        Ok(Response::json(200, &answer))
     }
 
     fn metrics(&self) -> Result<Response, WorkerGone> {
