@@ -16,6 +16,7 @@ mod ctl_ingress;
 mod ctl_services;
 mod daemons;
 mod endpoint_push;
+mod events;
 mod golden_agent;
 mod golden_base;
 mod golden_capacity;
