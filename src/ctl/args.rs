@@ -1860,6 +1860,34 @@ mod tests {
     }
 
     #[test]
+    fn get_events_takes_for_and_watch_and_nothing_else_does() {
+        assert_eq!(
+            cmd(&["get", "events", "--for", "node/n1", "-w", "-o", "json"]),
+            Command::GetEvents {
+                object: Some(ObjectRef {
+                    kind: crate::common::wire::ObjectKind::Node,
+                    name: "n1".into()
+                }),
+                watch: true,
+                output: OutputFormat::Json,
+            }
+        );
+        assert_eq!(
+            cmd(&["get", "ev"]),
+            Command::GetEvents {
+                object: None,
+                watch: false,
+                output: OutputFormat::Table,
+            }
+        );
+        assert!(err(&["get", "events", "--for", "web"]).contains("KIND/NAME"));
+        assert!(err(&["get", "events", "--for", "pod/web"]).contains("unknown kind"));
+        assert!(err(&["get", "events", "web"]).contains("--for KIND/NAME"));
+        assert!(err(&["get", "jails", "-w"]).contains("--watch applies to `get events`"));
+        assert!(err(&["logs", "web", "--for", "jail/web"]).contains("--for applies"));
+    }
+
+    #[test]
     fn every_flag_in_the_table_parses() {
         for flag in FLAGS {
             let mut args = vec![format!("--{}", flag.long)];
@@ -1867,6 +1895,7 @@ mod tests {
                 args.push(
                     match flag.id {
                         FlagId::Output => "json",
+                        FlagId::For => "jail/web",
                         FlagId::Tail | FlagId::Replicas | FlagId::ToRevision => "5",
                         FlagId::Timeout => "90s",
                         _ => "x",
@@ -1897,6 +1926,8 @@ mod tests {
                 args.extend(["rollout", "status", "service", "web"].map(String::from));
             } else if flag.id == FlagId::ToRevision {
                 args.extend(["rollout", "undo", "service", "web"].map(String::from));
+            } else if matches!(flag.id, FlagId::For | FlagId::Watch) {
+                args.extend(["get", "events"].map(String::from));
             } else {
                 args.extend(["get".to_string(), "jails".to_string()]);
             }

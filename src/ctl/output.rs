@@ -729,6 +729,48 @@ mod tests {
     use super::*;
     use crate::common::wire::{IngressPhase, Liveness, Phase, ReplicaStatus, Resources};
 
+    #[test]
+    fn the_event_table_has_its_columns_ages_and_a_dash_for_no_node() {
+        use crate::common::wire::{EventType, ObjectKind};
+        let event = |seq, kind, name: &str, reason: &str, node: &str, event_type| Event {
+            seq,
+            time_unix: 1_000 - seq * 30,
+            kind,
+            name: name.into(),
+            reason: reason.into(),
+            message: format!("{reason}\nof {name}"),
+            node: node.into(),
+            event_type,
+            source: None,
+        };
+        let events = [
+            event(
+                2,
+                ObjectKind::Jail,
+                "web",
+                "Exited",
+                "n1",
+                EventType::Warning,
+            ),
+            event(
+                1,
+                ObjectKind::Service,
+                "api",
+                "RolloutComplete",
+                "",
+                EventType::Normal,
+            ),
+        ];
+        assert_eq!(
+            event_table(&events, 1_000, true),
+            "LAST SEEN   TYPE      REASON            OBJECT        NODE   MESSAGE\n\
+             1m          Warning   Exited            jail/web      n1     Exited of web\n\
+             30s         Normal    RolloutComplete   service/api   -      RolloutComplete of api\n"
+        );
+        assert!(!event_table(&events, 1_000, false).contains("LAST SEEN"));
+        assert_eq!(event_table(&[], 1_000, true), "");
+    }
+
     fn status(name: &str, state: Phase, addr: [u8; 4], restarts: u32, created: u64) -> JailStatus {
         JailStatus {
             name: name.into(),
