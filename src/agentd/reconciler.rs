@@ -76,7 +76,7 @@ use crate::common::events::EventLog;
 use crate::common::spec::{Jail, JailSpec, Resources};
 use crate::common::store::{Store, StoreError};
 use crate::common::wire::ObjectKind;
-pub use crate::common::wire::{JailStatus, Phase};
+pub use crate::common::wire::{JailStatus, LastExit, Phase};
 use crate::host::jail::{JailError, JailNetwork, JailParams, Limits, ObservedJail, Removal};
 use crate::host::mount::MountError;
 use crate::host::net::NetError;
@@ -383,6 +383,8 @@ struct Runtime {
     /// error (after anything newer) so a jail back in rotation still says why
     /// it restarted.
     health_restart: Option<String>,
+    /// How the workload last exited (LAST EXIT).
+    last_exit: Option<LastExit>,
 }
 
 /// The reconciler; see the module docs.
@@ -606,6 +608,7 @@ where
             self.note_failure(&name, &error);
             return Err(ReconcileError::Host { jail: name, error });
         }
+        self.settle_after_start(&name);
         if let Err(e) = self.save_bookkeeping() {
             return Err(ReconcileError::Host {
                 jail: name,
@@ -640,7 +643,11 @@ where
             "Deleting",
             "delete recorded; the jail is being removed".into(),
         );
-        let crashed = self.runtime.get(name).and_then(|r| r.phase) == Some(Phase::CrashLoop);
+        let crashed = self
+            .runtime
+            .get(name)
+            .and_then(|r| r.phase)
+            .is_some_and(Phase::crashed);
         self.finish_delete(name, crashed).map_err(|error| {
             self.note_failure(name, &error);
             ReconcileError::Host {
@@ -744,6 +751,7 @@ where
                 epoch: None,
                 cpu: spec.spec.resources.cpu,
                 memory: spec.spec.resources.memory,
+                last_exit: self.runtime.get(name).and_then(|r| r.last_exit),
             });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -925,7 +933,7 @@ where
         let now = self.clock.now();
         let key = name.to_string();
         let phase = self.runtime.get(name).and_then(|r| r.phase);
-        let waiting = matches!(phase, Some(Phase::Failed) | Some(Phase::CrashLoop));
+        let waiting = phase.is_some_and(|p| p == Phase::Failed || p.crashed());
         if !force && waiting && !self.backoff.ready(&key, now) {
             // The last attempt failed, or the workload crashed or was
             // restarted for failing its health check: the next start waits
@@ -956,25 +964,9 @@ where
                 // The jail exists but its workload is gone (or its epair
                 // vanished): a crash. Count it once, then restart when the
                 // backoff allows.
-                let rt = self.runtime.entry(key.clone()).or_default();
-                if !rt.crash_counted {
-                    rt.crash_counted = true;
-                    rt.phase = Some(Phase::CrashLoop);
-                    let delay = self.backoff.record_failure(&key, now);
-                    let how = if j.running {
-                        "its epair is gone".to_string()
-                    } else {
-                        "the workload exited".to_string()
-                    };
-                    self.events.warning(ObjectKind::Jail, name, "Exited", how);
-                    if !force && !self.backoff.ready(&key, now) {
-                        self.events.warning(
-                            ObjectKind::Jail,
-                            name,
-                            "BackOff",
-                            format!("back-off {}s before restarting it", delay.as_secs()),
-                        );
-                    }
+                let counted = self.runtime.get(name).is_some_and(|r| r.crash_counted);
+                if !counted {
+                    self.note_exit(name, j.running, j.exit_status, now, !force);
                 }
                 if !force && !self.backoff.ready(&key, now) {
                     return Ok(());
@@ -1069,7 +1061,12 @@ where
             self.set_deployed(name, rec, Some(resources.clone()));
         }
         let key = name.to_string();
-        let first_sight = self.runtime.get(name).and_then(|r| r.phase) != Some(Phase::Running);
+        // Starting is the same workload, now seen running past its start.
+        let first_sight = !self
+            .runtime
+            .get(name)
+            .and_then(|r| r.phase)
+            .is_some_and(Phase::runs);
         if first_sight {
             self.new_incarnation(name);
         }
@@ -1207,7 +1204,9 @@ where
         self.backoff.record_started(&key, self.clock.now());
         self.new_incarnation(name);
         let rt = self.runtime.entry(key).or_default();
-        rt.phase = Some(Phase::Running);
+        // Running once a later observation still sees it (`keep_running`):
+        // a workload that exits at once is never shown Running.
+        rt.phase = Some(Phase::Starting);
         rt.last_error = None;
         rt.crash_counted = false;
         Ok(())
@@ -1381,7 +1380,7 @@ where
         let rt = self.runtime.get(name).cloned().unwrap_or_default();
         let now = self.clock.now();
         let retry_in_secs = match rt.phase {
-            Some(Phase::CrashLoop) | Some(Phase::Failed) => self
+            Some(p) if p == Phase::Failed || p.crashed() => self
                 .backoff
                 .next_attempt(&name.to_string())
                 .map(|at: Instant| at.saturating_duration_since(now).as_secs()),
@@ -1392,7 +1391,7 @@ where
             state: rt.phase.unwrap_or(Phase::Pending),
             address: rec.address,
             restarts: rec.restarts,
-            ready: rt.phase == Some(Phase::Running)
+            ready: rt.phase.is_some_and(Phase::runs)
                 && (rec.spec.spec.health.is_none() || rt.probe_passed),
             created_unix: rec.created_unix,
             last_error: rt
@@ -1404,6 +1403,68 @@ where
             epoch: rec.epoch,
             cpu: rec.spec.spec.resources.cpu,
             memory: rec.spec.spec.resources.memory,
+            last_exit: rt.last_exit,
+        }
+    }
+
+    /// The workload of `name` is gone (it has no process, or, `running`, its
+    /// epair vanished): counted once against the backoff, Restarting after
+    /// a first crash and CrashLoop after repeated ones, its exit status kept
+    /// as LAST EXIT and the last error, and told as events. `waits`: the
+    /// restart will wait for the backoff (a pass, not an apply).
+    fn note_exit(
+        &mut self,
+        name: &str,
+        running: bool,
+        exit_status: Option<i32>,
+        now: Instant,
+        waits: bool,
+    ) {
+        let key = name.to_string();
+        let delay = self.backoff.record_failure(&key, now);
+        let first = delay <= self.backoff.policy().initial;
+        let how = match (running, exit_status) {
+            (true, _) => "its epair is gone".to_string(),
+            (false, Some(status)) => format!("the workload exited with status {status}"),
+            (false, None) => "the workload exited (no process is left in the jail)".to_string(),
+        };
+        let rt = self.runtime.entry(key).or_default();
+        rt.crash_counted = true;
+        rt.phase = Some(if first {
+            Phase::Restarting
+        } else {
+            Phase::CrashLoop
+        });
+        rt.last_error = Some(how.clone());
+        if !running {
+            rt.last_exit = Some(LastExit {
+                status: exit_status,
+                time_unix: unix_now(),
+            });
+        }
+        self.events.warning(ObjectKind::Jail, name, "Exited", how);
+        if waits {
+            self.events.warning(
+                ObjectKind::Jail,
+                name,
+                "BackOff",
+                format!("back-off {}s before restarting it", delay.as_secs()),
+            );
+        }
+    }
+
+    /// Right after an apply started `name`'s workload: one more look at it
+    /// where the runtime can take one without a host command
+    /// ([`JailRuntime::exited_at_start`]), so that one which already exited
+    /// is answered as such, not as Starting. Otherwise it stays Starting
+    /// until the next pass sees it.
+    fn settle_after_start(&mut self, name: &str) {
+        if self.runtime.get(name).and_then(|r| r.phase) != Some(Phase::Starting) {
+            return;
+        }
+        if let Some(status) = self.jails.exited_at_start(name) {
+            let now = self.clock.now();
+            self.note_exit(name, false, status, now, true);
         }
     }
 }
@@ -1570,7 +1631,7 @@ where
             .filter_map(|(name, rec)| {
                 let rt = self.runtime.get(name)?;
                 let health = rec.spec.spec.health.clone()?;
-                (rt.phase == Some(Phase::Running)).then(|| HealthTarget {
+                rt.phase.is_some_and(Phase::runs).then(|| HealthTarget {
                     name: name.clone(),
                     incarnation: rt.incarnation,
                     address: rec.address,
@@ -1652,9 +1713,14 @@ where
         );
         let now = self.clock.now();
         let key = name.to_string();
-        self.backoff.record_failure(&key, now);
+        let delay = self.backoff.record_failure(&key, now);
+        let first = delay <= self.backoff.policy().initial;
         let rt = self.runtime.entry(key).or_default();
-        rt.phase = Some(Phase::CrashLoop);
+        rt.phase = Some(if first {
+            Phase::Restarting
+        } else {
+            Phase::CrashLoop
+        });
         rt.probe_passed = false;
         rt.forced_removal = stop_failure.map(|e| e.to_string());
         rt.health_failure = None;
@@ -1666,6 +1732,6 @@ where
     fn current_incarnation(&mut self, name: &str, incarnation: u64) -> Option<&mut Runtime> {
         self.runtime
             .get_mut(name)
-            .filter(|rt| rt.incarnation == incarnation && rt.phase == Some(Phase::Running))
+            .filter(|rt| rt.incarnation == incarnation && rt.phase.is_some_and(Phase::runs))
     }
 }

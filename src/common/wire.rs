@@ -10,18 +10,48 @@ use std::net::Ipv4Addr;
 use serde::{Deserialize, Serialize};
 
 /// Where a jail stands, as last seen by the reconciler.
+///
+/// Variants are only ever added. A phase this build does not know (sent by
+/// a newer daemon) reads as [`Phase::Unknown`] instead of failing the whole
+/// answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     /// Recorded, not provisioned yet.
     Pending,
-    /// The workload runs.
+    /// The workload runs, and was seen running after its start settled (a
+    /// pass after the one that started it).
     Running,
-    /// The workload exited; waiting for its backoff delay before restarting.
+    /// The workload exited again after a restart (repeated crashes); waiting
+    /// for its backoff delay before restarting.
     CrashLoop,
     /// The last provisioning or restart attempt failed.
     Failed,
     /// A delete is in progress.
     Deleting,
+    /// The workload was started and has not been seen running by a later
+    /// observation yet: the next pass says Running, or that it exited.
+    Starting,
+    /// The workload exited once (after running, or at its start); waiting
+    /// for the backoff delay before its restart.
+    Restarting,
+    /// A phase a newer daemon sent that this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Phase {
+    /// True while the workload was started and not seen gone: Starting or
+    /// Running. Such a jail serves (when it has no health check, or passes
+    /// it) and counts as running for the control plane.
+    pub fn runs(self) -> bool {
+        matches!(self, Phase::Running | Phase::Starting)
+    }
+
+    /// True while the workload exited and waits for its restart:
+    /// Restarting or CrashLoop.
+    pub fn crashed(self) -> bool {
+        matches!(self, Phase::Restarting | Phase::CrashLoop)
+    }
 }
 
 impl fmt::Display for Phase {
@@ -32,6 +62,9 @@ impl fmt::Display for Phase {
             Phase::CrashLoop => "CrashLoop",
             Phase::Failed => "Failed",
             Phase::Deleting => "Deleting",
+            Phase::Starting => "Starting",
+            Phase::Restarting => "Restarting",
+            Phase::Unknown => "Unknown",
         })
     }
 }
@@ -64,6 +97,20 @@ pub struct JailStatus {
     pub cpu: Option<f64>,
     /// memory bytes requested.
     pub memory: Option<u64>,
+    /// How the workload last exited, when it did since the agent started
+    /// (absent from older agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<LastExit>,
+}
+
+/// How a jail's workload last exited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastExit {
+    /// Its exit status, when the host knows it (the simulated host reaps
+    /// the workload; a FreeBSD jail only shows it has no process left).
+    pub status: Option<i32>,
+    /// When the agent saw it gone (Unix seconds).
+    pub time_unix: u64,
 }
 
 /// The JSON body of every error response (`common::http::Response::error`
@@ -849,5 +896,30 @@ mod volume_query_tests {
         assert_eq!(parse_volumes_query(Some("volumes=")), Ok(Some(vec![])));
         assert!(parse_volumes_query(Some("volumes=../x")).is_err());
         assert!(parse_volumes_query(Some("volumes=a&volumes=b")).is_err());
+    }
+}
+
+#[cfg(test)]
+mod phase_tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_from_a_newer_daemon_reads_as_unknown_and_known_ones_round_trip() {
+        let read: Vec<Phase> =
+            serde_json::from_str(r#"["Starting","Restarting","Running","Hibernating"]"#)
+                .expect("decodes");
+        assert_eq!(
+            read,
+            [
+                Phase::Starting,
+                Phase::Restarting,
+                Phase::Running,
+                Phase::Unknown
+            ]
+        );
+        assert_eq!(
+            serde_json::to_string(&Phase::Restarting).expect("encodes"),
+            r#""Restarting""#
+        );
     }
 }

@@ -784,6 +784,7 @@ mod tests {
             epoch: None,
             cpu: None,
             memory: None,
+            last_exit: None,
         }
     }
 

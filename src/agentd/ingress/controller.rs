@@ -511,7 +511,7 @@ impl IngressController {
         // signal, and the restart reads the live file.
         if reconciler
             .get(INGRESS_JAIL)
-            .is_some_and(|j| j.state == Phase::CrashLoop)
+            .is_some_and(|j| j.state.crashed())
         {
             return Ok(());
         }
