@@ -88,7 +88,7 @@ pub const FLAGS: &[Flag] = &[
         short: Some('o'),
         long: "output",
         value: Some("FORMAT"),
-        help: "table (default), json or yaml (get)",
+        help: "table (default), json or yaml (get); wide (get jails)",
     },
     Flag {
         id: FlagId::Socket,
@@ -391,6 +391,8 @@ pub enum OutputFormat {
     Json,
     /// The same values as YAML.
     Yaml,
+    /// The table with more columns (`get jails`: ADDRESS and EPOCH).
+    Wide,
 }
 
 impl fmt::Display for OutputFormat {
@@ -399,6 +401,7 @@ impl fmt::Display for OutputFormat {
             OutputFormat::Table => "table",
             OutputFormat::Json => "json",
             OutputFormat::Yaml => "yaml",
+            OutputFormat::Wide => "wide",
         })
     }
 }
@@ -963,9 +966,17 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 None | Some("table") => OutputFormat::Table,
                 Some("json") => OutputFormat::Json,
                 Some("yaml") => OutputFormat::Yaml,
+                Some("wide") if !events && matches!(resource(kind), Ok(Resource::Jails)) => {
+                    OutputFormat::Wide
+                }
+                Some("wide") => {
+                    return Err(usage(
+                        "--output wide applies to `get jails` only; use table, json or yaml",
+                    ));
+                }
                 Some(other) => {
                     return Err(usage(format!(
-                        "--output {other:?} is not a format; use table, json or yaml"
+                        "--output {other:?} is not a format; use table, json, yaml or (get jails) wide"
                     )));
                 }
             };
@@ -1371,7 +1382,16 @@ mod tests {
         );
         assert!(err(&["get"]).contains("get jails"));
         assert!(err(&["get", "disks"]).contains("unknown resource \"disks\""));
-        assert!(err(&["get", "jails", "-o", "wide"]).contains("use table, json or yaml"));
+        assert!(err(&["get", "jails", "-o", "xml"]).contains("use table, json, yaml"));
+        assert!(err(&["get", "nodes", "-o", "wide"]).contains("applies to `get jails` only"));
+        assert_eq!(
+            cmd(&["get", "jails", "-o", "wide"]),
+            Command::Get {
+                resource: Resource::Jails,
+                name: None,
+                output: OutputFormat::Wide,
+            }
+        );
         assert!(err(&["get", "jails", "a", "b"]).contains("\"b\""));
         assert!(err(&["get", "jails", "-f", "x"]).contains("--filename does not apply"));
     }

@@ -253,24 +253,25 @@ pub fn execute(
             output: format,
         } => {
             let api = resolve()?;
+            let wide = *format == OutputFormat::Wide;
             let failed = |error| CtlError::Request {
                 action: "get jails".into(),
                 error,
             };
             if *api.route() == Route::Agent {
                 let jails = api.list_jails().map_err(failed)?;
-                if *format == OutputFormat::Table && jails.is_empty() {
+                if matches!(format, OutputFormat::Table | OutputFormat::Wide) && jails.is_empty() {
                     // kubectl's convention: the note on stderr, stdout empty.
                     let _ = writeln!(stderr, "No jails found.");
                 } else {
                     show(out, *format, &jails, || {
-                        output::jail_table(&jails, now_unix())
+                        output::jail_table(&jails, now_unix(), wide)
                     })?;
                 }
             } else {
                 let jails = per_node(&api, "jails", Api::list_jails_on)?;
                 show_gathered(out, stderr, *format, jails, |listed| {
-                    output::cluster_jail_table(listed, now_unix())
+                    output::cluster_jail_table(listed, now_unix(), wide)
                 })?;
             }
         }
@@ -280,13 +281,14 @@ pub fn execute(
             output: format,
         } => {
             let api = resolve()?;
+            let wide = *format == OutputFormat::Wide;
             let found = api.get_jail(name).map_err(|error| CtlError::Request {
                 action: format!("get jail/{name}"),
                 error,
             })?;
             if *api.route() == Route::Agent {
                 show(out, *format, &found.status, || {
-                    output::jail_table(std::slice::from_ref(&found.status), now_unix())
+                    output::jail_table(std::slice::from_ref(&found.status), now_unix(), wide)
                 })?;
             } else {
                 let jail = NodeJail {
@@ -294,7 +296,7 @@ pub fn execute(
                     status: found.status,
                 };
                 show(out, *format, &jail, || {
-                    output::cluster_jail_table(std::slice::from_ref(&jail), now_unix())
+                    output::cluster_jail_table(std::slice::from_ref(&jail), now_unix(), wide)
                 })?;
             }
         }
@@ -941,7 +943,7 @@ fn show_gathered<T: serde::Serialize>(
         listed,
         unreached,
     } = gathered;
-    if format == OutputFormat::Table && listed.is_empty() {
+    if matches!(format, OutputFormat::Table | OutputFormat::Wide) && listed.is_empty() {
         if unreached.is_empty() {
             let _ = writeln!(stderr, "No {what} found.");
         }
@@ -1176,7 +1178,7 @@ fn show<T: serde::Serialize>(
     table: impl FnOnce() -> String,
 ) -> Result<(), CtlError> {
     let text = match format {
-        OutputFormat::Table => table(),
+        OutputFormat::Table | OutputFormat::Wide => table(),
         _ => output::encode(format, value).map_err(|reason| CtlError::Encode {
             format: format.to_string(),
             reason,

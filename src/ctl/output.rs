@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 use crate::common::wire::{
-    BaseStatus, Event, IngressStatus, JailStatus, NodeRemoval, NodeStatus, ServiceRevision,
-    ServiceStatus, VolumeStatus,
+    BaseStatus, Event, IngressStatus, JailStatus, LastExit, NodeRemoval, NodeStatus,
+    ServiceRevision, ServiceStatus, VolumeStatus,
 };
 
 use super::args::OutputFormat;
@@ -29,28 +29,21 @@ use super::args::OutputFormat;
 /// Spaces between two columns.
 const COLUMN_GAP: usize = 3;
 
-/// Column headers of `get jails`.
-pub const JAIL_COLUMNS: [&str; 7] = [
+/// Column headers of `get jails`; through the control plane NODE follows
+/// NAME, and `-o wide` adds [`WIDE_JAIL_COLUMNS`] before LAST ERROR.
+pub const JAIL_COLUMNS: [&str; 8] = [
     "NAME",
-    "STATE",
     "READY",
-    "ADDRESS",
+    "STATUS",
     "RESTARTS",
+    "LAST EXIT",
+    "RETRY IN",
     "AGE",
     "LAST ERROR",
 ];
 
-/// Column headers of `get jails` through the control plane: NODE follows NAME.
-pub const CLUSTER_JAIL_COLUMNS: [&str; 8] = [
-    "NAME",
-    "NODE",
-    "STATE",
-    "READY",
-    "ADDRESS",
-    "RESTARTS",
-    "AGE",
-    "LAST ERROR",
-];
+/// What `get jails -o wide` adds.
+pub const WIDE_JAIL_COLUMNS: [&str; 2] = ["ADDRESS", "EPOCH"];
 
 /// Column headers of `get nodes`.
 pub const NODE_COLUMNS: [&str; 8] = [
@@ -179,41 +172,78 @@ pub fn one_line(text: &str) -> String {
 }
 
 /// The `get jails` table, or `""` when there is no jail.
-pub fn jail_table(jails: &[JailStatus], now_unix: u64) -> String {
+pub fn jail_table(jails: &[JailStatus], now_unix: u64, wide: bool) -> String {
     if jails.is_empty() {
         return String::new();
     }
-    let mut rows = vec![JAIL_COLUMNS.iter().map(|h| h.to_string()).collect()];
-    rows.extend(jails.iter().map(|j| jail_row(j, None, now_unix)));
+    let mut rows = vec![jail_header(false, wide)];
+    rows.extend(jails.iter().map(|j| jail_row(j, None, now_unix, wide)));
     table(&rows)
+}
+
+fn jail_header(node: bool, wide: bool) -> Vec<String> {
+    let (last, first) = JAIL_COLUMNS.split_last().unwrap_or((&"", &[]));
+    let mut header: Vec<String> = Vec::new();
+    for (i, h) in first.iter().enumerate() {
+        header.push(h.to_string());
+        if i == 0 && node {
+            header.push("NODE".to_string());
+        }
+    }
+    if wide {
+        header.extend(WIDE_JAIL_COLUMNS.iter().map(|h| h.to_string()));
+    }
+    header.push(last.to_string());
+    header
+}
+
+/// LAST EXIT: the status and how long ago (`1 (12s ago)`), `?` for a
+/// status the host does not report; `-` when it never exited.
+pub fn last_exit_cell(exit: Option<&LastExit>, now_unix: u64) -> String {
+    match exit {
+        None => "-".to_string(),
+        Some(e) => format!(
+            "{} ({} ago)",
+            e.status.map_or("?".to_string(), |s| s.to_string()),
+            format_age(e.time_unix, now_unix)
+        ),
+    }
 }
 
 /// The `get jails` table through the control plane (a NODE column, `-` where
 /// the node is not known), or `""` when there is no jail.
-pub fn cluster_jail_table(jails: &[NodeJail], now_unix: u64) -> String {
+pub fn cluster_jail_table(jails: &[NodeJail], now_unix: u64, wide: bool) -> String {
     if jails.is_empty() {
         return String::new();
     }
-    let mut rows = vec![CLUSTER_JAIL_COLUMNS.iter().map(|h| h.to_string()).collect()];
-    rows.extend(
-        jails
-            .iter()
-            .map(|j| jail_row(&j.status, Some(j.node.as_deref().unwrap_or("-")), now_unix)),
-    );
+    let mut rows = vec![jail_header(true, wide)];
+    rows.extend(jails.iter().map(|j| {
+        jail_row(
+            &j.status,
+            Some(j.node.as_deref().unwrap_or("-")),
+            now_unix,
+            wide,
+        )
+    }));
     table(&rows)
 }
 
-fn jail_row(j: &JailStatus, node: Option<&str>, now_unix: u64) -> Vec<String> {
+fn jail_row(j: &JailStatus, node: Option<&str>, now_unix: u64, wide: bool) -> Vec<String> {
     let mut row = vec![one_line(&j.name)];
     row.extend(node.map(one_line));
     row.extend([
-        j.state.to_string(),
         if j.ready { "yes" } else { "no" }.to_string(),
-        j.address.to_string(),
+        j.state.to_string(),
         j.restarts.to_string(),
+        last_exit_cell(j.last_exit.as_ref(), now_unix),
+        j.retry_in_secs.map_or("-".to_string(), format_secs),
         format_age(j.created_unix, now_unix),
-        j.last_error.as_deref().map(one_line).unwrap_or_default(),
     ]);
+    if wide {
+        row.push(j.address.to_string());
+        row.push(j.epoch.map_or("-".to_string(), |e| e.to_string()));
+    }
+    row.push(j.last_error.as_deref().map(one_line).unwrap_or_default());
     row
 }
 
@@ -720,7 +750,7 @@ pub fn encode(format: OutputFormat, value: &impl Serialize) -> Result<String, St
             .map(|s| s + "\n")
             .map_err(|e| e.to_string()),
         OutputFormat::Yaml => serde_yaml::to_string(value).map_err(|e| e.to_string()),
-        OutputFormat::Table => Err("a table is not an encoding".into()),
+        OutputFormat::Table | OutputFormat::Wide => Err("a table is not an encoding".into()),
     }
 }
 
@@ -826,17 +856,36 @@ mod tests {
             now - 7200,
         );
         crashing.last_error = Some("jail -c failed:\n  exit 1\tbad".into());
+        crashing.retry_in_secs = Some(90);
+        crashing.epoch = Some(7);
+        crashing.last_exit = Some(LastExit {
+            status: Some(3),
+            time_unix: now - 12,
+        });
+        let mut gone = status("api", Phase::Restarting, [10, 20, 0, 3], 1, now - 60);
+        gone.last_exit = Some(LastExit {
+            status: None,
+            time_unix: now - 2,
+        });
         let jails = [
             status("web-1", Phase::Running, [10, 20, 0, 2], 0, now - 45),
             crashing,
+            gone,
         ];
-        let got = jail_table(&jails, now);
         let want = "\
-NAME               STATE       READY   ADDRESS      RESTARTS   AGE   LAST ERROR
-web-1              Running     yes     10.20.0.2    0          45s
-database-primary   CrashLoop   no      10.20.0.12   12         2h    jail -c failed: exit 1 bad
+NAME               READY   STATUS       RESTARTS   LAST EXIT     RETRY IN   AGE   LAST ERROR
+web-1              yes     Running      0          -             -          45s
+database-primary   no      CrashLoop    12         3 (12s ago)   1m         2h    jail -c failed: exit 1 bad
+api                no      Restarting   1          ? (2s ago)    -          1m
 ";
-        assert_eq!(got, want);
+        assert_eq!(jail_table(&jails, now, false), want);
+        let wide = "\
+NAME               READY   STATUS       RESTARTS   LAST EXIT     RETRY IN   AGE   ADDRESS      EPOCH   LAST ERROR
+web-1              yes     Running      0          -             -          45s   10.20.0.2    -
+database-primary   no      CrashLoop    12         3 (12s ago)   1m         2h    10.20.0.12   7       jail -c failed: exit 1 bad
+api                no      Restarting   1          ? (2s ago)    -          1m    10.20.0.3    -
+";
+        assert_eq!(jail_table(&jails, now, true), wide);
     }
 
     #[test]
@@ -851,7 +900,7 @@ database-primary   CrashLoop   no      10.20.0.12   12         2h    jail -c fai
 
     #[test]
     fn an_empty_list_prints_no_table() {
-        assert_eq!(jail_table(&[], 0), "");
+        assert_eq!(jail_table(&[], 0, false), "");
     }
 
     #[test]
@@ -1074,11 +1123,11 @@ blog   blog.example.com   web       -                      BackingOff   DNS-01 c
             },
         ];
         let want = "\
-NAME   NODE   STATE     READY   ADDRESS      RESTARTS   AGE   LAST ERROR
-a      n2     Running   yes     127.64.7.2   0          5s
-bb     -      Pending   no      127.64.9.2   1          0s
+NAME   NODE   READY   STATUS    RESTARTS   LAST EXIT   RETRY IN   AGE   LAST ERROR
+a      n2     yes     Running   0          -           -          5s
+bb     -      no      Pending   1          -           -          0s
 ";
-        assert_eq!(cluster_jail_table(&jails, now), want);
+        assert_eq!(cluster_jail_table(&jails, now, false), want);
         let json = encode(OutputFormat::Json, &jails).expect("json");
         let back: Vec<NodeJail> = serde_json::from_str(&json).expect("parses");
         assert_eq!(back, jails);
