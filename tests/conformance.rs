@@ -483,7 +483,7 @@ fn volume_quota_changes_in_place<B: Backend>() {
     rig.agent.apply(sized("1G"), None).expect("applied");
     let before = rig.observed("db").expect("exists");
     let status = rig.agent.apply(sized("2G"), None).expect("re-applied");
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting);
     let after = rig.observed("db").expect("exists");
     assert_eq!(after.jid, before.jid, "not replaced");
     assert!(after.running);

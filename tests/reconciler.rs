@@ -734,7 +734,10 @@ fn re_applying_the_same_spec_changes_nothing() {
     host.take();
     let jids = host.jids();
     let status = agent.apply(jail_with_volumes("db"), None).expect("again");
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting, "not up a second yet");
+    host.clock.advance(keel::agentd::reconciler::START_SETTLE);
+    let status = agent.apply(jail_with_volumes("db"), None).expect("again");
+    assert_eq!(status.state, Phase::Running, "seen running past its start");
     assert!(host.take().is_empty());
     assert_eq!(host.jids(), jids);
 }
@@ -1486,4 +1489,70 @@ fn a_jail_with_health_is_ready_only_after_its_probe_passed_and_restarts_through_
     );
     assert!(agent.set_readiness("web", second, true, None));
     assert!(agent.get("web").expect("web").ready);
+}
+
+/// A started workload is Starting until a pass sees it up past
+/// `START_SETTLE`; its first exit is Restarting with its status, a second
+/// one right after the restart CrashLoop; both are told as events.
+#[test]
+fn an_exited_workload_is_restarting_then_crash_looping_with_its_last_exit() {
+    use keel::agentd::reconciler::START_SETTLE;
+    let host = Host::new();
+    let mut agent = host.agent();
+    let events = keel::common::events::EventLog::in_memory("n1");
+    agent.set_events(events.clone());
+    let status = agent.apply(jail("web"), None).expect("applied");
+    assert_eq!((status.state, status.last_exit), (Phase::Starting, None));
+    agent.reconcile();
+    assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::Starting));
+    host.clock.advance(START_SETTLE);
+    agent.reconcile();
+    assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::Running));
+
+    host.jails.exit("web", 3);
+    agent.reconcile();
+    let web = agent.get("web").expect("web");
+    assert_eq!(web.state, Phase::Restarting, "{web:?}");
+    assert_eq!(web.last_exit.and_then(|e| e.status), Some(3));
+    assert_eq!(web.retry_in_secs, Some(1));
+    assert!(
+        web.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("exited with status 3")),
+        "{web:?}"
+    );
+
+    host.clock.advance(Duration::from_secs(1));
+    agent.reconcile();
+    assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::Starting));
+    host.jails.exit("web", 1);
+    agent.reconcile();
+    let web = agent.get("web").expect("web");
+    assert_eq!(
+        (
+            web.state,
+            web.last_exit.and_then(|e| e.status),
+            web.retry_in_secs
+        ),
+        (Phase::CrashLoop, Some(1), Some(2))
+    );
+    let reasons: Vec<String> = events
+        .since(None, None)
+        .0
+        .into_iter()
+        .map(|e| e.reason)
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "Created",
+            "Started",
+            "Exited",
+            "BackOff",
+            "Restarted",
+            "Started",
+            "Exited",
+            "BackOff"
+        ]
+    );
 }

@@ -385,7 +385,16 @@ struct Runtime {
     health_restart: Option<String>,
     /// How the workload last exited (LAST EXIT).
     last_exit: Option<LastExit>,
+    /// When this agent last started the workload (`None`: it found it
+    /// running), for [`START_SETTLE`].
+    started_at: Option<Instant>,
 }
+
+/// How long a workload this agent started must have been up when a pass
+/// sees it running before it is shown Running rather than Starting: a
+/// workload that exits within its first second is never shown Running,
+/// whatever the pass timing.
+pub const START_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The reconciler; see the module docs.
 pub struct Reconciler<J, Z, N, M> {
@@ -1071,7 +1080,14 @@ where
             self.new_incarnation(name);
         }
         let rt = self.runtime.entry(key.clone()).or_default();
-        rt.phase = Some(Phase::Running);
+        let settled = rt
+            .started_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= START_SETTLE);
+        rt.phase = Some(if rt.phase == Some(Phase::Starting) && !settled {
+            Phase::Starting
+        } else {
+            Phase::Running
+        });
         rt.last_error = None;
         rt.crash_counted = false;
         if first_sight {
@@ -1201,9 +1217,11 @@ where
         );
 
         let key = name.to_string();
-        self.backoff.record_started(&key, self.clock.now());
+        let started = self.clock.now();
+        self.backoff.record_started(&key, started);
         self.new_incarnation(name);
         let rt = self.runtime.entry(key).or_default();
+        rt.started_at = Some(started);
         // Running once a later observation still sees it (`keep_running`):
         // a workload that exits at once is never shown Running.
         rt.phase = Some(Phase::Starting);
