@@ -922,3 +922,20 @@ fn apply_takes_a_directory_of_specs_in_file_name_order() {
     assert_eq!(run.code, 2, "{run:?}");
     assert!(run.stderr.contains("holds no document"), "{run:?}");
 }
+
+/// A typo in `base` is refused as a base the node does not have, naming
+/// `spec.base`, and nothing is kept (the simulated host knows release
+/// names, as a FreeBSD host knows the bases it fetched).
+#[test]
+fn a_base_that_names_no_release_is_refused_naming_spec_base() {
+    let agent = Agent::start(AGENT_ARGS);
+    let doc = "kind: Jail\nmetadata: {name: typo}\nspec:\n  base: 99.9-NOPE\n  \
+               exec: {start: [/bin/sleep, '300']}\n";
+    let file = write(&agent, "typo.yaml", doc);
+    let run = keelctl(&agent, &["apply", "-f", &file]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stderr.contains("spec.base"), "{run:?}");
+    assert!(run.stderr.contains("99.9-NOPE"), "{run:?}");
+    assert!(run.stderr.contains("keelctl base fetch"), "{run:?}");
+    assert_eq!(list(&agent), Vec::new(), "nothing kept");
+}

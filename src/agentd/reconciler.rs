@@ -613,6 +613,37 @@ where
         let result = observed
             .and_then(|obs| self.ensure_bridge(&obs).map(|()| obs))
             .and_then(|obs| self.converge(&name, &obs, true));
+        if let Err(HostError::Zfs(ZfsError::NotFound(missing))) = &result
+            && previous.is_none()
+            && *missing
+                == self
+                    .zfs
+                    .layout()
+                    .base_snapshot(&spec_base(&self.state, &name))
+        {
+            // A new jail on a base this node does not have: refused, and
+            // not kept (nothing of it was built: the clone is the first
+            // step), rather than recorded and failing every pass.
+            let why = result.err().map(|e| e.to_string()).unwrap_or_default();
+            let mut next = self.state.clone();
+            let base = spec_base(&next, &name);
+            next.jails.remove(&name);
+            self.commit(next)?;
+            self.backoff.forget(&name);
+            self.runtime.remove(&name);
+            self.events.warning(
+                ObjectKind::Jail,
+                &name,
+                "Refused",
+                format!("base {base} is not on this node; the jail is not kept: {why}"),
+            );
+            return Err(ReconcileError::Invalid {
+                field: "spec.base".into(),
+                message: format!(
+                    "base {base} is not on this node, so the jail was not kept: {why}"
+                ),
+            });
+        }
         if let Err(error) = result {
             self.note_failure(&name, &error);
             return Err(ReconcileError::Host { jail: name, error });
@@ -1532,6 +1563,15 @@ fn identity(name: &str, spec: &JailSpec, address: Ipv4Addr) -> (JailSpec, Ipv4Ad
 /// `root` joined with an absolute mount path (validated: normalised, no `..`).
 fn under_root(root: &Path, mount_path: &Path) -> PathBuf {
     root.join(mount_path.strip_prefix("/").unwrap_or(mount_path))
+}
+
+/// The `spec.base` of desired jail `name` in `state` (empty when unknown).
+fn spec_base(state: &AgentState, name: &str) -> String {
+    state
+        .jails
+        .get(name)
+        .map(|r| r.spec.spec.base.clone())
+        .unwrap_or_default()
 }
 
 fn unix_now() -> u64 {
