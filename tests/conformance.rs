@@ -24,7 +24,9 @@
 //!   `agentd::volumes::delete`, which checks the mount table first, is
 //!   checked on all three;
 //! - the simulated host has no base images, so cloning a base that was
-//!   never prepared succeeds there ([`Backend::HAS_BASES`] is false);
+//!   never prepared succeeds there when it names a FreeBSD release
+//!   ([`Backend::HAS_BASES`] is false; a name that is no release is
+//!   refused);
 //! - the Fake has no process: its crash hook marks the jail not running
 //!   (the simulated host's kills the `/bin/sleep` workload).
 //!

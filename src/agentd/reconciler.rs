@@ -19,6 +19,21 @@
 //!   jail, crashed or never provisioned, waits for its per-jail [`Backoff`]
 //!   (1 s doubling to 5 min, reset after 60 s up).
 //!
+//! Phases (`JailStatus::state`): a workload this agent started is Starting
+//! until a pass sees it running at least [`START_SETTLE`] after its start,
+//! then Running; where the runtime can tell without a command
+//! ([`JailRuntime::exited_at_start`], the simulated host), an apply looks
+//! once more right after the start, so one that exited at once is answered
+//! as such. A workload found gone is Restarting after a first crash (its
+//! delay is the backoff's first) and CrashLoop after repeated ones, with its
+//! exit status (when the runtime knows it) as the last exit and the last
+//! error. What happens to a jail is also recorded as events
+//! ([`Reconciler::set_events`]).
+//!
+//! A new jail on a base the node does not have (the clone finds no base
+//! snapshot) is refused naming `spec.base` and not kept, instead of being
+//! recorded and failing every pass.
+//!
 //! A steady-state pass runs only the observation commands and writes nothing:
 //! an agent restarted while its jails run restarts nothing and recreates
 //! nothing.
