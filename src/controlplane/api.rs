@@ -19,7 +19,7 @@
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs; a new template rolls out |
 //! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions` | operator | the desired count; back to an earlier template; the templates kept |
-//! | `GET /events?after=SEQ&for=KIND/NAME&wait=1` | operator | the control plane's events (numbered by it: `after` and the wait apply to them) merged with every node's that is not Dead (all those its agent keeps, `for` forwarded), sorted by time, with the nodes it could not ask ([`ControlPlaneApi::events`]) |
+//! | `GET /events?after=SEQ&for=KIND/NAME&wait=1` | operator | the control plane's events (numbered by it: `after` and the wait apply to them) merged with every node's that is not Dead (all those its agent keeps, `for` forwarded), sorted by time, with the nodes it could not ask |
 //! | `GET /metrics` | operator | Prometheus text |
 //! | `GET /healthz` | none | liveness of the control plane itself: its worker answers within [`HEALTH_WAIT`], else 503 |
 //!
