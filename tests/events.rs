@@ -11,23 +11,15 @@ use std::process::{Child, Command, Stdio};
 use keel::common::wire::{Event, EventType, ObjectKind};
 
 use crate::util::agent::Agent;
-use crate::util::cluster::{Cluster, Run, free_port, run};
+use crate::util::cluster::{Cluster, Run, free_port};
 use crate::util::{poll_until, service_doc};
 
 const KEELCTL: &str = env!("CARGO_BIN_EXE_keelctl");
 
 const AGENT_ARGS: &[&str] = &["--simulate", "--reconcile-interval", "200ms"];
 
-fn keelctl(agent: &Agent, args: &[&str], stdin: Option<&str>) -> Run {
-    let mut cmd = Command::new(KEELCTL);
-    cmd.args(args)
-        .current_dir(agent.dir())
-        .env("KEEL_SOCKET", agent.socket());
-    run(cmd, stdin)
-}
-
 fn ok(agent: &Agent, args: &[&str], stdin: Option<&str>) -> String {
-    let run = keelctl(agent, args, stdin);
+    let run = agent.keelctl(args, stdin);
     assert_eq!(run.code, 0, "keelctl {args:?}: {run:?}\n{}", agent.log());
     run.stdout
 }
@@ -141,7 +133,7 @@ fn an_agent_tells_a_jail_s_life_filters_by_object_and_keeps_its_events_across_a_
         "numbering goes on after the restart: {cache:?} after {last_before}"
     );
 
-    let bad = keelctl(&agent, &["get", "events", "--for", "pod/web"], None);
+    let bad = agent.keelctl(&["get", "events", "--for", "pod/web"], None);
     assert_eq!(bad.code, 2, "{bad:?}");
     assert!(bad.stderr.contains("--for"), "{bad:?}");
 }
