@@ -343,26 +343,23 @@ impl ZfsManager for SimZfs {
     }
 }
 
-/// True for a FreeBSD release name: `MAJOR.MINOR-` then `RELEASE`
-/// (optionally `-pN`), `STABLE`, `CURRENT`, `ALPHAn`, `BETAn` or `RCn`.
+/// True for a base named after a FreeBSD release: `MAJOR.MINOR-` then
+/// `RELEASE`, `STABLE`, `CURRENT`, `ALPHAn`, `BETAn` or `RCn`, optionally
+/// followed by `-` and anything (a patch level `-p3`, or a base Keel
+/// derives from the release, such as the ingress jail's `-nginx`).
 pub fn is_release_name(base: &str) -> bool {
-    let Some((version, branch)) = base.split_once('-') else {
+    let Some((version, rest)) = base.split_once('-') else {
         return false;
     };
     let numbered = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let version_ok = version
         .split_once('.')
         .is_some_and(|(major, minor)| numbered(major) && numbered(minor));
-    let branch_ok = match branch.split_once('-') {
-        Some(("RELEASE", patch)) => patch.strip_prefix('p').is_some_and(numbered),
-        Some(_) => false,
-        None => {
-            matches!(branch, "RELEASE" | "STABLE" | "CURRENT")
-                || ["ALPHA", "BETA", "RC"]
-                    .iter()
-                    .any(|p| branch.strip_prefix(p).is_some_and(numbered))
-        }
-    };
+    let branch = rest.split_once('-').map_or(rest, |(branch, _)| branch);
+    let branch_ok = matches!(branch, "RELEASE" | "STABLE" | "CURRENT")
+        || ["ALPHA", "BETA", "RC"]
+            .iter()
+            .any(|p| branch.strip_prefix(p).is_some_and(numbered));
     version_ok && branch_ok
 }
 
@@ -379,6 +376,7 @@ mod release_name_tests {
             "14.3-STABLE",
             "15.0-BETA2",
             "14.2-RC1",
+            "14.5-RELEASE-nginx",
         ] {
             assert!(is_release_name(good), "{good}");
         }
@@ -387,8 +385,8 @@ mod release_name_tests {
             "14.2",
             "14-RELEASE",
             "14.2-release",
-            "14.2-RELEASE-x1",
             "14.2-RC",
+            "14.2-NOPE-RELEASE",
             "base",
         ] {
             assert!(!is_release_name(bad), "{bad}");
