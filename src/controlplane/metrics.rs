@@ -67,6 +67,7 @@ pub fn route_pattern(segments: &[&str]) -> &'static str {
         ["services", _, "scale"] => "/services/{name}/scale",
         ["services", _, "undo"] => "/services/{name}/undo",
         ["services", _, "revisions"] => "/services/{name}/revisions",
+        ["events"] => "/events",
         _ => "other",
     }
 }

@@ -1145,7 +1145,7 @@ mod tests {
         );
         assert_eq!(
             w.reconciler.get(INGRESS_JAIL).map(|j| j.state),
-            Some(Phase::Running)
+            Some(Phase::Starting)
         );
         assert_eq!(
             w.reconciler
@@ -1221,6 +1221,19 @@ mod tests {
         let before = w.log.matching("jail.exec").len();
         w.pass();
         assert_eq!(w.log.matching("jail.exec").len(), before);
+        let issued: Vec<_> = w
+            .reconciler
+            .events()
+            .since(None, None)
+            .0
+            .into_iter()
+            .filter(|e| e.reason == "CertificateIssued")
+            .collect();
+        assert_eq!(issued.len(), 1, "told once, not at every pass: {issued:?}");
+        assert_eq!(
+            (issued[0].kind, issued[0].name.as_str()),
+            (crate::common::wire::ObjectKind::Ingress, "web")
+        );
     }
 
     /// While nginx waits for a crash-loop restart there is no nginx to
@@ -1235,7 +1248,7 @@ mod tests {
         w.reconciler.reconcile();
         assert_eq!(
             w.reconciler.get(INGRESS_JAIL).map(|j| j.state),
-            Some(Phase::CrashLoop)
+            Some(Phase::Restarting)
         );
         let before = w.log.matching("jail.exec").len();
         w.install_certificate(HOST);
