@@ -237,4 +237,17 @@ fn the_controlplane_merges_a_node_death_the_reschedule_and_the_new_replica_s_sta
         log.contains(&format!("NodeDead node/{victim}")) && log.contains("Rescheduled jail/web-0"),
         "the control plane's log tells the death and the reschedule:\n{log}"
     );
+
+    // The control plane's own events outlive it.
+    let before: Vec<Event> = get(&cluster)
+        .1
+        .into_iter()
+        .filter(|e| e.source.as_deref() == Some("controlplane"))
+        .collect();
+    assert!(before.iter().any(|e| e.reason == "NodeDead"), "{before:?}");
+    cluster.restart_controlplane();
+    let after = get(&cluster).1;
+    for event in &before {
+        assert!(after.contains(event), "{event:?} lost in\n{after:?}");
+    }
 }
