@@ -233,7 +233,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "get events [--for KIND/NAME] [-w]",
-        "what the daemons did and saw, oldest first (with --controlplane: its own and every Alive node's)",
+        "what the daemons did and saw, oldest first (with --controlplane: its own and those of every node not Dead)",
     ),
     ("delete jail NAME...", "delete jails by name"),
     (
