@@ -95,6 +95,8 @@ impl Cluster {
     pub(super) fn heard_from(&mut self, id: &str, now: Instant) {
         self.notice_deaths(now);
         let before = self.liveness(id, now);
+        // A node registering for the first time reads as Dead too.
+        let known = self.live.contains_key(id);
         let live = self.live.entry(id.to_string()).or_default();
         live.last_heartbeat = Some(now);
         if let Some(t) = live.lease_from.replace(now) {
@@ -103,8 +105,8 @@ impl Cluster {
         self.leases.insert((now, id.to_string()));
         self.rank(id, true);
         if before != Some(Liveness::Alive) {
-            let message = match before {
-                Some(Liveness::Dead) => "heartbeating again after it was Dead",
+            let message = match (before, known) {
+                (Some(Liveness::Dead), true) => "heartbeating again after it was Dead",
                 _ => "heartbeating",
             };
             self.events.record(

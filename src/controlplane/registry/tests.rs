@@ -1966,3 +1966,63 @@ fn a_restarted_control_plane_keeps_revisions_and_a_stopped_rollout_and_restarts_
     );
     assert_eq!(again.service_revisions("web").expect("revisions").len(), 2);
 }
+
+/// The registry's decisions are events: a placement, a copy fenced (told
+/// once however many heartbeats report it), a node seen dead and back.
+#[test]
+fn decisions_are_recorded_as_events_and_a_fenced_copy_is_told_once() {
+    use crate::common::events::EventLog;
+    use crate::common::wire::{EventType, ObjectKind};
+    let t0 = Instant::now();
+    let mut c = cluster_from_at(ClusterState::default(), t0);
+    let events = EventLog::in_memory("");
+    c.set_events(events.clone());
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    beat(&mut c, "a", 0.0, &[], t0);
+    beat(&mut c, "b", 0.0, &[], t0);
+    let t = c.begin_apply("web", Some("b"), t0).expect("web on b");
+    c.finish_apply("web", &t, true);
+    for _ in 0..3 {
+        beat(&mut c, "a", 0.0, &[("web", t.epoch - 1)], t0);
+    }
+    let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+    beat(&mut c, "a", 0.0, &[], later);
+    beat(
+        &mut c,
+        "b",
+        0.0,
+        &[("web", t.epoch)],
+        later + Duration::from_secs(1),
+    );
+
+    let told: Vec<(String, String, EventType)> = events
+        .since(None, None)
+        .0
+        .into_iter()
+        .filter(|e| e.reason != "NodeAlive" || e.message.contains("Dead"))
+        .map(|e| (e.reason, format!("{}/{}", e.kind, e.name), e.event_type))
+        .collect();
+    assert_eq!(
+        told,
+        [
+            (
+                "Scheduled".to_string(),
+                "jail/web".to_string(),
+                EventType::Normal
+            ),
+            ("Fenced".into(), "jail/web".into(), EventType::Warning),
+            // Both leases ran out by `later`; each node is back at its beat.
+            ("NodeDead".into(), "node/a".into(), EventType::Warning),
+            ("NodeDead".into(), "node/b".into(), EventType::Warning),
+            ("NodeAlive".into(), "node/a".into(), EventType::Normal),
+            ("NodeAlive".into(), "node/b".into(), EventType::Normal),
+        ]
+    );
+    let fenced = events.since(None, None).0;
+    let fenced = fenced
+        .iter()
+        .find(|e| e.reason == "Fenced")
+        .expect("fenced");
+    assert_eq!((fenced.node.as_str(), fenced.kind), ("a", ObjectKind::Jail));
+}
