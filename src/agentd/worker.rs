@@ -18,6 +18,11 @@
 //! never the node's liveness or a scrape. The snapshot is at most
 //! one command behind (the one in progress), and it closes when the worker
 //! thread ends, panicking or not.
+//!
+//! Events are read without a command too: the reconciler records them in a
+//! ring ([`crate::common::events`]) that [`WorkerHandle::events`] reads and
+//! `GET /events` watches wait on; the worker writes the ring to its file
+//! once after each command that recorded any.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};

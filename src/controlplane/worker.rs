@@ -22,6 +22,13 @@
 //! [`EndpointBoard`], where the API's long polls read it without asking
 //! this thread.
 //!
+//! Events: the registry records its decisions in a ring
+//! ([`crate::common::events`]) that the API reads through
+//! [`WorkerHandle::events`] without asking this thread; the worker writes
+//! the ring to its file once per batch that recorded any, and on every wake
+//! notices leases that ran out ([`Cluster::notice_deaths`]), so a NodeDead
+//! is told when it happens rather than at the next read.
+//!
 //! Stalls: when this thread could not run for longer than half of
 //! `dead_after` (a slow batch, a stopped process), the heartbeats it missed
 //! prove nothing, so every lease still running restarts
