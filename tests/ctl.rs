@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use keel::common::cidr::Ipv4Net;
+use keel::common::spec;
 use keel::common::wire::{JailStatus, Phase};
 
 use crate::util::agent::{Agent, process_alive};
@@ -151,12 +152,27 @@ fn apply_get_and_delete_a_jail() {
     let one: JailStatus =
         serde_json::from_str(&ok(&agent, &["get", "jails", "web-1", "-o", "json"])).expect("json");
     assert_eq!(&one, web);
-    let one: JailStatus =
-        serde_yaml::from_str(&ok(&agent, &["get", "jail", "web-1", "-o", "yaml"])).expect("yaml");
-    assert_eq!(&one, web);
+    // In YAML, one jail is the object as applied with its status after it,
+    // which applies back as it is and changes nothing.
+    let printed = ok(&agent, &["get", "jail", "web-1", "-o", "yaml"]);
+    let object: serde_yaml::Value = serde_yaml::from_str(&printed).expect("yaml");
+    assert_eq!(object["kind"].as_str(), Some("Jail"), "{printed}");
+    let status: JailStatus = serde_yaml::from_value(object["status"].clone()).expect("status");
+    assert_eq!(&status, web);
+    assert_eq!(
+        spec::parse_jail(&printed).expect("the printed object is a valid spec"),
+        spec::parse_jail(&sleeper("web-1")).expect("valid")
+    );
 
     let pid = agent.jail_pids()["web-1"];
     assert!(process_alive(pid), "the workload runs");
+    let file = write(&agent, "printed.yaml", &printed);
+    ok(&agent, &["apply", "-f", &file]);
+    assert_eq!(
+        agent.jail_pids()["web-1"],
+        pid,
+        "applying it back restarted nothing"
+    );
 
     let missing = keelctl(&agent, &["get", "jails", "nope"]);
     assert_eq!(missing.code, 1, "{missing:?}");
@@ -208,6 +224,34 @@ fn an_invalid_file_exits_2_naming_field_and_line_and_sends_nothing() {
         validate.stderr.contains("spec.resources.memory (line 6"),
         "{validate:?}"
     );
+
+    // Two mistakes in one document and one in the next are reported
+    // together, the first on the summary line and each other on its own.
+    let second = sleeper("web-2").replace("web-2", "Web-2");
+    let three = format!(
+        "{}---\n{second}",
+        sleeper("web-1").replace(
+            "  base: 14.2-RELEASE\n",
+            "  base: 14.2 RELEASE\n  resources: {cpu: 0}\n"
+        )
+    );
+    let file = write(&agent, "three.yaml", &three);
+    let run = keelctl(&agent, &["apply", "-f", &file]);
+    assert_eq!((run.code, run.stdout.as_str()), (2, ""), "{run:?}");
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert!(
+        lines[0].starts_with("keelctl: three.yaml is invalid (3 errors): document 1, spec.base"),
+        "{run:?}"
+    );
+    assert!(
+        lines[1].starts_with("  document 1, spec.resources.cpu"),
+        "{run:?}"
+    );
+    assert!(
+        lines[2].starts_with("  document 2, metadata.name"),
+        "{run:?}"
+    );
+    assert_eq!(lines[3], "  nothing was sent", "{run:?}");
 
     assert_eq!(list(&agent), Vec::new(), "the agent got nothing");
 }

@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex};
 use keel::common::auth::{self, Role, Verifier};
 use keel::common::http::{Request, Response, Server, ServerLimits, ShutdownSignal};
 use keel::common::spec::parse_ingress;
-use keel::common::wire::{IngressPhase, IngressStatus, RegisterRequest, Resources};
+use keel::common::wire::{
+    AppliedDocument, IngressPhase, IngressStatus, RegisterRequest, Resources,
+};
 use keel::ctl::output::NodeIngress;
 
 use crate::util::cluster::{Run, run};
@@ -49,6 +51,9 @@ type Seen = (String, String, Option<String>, Vec<u8>);
 /// An in-test agent serving only the ingress routes.
 struct StandIn {
     ingresses: Arc<Mutex<BTreeMap<String, IngressStatus>>>,
+    /// Each ingress as it was applied, as the agent's
+    /// `GET /ingresses/{name}/document` answers it.
+    documents: Arc<Mutex<BTreeMap<String, String>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
     shutdown: ShutdownSignal,
 }
@@ -58,6 +63,7 @@ impl StandIn {
     /// plane's node signature.
     fn handler(&self, verifier: Option<Verifier>) -> Arc<dyn keel::common::http::Handler> {
         let (store, seen) = (self.ingresses.clone(), self.seen.clone());
+        let documents = self.documents.clone();
         Arc::new(move |req: Request| -> Response {
             if let Some(v) = &verifier
                 && let Err(e) = auth::verify_request(v, &req, Role::Node, auth::unix_now())
@@ -82,6 +88,10 @@ impl StandIn {
                             Response::error(400, "metadata.name differs", Some("metadata.name"))
                         }
                         Ok(i) => {
+                            documents
+                                .lock()
+                                .expect("documents")
+                                .insert(name.to_string(), i.to_yaml());
                             let status =
                                 store
                                     .entry(name.to_string())
@@ -97,6 +107,17 @@ impl StandIn {
                             status.service = i.spec.service;
                             Response::json(200, status)
                         }
+                    }
+                }
+                ("GET", ["ingresses", name, "document"]) => {
+                    match documents.lock().expect("documents").get(*name) {
+                        Some(document) => Response::json(
+                            200,
+                            &AppliedDocument {
+                                document: document.clone(),
+                            },
+                        ),
+                        None => Response::error(404, &format!("no ingress named {name}"), None),
                     }
                 }
                 ("GET", ["ingresses", name]) => match store.get(*name) {
@@ -115,6 +136,7 @@ impl StandIn {
     fn new() -> StandIn {
         StandIn {
             ingresses: Arc::default(),
+            documents: Arc::default(),
             seen: Arc::default(),
             shutdown: ShutdownSignal::new(),
         }
@@ -371,6 +393,20 @@ fn keelctl_reaches_a_nodes_ingresses_through_the_control_plane_with_node() {
     );
     let one: IngressStatus = serde_json::from_str(&one.stdout).expect("one ingress");
     assert_eq!(one.certificate_expires, Some(EXPIRES));
+    // In YAML: the document as applied, then its status, through the relay.
+    let printed = run(
+        &["get", "ingress", "shop", "--node", "n1", "-o", "yaml"],
+        None,
+    );
+    assert_eq!(printed.code, 0, "{printed:?}");
+    assert_eq!(
+        parse_ingress(&printed.stdout).expect("applies back"),
+        parse_ingress(SHOP).expect("valid")
+    );
+    let object: serde_yaml::Value = serde_yaml::from_str(&printed.stdout).expect("yaml");
+    let status: IngressStatus =
+        serde_yaml::from_value(object["status"].clone()).expect("its status");
+    assert_eq!(status, one);
 
     let unknown = run(&["get", "ingresses", "--node", "n9"], None);
     assert_eq!(unknown.code, 1, "{unknown:?}");
@@ -391,6 +427,8 @@ fn keelctl_reaches_a_nodes_ingresses_through_the_control_plane_with_node() {
             ("GET", "/ingresses"),
             ("GET", "/ingresses"),
             ("GET", "/ingresses/shop"),
+            ("GET", "/ingresses/shop"),
+            ("GET", "/ingresses/shop/document"),
             ("DELETE", "/ingresses/shop"),
         ]
         .map(|(m, p)| (m.to_string(), p.to_string()))

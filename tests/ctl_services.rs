@@ -84,13 +84,29 @@ fn keelctl_applies_lists_scales_and_deletes_a_service() {
         assert!(line.starts_with(&format!("web-{i}   n")), "{replicas}");
         assert!(line.ends_with("Running   1"), "{replicas}");
     }
-    let one: ServiceStatus = serde_yaml::from_str(
+    // In YAML, the service is its document with its status after it, and
+    // applying that back is no new revision.
+    let printed = cluster
+        .keelctl_ok(&["get", "service", "web", "-o", "yaml"])
+        .stdout;
+    let object: serde_yaml::Value = serde_yaml::from_str(&printed).expect("yaml");
+    let one: ServiceStatus =
+        serde_yaml::from_value(object["status"].clone()).expect("its status is a service");
+    assert_eq!(one.vip, status.vip);
+    let printed_file = cluster.dir().join("printed.yaml");
+    std::fs::write(&printed_file, &printed).expect("write printed.yaml");
+    let printed_arg = printed_file.to_str().expect("utf-8 path");
+    cluster.keelctl_ok(&["apply", "-f", printed_arg]);
+    let again: ServiceStatus = serde_json::from_str(
         &cluster
-            .keelctl_ok(&["get", "service", "web", "-o", "yaml"])
+            .keelctl_ok(&["get", "service", "web", "-o", "json"])
             .stdout,
     )
-    .expect("get service -o yaml is a service");
-    assert_eq!(one.vip, status.vip);
+    .expect("json");
+    assert_eq!(
+        again.revision, one.revision,
+        "the same template is no new revision"
+    );
 
     // The port is immutable: refused with the field named, exit 1.
     std::fs::write(&file, web(3, 9090)).expect("write web.yaml");

@@ -1556,3 +1556,115 @@ fn an_exited_workload_is_restarting_then_crash_looping_with_its_last_exit() {
         ]
     );
 }
+
+// -------------------------------------------------------------- dry runs
+
+/// The argv of every command a dry run lists that changes the host.
+fn changing(report: &keel::common::wire::DryRunReport) -> Vec<String> {
+    report
+        .commands
+        .iter()
+        .filter(|c| c.changes_host)
+        .map(|c| keel::common::cmd::render_argv(&c.argv))
+        .collect()
+}
+
+#[test]
+fn a_dry_run_lists_the_freebsd_commands_and_changes_neither_host_nor_state() {
+    use keel::common::wire::DryRunAction;
+    let host = Host::new();
+    let fs = FaultyFs::new();
+    let (store, state) = Store::with_fs(host.dir.path(), STATE_FILE, fs.clone()).expect("store");
+    let mut agent = host.agent_with(store, state, SUBNET);
+    agent.apply(jail("a"), None).expect("a");
+    let before = agent.state().clone();
+    host.take();
+    let saves = fs.log().len();
+
+    // A new jail: the provision order, on FreeBSD's commands.
+    let report = agent
+        .dry_run(jail_with_volumes("b"), None)
+        .expect("dry run");
+    assert_eq!(report.action, DryRunAction::Create);
+    let run = changing(&report);
+    let first = |word: &str| {
+        run.iter()
+            .position(|l| l.contains(word))
+            .unwrap_or_else(|| panic!("no {word} in {run:#?}"))
+    };
+    let order = [
+        "zfs clone",
+        "zfs create",
+        "mount -t nullfs",
+        "epair create",
+        "rctl -a",
+        "jail -f",
+    ];
+    let at: Vec<usize> = order.iter().map(|w| first(w)).collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{order:?} in {run:#?}");
+    assert!(
+        run.contains(&format!("/sbin/zfs clone -p -o mountpoint={JAILS}/b zroot/keel/bases/14.2-RELEASE@keel zroot/keel/jails/b")),
+        "{run:#?}"
+    );
+
+    // A new exec replaces; memory alone is rctl in place; the same spec is nothing.
+    let mut exec = jail("a");
+    exec.spec.exec.start = vec!["/usr/local/bin/other".into()];
+    let report = agent.dry_run(exec, None).expect("dry run");
+    assert_eq!(report.action, DryRunAction::Replace);
+    assert_eq!(report.because, ["spec.exec"]);
+    assert!(run_has(&changing(&report), "/usr/sbin/jail -f", "-r a"));
+    let mut memory = jail("a");
+    memory.spec.resources.memory = Some(512 << 20);
+    let report = agent.dry_run(memory, None).expect("dry run");
+    assert_eq!(report.action, DryRunAction::UpdateInPlace);
+    assert_eq!(
+        changing(&report),
+        [
+            "/usr/bin/rctl -r jail:a",
+            "/usr/bin/rctl -a jail:a:pcpu:deny=100 jail:a:memoryuse:deny=536870912"
+        ]
+    );
+    let report = agent.dry_run(jail("a"), None).expect("dry run");
+    assert_eq!(report.action, DryRunAction::Nothing);
+    assert!(
+        report.changes.is_empty() && changing(&report).is_empty(),
+        "{report:?}"
+    );
+
+    assert!(host.take().is_empty(), "the Fakes saw no change");
+    assert_eq!(agent.state(), &before, "the state is unchanged");
+    assert_eq!(fs.log().len(), saves, "the state file was not written");
+    assert_eq!(host.saved().as_ref(), Some(&before));
+}
+
+fn run_has(run: &[String], start: &str, end: &str) -> bool {
+    run.iter().any(|l| l.starts_with(start) && l.ends_with(end))
+}
+
+#[test]
+fn a_dry_run_refuses_what_the_apply_refuses() {
+    let host = Host::new();
+    let mut agent = host.agent();
+    agent
+        .apply(with_address(jail("a"), "10.20.3.7"), None)
+        .expect("a");
+    host.take();
+    for (spec, field) in [
+        (with_address(jail("b"), "10.9.9.9"), "spec.network.address"),
+        (with_address(jail("b"), "10.20.3.7"), "spec.network.address"),
+    ] {
+        let err = agent.dry_run(spec.clone(), None).expect_err("refused");
+        let applied = agent.apply(spec, None).expect_err("refused");
+        assert_eq!(err, applied);
+        assert!(
+            matches!(&err, ReconcileError::Invalid { field: f, .. } | ReconcileError::Conflict { field: f, .. } if f == field),
+            "{err:?}"
+        );
+    }
+    let err = agent
+        .dry_run(jail("a"), Some(4))
+        .expect_err("owned locally");
+    assert!(matches!(err, ReconcileError::Conflict { .. }), "{err:?}");
+    assert!(host.take().is_empty());
+}

@@ -1,6 +1,10 @@
 //! The agent's route table (keel-agentd(8), API), the same for the Unix socket
 //! and the optional TCP listener: jails and their workload's output
-//! (`/jails/{name}/log`), events (`GET /events`: read from the ring the
+//! (`/jails/{name}/log`) and the document they were applied with
+//! (`/jails/{name}/document`), what a `PUT /jails/{name}` of the same body
+//! would do (`POST /jails/{name}/dry-run`, with the FreeBSD commands, and
+//! `POST /jails/{name}/diff`, without; both change nothing: see the
+//! reconciler's `dry_run`), events (`GET /events`: read from the ring the
 //! reconciler records in, never through the worker, so a watch waits there),
 //! volumes (`agentd::volumes`), ingresses, bases
 //! (`agentd::bases`: `GET /bases`, `GET /bases/{release}`, and `PUT
@@ -30,8 +34,8 @@ use crate::common::metrics::{self, Render, Unavailable};
 use crate::common::spec;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    COMMITTED_HEADER, EPOCH_HEADER, LOG_BYTES_MAX, VOLUMES_PARAM, format_committed, last_lines,
-    parse_tail_query, parse_volumes_query,
+    AppliedDocument, COMMITTED_HEADER, EPOCH_HEADER, LOG_BYTES_MAX, VOLUMES_PARAM, VersionInfo,
+    format_committed, last_lines, parse_tail_query, parse_volumes_query,
 };
 use crate::host::zfs::ZfsError;
 
@@ -208,6 +212,7 @@ impl AgentApi {
                 Err(Unavailable::Gone(_)) => return Err(WorkerGone),
                 rendered => metrics::answer(rendered),
             },
+            ("GET", ["version"]) => Response::json(200, &VersionInfo::of("keel-agentd")),
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
             // From the ring, never the worker: a watch waits there.
             ("GET", ["events"]) => self.worker.events().respond(req.query.as_deref()),
@@ -217,12 +222,23 @@ impl AgentApi {
                 Err(r) => r,
                 Ok(()) => self.workload_log(name, req)?,
             },
+            ("GET", ["jails", name, "document"]) => match check_name(name) {
+                Err(r) => r,
+                Ok(()) => match self.worker.document(name)? {
+                    Some(document) => Response::json(200, &AppliedDocument { document }),
+                    None => not_found(name),
+                },
+            },
             ("GET", ["jails", name]) => match check_name(name) {
                 Err(r) => r,
                 Ok(()) => match self.worker.get(name)? {
                     Some(status) => Response::json(200, &status),
                     None => not_found(name),
                 },
+            },
+            ("POST", ["jails", name, verb @ ("dry-run" | "diff")]) => match check_name(name) {
+                Err(r) => r,
+                Ok(()) => self.dry_run_jail(name, req, *verb == "diff")?,
             },
             ("PUT", ["jails", name]) => match check_name(name) {
                 Err(r) => r,
@@ -263,6 +279,13 @@ impl AgentApi {
                     None => ingress_not_found(name),
                 },
             },
+            ("GET", ["ingresses", name, "document"]) => match check_ingress(name) {
+                Err(r) => r,
+                Ok(()) => match self.worker.ingress_document(name)? {
+                    Some(document) => Response::json(200, &AppliedDocument { document }),
+                    None => ingress_not_found(name),
+                },
+            },
             ("PUT", ["ingresses", name]) => match check_ingress(name) {
                 Err(r) => r,
                 Ok(()) => self.put_ingress(name, req)?,
@@ -277,6 +300,7 @@ impl AgentApi {
             },
             (_, ["healthz"])
             | (_, ["metrics"])
+            | (_, ["version"])
             | (_, ["jails"])
             | (_, ["events"])
             | (_, ["volumes"])
@@ -286,6 +310,7 @@ impl AgentApi {
             (_, ["ingresses", _]) => method_not_allowed("GET, PUT, DELETE"),
             (_, ["volumes", _]) => method_not_allowed("GET, DELETE"),
             (_, ["jails", _]) => method_not_allowed("GET, PUT, DELETE"),
+            (_, ["jails", _, "dry-run" | "diff"]) => method_not_allowed("POST"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
         })
     }
@@ -326,32 +351,55 @@ impl AgentApi {
         })
     }
 
-    fn put_jail(&self, name: &str, req: &Request) -> Result<Response, WorkerGone> {
+    /// The jail and epoch of a `PUT /jails/{name}` (or of its dry run),
+    /// validated; a 400 naming the field otherwise.
+    fn jail_request(name: &str, req: &Request) -> Result<(spec::Jail, Option<u64>), Response> {
         let Ok(text) = std::str::from_utf8(&req.body) else {
-            return Ok(Response::error(
+            return Err(Response::error(
                 400,
                 "the body must be a UTF-8 YAML Jail spec",
                 None,
             ));
         };
-        let jail = match jail_for(name, text) {
-            Ok(j) => j,
-            Err(response) => return Ok(response),
-        };
+        let jail = jail_for(name, text)?;
         let epoch_given = req.header(EPOCH_HEADER).is_some();
-        if let Err(response) = check_declared_volumes(&jail, req.query.as_deref(), epoch_given) {
-            return Ok(response);
-        }
+        check_declared_volumes(&jail, req.query.as_deref(), epoch_given)?;
         let epoch = match req.header(EPOCH_HEADER).map(str::parse::<u64>) {
             None => None,
             Some(Ok(e)) => Some(e),
             Some(Err(_)) => {
-                return Ok(Response::error(
+                return Err(Response::error(
                     400,
                     &format!("{EPOCH_HEADER} must be an unsigned integer"),
                     Some(EPOCH_HEADER),
                 ));
             }
+        };
+        Ok((jail, epoch))
+    }
+
+    /// `POST /jails/{name}/dry-run` and `POST /jails/{name}/diff`: what the
+    /// same body would do as a `PUT /jails/{name}`, changing nothing.
+    fn dry_run_jail(
+        &self,
+        name: &str,
+        req: &Request,
+        diff_only: bool,
+    ) -> Result<Response, WorkerGone> {
+        let (jail, epoch) = match Self::jail_request(name, req) {
+            Ok(parsed) => parsed,
+            Err(response) => return Ok(response),
+        };
+        Ok(match self.worker.dry_run(jail, epoch, diff_only)? {
+            Ok(report) => Response::json(200, &report),
+            Err(e) => error_response(&e),
+        })
+    }
+
+    fn put_jail(&self, name: &str, req: &Request) -> Result<Response, WorkerGone> {
+        let (jail, epoch) = match Self::jail_request(name, req) {
+            Ok(parsed) => parsed,
+            Err(response) => return Ok(response),
         };
         Ok(match self.worker.apply(jail, epoch)? {
             // Only the control plane (which sends an epoch) ranks nodes by
@@ -375,8 +423,14 @@ impl AgentApi {
 /// index below `spec.replicas`, expanded from the template
 /// (`JailTemplate::to_jail_spec`, which also renames the volumes).
 fn jail_for(name: &str, text: &str) -> Result<spec::Jail, Response> {
-    let bad = |e: spec::SpecError| Response::error(400, &e.to_string(), Some(&e.field));
-    let mut docs = spec::parse_documents(text).map_err(bad)?;
+    // Every error at once, for a client that did not validate first; the
+    // first one's field is the answer's `field`.
+    let bad = |errors: Vec<spec::SpecError>| {
+        let message: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        let field = errors.first().map(|e| e.field.as_str());
+        Response::error(400, &message.join("; "), field)
+    };
+    let mut docs = spec::check_documents(text).map_err(bad)?;
     if docs.len() != 1 {
         return Err(Response::error(
             400,
@@ -513,6 +567,7 @@ pub fn error_response(e: &ReconcileError) -> Response {
     let message = e.to_string();
     match e {
         ReconcileError::Invalid { field, .. } => Response::error(400, &message, Some(field)),
+        ReconcileError::BaseMissing { .. } => Response::error(400, &message, Some("spec.base")),
         ReconcileError::Conflict { field, .. } => Response::error(409, &message, Some(field)),
         ReconcileError::AddressesExhausted(_) => {
             Response::error(409, &message, Some("spec.network.address"))

@@ -28,7 +28,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, RwLock};
 
@@ -46,7 +46,7 @@ use crate::agentd::ingress::acme::AcmeSettings;
 use crate::agentd::ingress::controller::{IngressController, IngressSettings};
 use crate::agentd::ingress::dns::OvhDns;
 use crate::agentd::proxy::{Proxy, ProxyConfig};
-use crate::agentd::reconciler::{AgentState, NodeNetwork, Reconciler, STATE_FILE};
+use crate::agentd::reconciler::{AgentState, DryRunHost, NodeNetwork, Reconciler, STATE_FILE};
 use crate::agentd::worker;
 use crate::common::auth::KeyFilePolicy;
 use crate::common::auth::{Signer, Verifier};
@@ -204,9 +204,10 @@ pub fn run(options: Options) -> Result<(), RunError> {
         let sim = SimHost::new(&cfg.agent.state_dir.join("sim"), layout).map_err(RunError::Sim)?;
         let bases = SimBases::new(base_layout, cfg.commands.tar.clone()).map_err(RunError::Sim)?;
         let bases = base_fetcher(&cfg, Arc::new(bases));
-        let reconciler = Reconciler::new(
+        let mut reconciler = Reconciler::new(
             sim.jails, sim.zfs, sim.net, sim.mounts, node, store, state, clock,
         );
+        reconciler.set_dry_run_host(dry_run_host(&cfg));
         let group = (cfg.agent.socket_group != DEFAULT_SOCKET_GROUP)
             .then_some(cfg.agent.socket_group.as_str());
         let ingress = ingress_controller(&cfg, true, Box::new(FakeFirewall::default()))?;
@@ -241,13 +242,9 @@ pub fn run(options: Options) -> Result<(), RunError> {
             base_layout,
         )),
     );
-    let reconciler = Reconciler::new(
-        FreeBsdJails::new(
-            runner.clone(),
-            cfg.commands.clone(),
-            cfg.agent.state_dir.join("jails"),
-        )
-        .with_devfs_ruleset(cfg.jail.devfs_ruleset),
+    let mut reconciler = Reconciler::new(
+        FreeBsdJails::new(runner.clone(), cfg.commands.clone(), jail_conf_dir(&cfg))
+            .with_devfs_ruleset(cfg.jail.devfs_ruleset),
         FreeBsdZfs::new(
             runner.clone(),
             cfg.commands.clone(),
@@ -262,6 +259,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
         state,
         clock,
     );
+    reconciler.set_dry_run_host(dry_run_host(&cfg));
     let served = serve(
         reconciler,
         &cfg,
@@ -273,6 +271,21 @@ pub fn run(options: Options) -> Result<(), RunError> {
     );
     drop(lock);
     served
+}
+
+/// Where the agent keeps each jail's jail.conf.
+fn jail_conf_dir(cfg: &Config) -> PathBuf {
+    cfg.agent.state_dir.join("jails")
+}
+
+/// The FreeBSD setup a dry run copies; in simulate mode too, where it shows
+/// what this keel.toml would run on FreeBSD.
+fn dry_run_host(cfg: &Config) -> DryRunHost {
+    DryRunHost {
+        paths: cfg.commands.clone(),
+        conf_dir: jail_conf_dir(cfg),
+        devfs: cfg.jail.devfs_ruleset,
+    }
 }
 
 /// The node's ingress controller. Without OVH credentials it still runs:

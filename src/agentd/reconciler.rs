@@ -98,6 +98,9 @@ use crate::host::net::NetError;
 use crate::host::zfs::{Dataset, ZfsError};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager, iface_names};
 
+mod dry_run;
+pub use dry_run::DryRunHost;
+
 /// File name of the agent's desired state inside its state directory.
 pub const STATE_FILE: &str = "agentd.json";
 
@@ -324,6 +327,16 @@ pub enum ReconcileError {
     },
     /// No free address left in the node subnet (HTTP 409).
     AddressesExhausted(Ipv4Net),
+    /// A new jail's base is not on this node (its clone found no base
+    /// snapshot): refused naming `spec.base` (HTTP 400) and not kept.
+    BaseMissing {
+        /// The jail.
+        jail: String,
+        /// Its `spec.base`.
+        base: String,
+        /// Why the clone failed, with the fetch command to run.
+        error: String,
+    },
 }
 
 impl fmt::Display for ReconcileError {
@@ -347,6 +360,10 @@ impl fmt::Display for ReconcileError {
             ReconcileError::AddressesExhausted(net) => write!(
                 f,
                 "no free address left in the node subnet {net}; delete a jail or use a larger subnet"
+            ),
+            ReconcileError::BaseMissing { jail, base, error } => write!(
+                f,
+                "spec.base: base {base} is not on this node, so jail {jail} was not kept: {error}"
             ),
         }
     }
@@ -434,6 +451,8 @@ pub struct Reconciler<J, Z, N, M> {
     /// Where what happened to a jail is told ([`Reconciler::set_events`]);
     /// the reconciler records and never learns who reads.
     events: EventLog,
+    /// The host setup a dry run copies ([`Reconciler::dry_run`]).
+    dry_host: DryRunHost,
 }
 
 /// Puts what a jail's workload needs into its root filesystem (the path on
@@ -480,6 +499,7 @@ where
             seeds: BTreeMap::new(),
             incarnations: 0,
             events: EventLog::in_memory(""),
+            dry_host: DryRunHost::default(),
         }
     }
 
@@ -628,38 +648,15 @@ where
         let result = observed
             .and_then(|obs| self.ensure_bridge(&obs).map(|()| obs))
             .and_then(|obs| self.converge(&name, &obs, true));
-        if let Err(HostError::Zfs(ZfsError::NotFound(missing))) = &result
-            && previous.is_none()
-            && *missing
-                == self
-                    .zfs
-                    .layout()
-                    .base_snapshot(&spec_base(&self.state, &name))
-        {
-            // A new jail on a base this node does not have: refused, and
-            // not kept (nothing of it was built: the clone is the first
-            // step), rather than recorded and failing every pass.
-            let why = result.err().map(|e| e.to_string()).unwrap_or_default();
-            let mut next = self.state.clone();
-            let base = spec_base(&next, &name);
-            next.jails.remove(&name);
-            self.commit(next)?;
-            self.backoff.forget(&name);
-            self.runtime.remove(&name);
-            self.events.warning(
-                ObjectKind::Jail,
-                &name,
-                "Refused",
-                format!("base {base} is not on this node; the jail is not kept: {why}"),
-            );
-            return Err(ReconcileError::Invalid {
-                field: "spec.base".into(),
-                message: format!(
-                    "base {base} is not on this node, so the jail was not kept: {why}"
-                ),
-            });
-        }
+        let base = spec_base(&self.state, &name);
+        let base_missing = |e: &HostError| {
+            matches!(e, HostError::Zfs(ZfsError::NotFound(missing))
+                if *missing == self.zfs.layout().base_snapshot(&base))
+        };
         if let Err(error) = result {
+            if previous.is_none() && base_missing(&error) {
+                return Err(self.refuse_missing_base(name, base, error));
+            }
             self.note_failure(&name, &error);
             return Err(ReconcileError::Host { jail: name, error });
         }
@@ -816,6 +813,11 @@ where
     /// Status of one jail, or `None` when it is neither desired nor deleting.
     pub fn get(&self, name: &str) -> Option<JailStatus> {
         self.list().into_iter().find(|s| s.name == name)
+    }
+
+    /// The spec desired jail `name` was last applied with.
+    pub fn applied(&self, name: &str) -> Option<&Jail> {
+        self.state.jails.get(name).map(|rec| &rec.spec)
     }
 
     /// The end (at most `max_bytes`) of what desired jail `name`'s workload
@@ -1514,6 +1516,35 @@ where
                 "BackOff",
                 format!("back-off {}s before restarting it", delay.as_secs()),
             );
+        }
+    }
+
+    /// A new jail whose base this node does not have: refused, and not
+    /// kept (nothing of it was built, the clone being the first step),
+    /// rather than recorded and failing every pass.
+    fn refuse_missing_base(
+        &mut self,
+        name: String,
+        base: String,
+        error: HostError,
+    ) -> ReconcileError {
+        let mut next = self.state.clone();
+        next.jails.remove(&name);
+        if let Err(e) = self.commit(next) {
+            return e;
+        }
+        self.backoff.forget(&name);
+        self.runtime.remove(&name);
+        self.events.warning(
+            ObjectKind::Jail,
+            &name,
+            "Refused",
+            format!("base {base} is not on this node; the jail is not kept: {error}"),
+        );
+        ReconcileError::BaseMissing {
+            jail: name,
+            base,
+            error: error.to_string(),
         }
     }
 

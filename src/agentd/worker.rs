@@ -43,7 +43,7 @@ use crate::common::cidr::Ipv4Net;
 use crate::common::events::EventLog;
 use crate::common::spec::{Ingress, Jail};
 use crate::common::supervise::{self, WorkerHealth};
-use crate::common::wire::{IngressStatus, Peer, PlacedJail, VolumeStatus};
+use crate::common::wire::{DryRunReport, IngressStatus, Peer, PlacedJail, VolumeStatus};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
 
 /// What the worker can be asked to do.
@@ -70,6 +70,14 @@ pub enum Command {
         name: String,
         /// Where the answer goes.
         reply: Sender<Option<JailStatus>>,
+    },
+    /// The document a jail was applied with, as YAML (`None`: no such
+    /// jail), for `keelctl get jail NAME -o yaml`.
+    Document {
+        /// Jail name.
+        name: String,
+        /// Where the answer goes.
+        reply: Sender<Option<String>>,
     },
     /// The end of a jail's workload output (`None`: no such jail).
     Log {
@@ -172,6 +180,18 @@ pub enum Command {
     },
     /// Stop the worker loop.
     Shutdown,
+    /// What applying a jail spec would do, changing nothing
+    /// ([`Reconciler::dry_run`], or [`Reconciler::diff`] with `diff_only`).
+    DryRun {
+        /// The validated spec.
+        jail: Box<Jail>,
+        /// Placement epoch, `None` for local applies.
+        epoch: Option<u64>,
+        /// The object diff and decision only, no host command.
+        diff_only: bool,
+        /// Where the answer goes.
+        reply: Sender<Result<DryRunReport, ReconcileError>>,
+    },
 }
 
 /// The `/ingresses` routes' commands.
@@ -202,6 +222,13 @@ pub enum IngressCommand {
     List {
         /// Where the answer goes.
         reply: Sender<Vec<IngressStatus>>,
+    },
+    /// The document an Ingress was applied with, as YAML (`None`: unknown).
+    Document {
+        /// Ingress name.
+        name: String,
+        /// Where the answer goes.
+        reply: Sender<Option<String>>,
     },
 }
 
@@ -248,6 +275,21 @@ impl WorkerHandle {
         })
     }
 
+    /// See [`Command::DryRun`].
+    pub fn dry_run(
+        &self,
+        jail: Jail,
+        epoch: Option<u64>,
+        diff_only: bool,
+    ) -> Result<Result<DryRunReport, ReconcileError>, WorkerGone> {
+        self.ask(|reply| Command::DryRun {
+            jail: Box::new(jail),
+            epoch,
+            diff_only,
+            reply,
+        })
+    }
+
     /// See [`Command::Delete`].
     pub fn delete(&self, name: &str) -> Result<Result<(), ReconcileError>, WorkerGone> {
         self.ask(|reply| Command::Delete {
@@ -259,6 +301,14 @@ impl WorkerHandle {
     /// See [`Command::Get`].
     pub fn get(&self, name: &str) -> Result<Option<JailStatus>, WorkerGone> {
         self.ask(|reply| Command::Get {
+            name: name.to_string(),
+            reply,
+        })
+    }
+
+    /// See [`Command::Document`].
+    pub fn document(&self, name: &str) -> Result<Option<String>, WorkerGone> {
+        self.ask(|reply| Command::Document {
             name: name.to_string(),
             reply,
         })
@@ -331,6 +381,16 @@ impl WorkerHandle {
     pub fn delete_ingress(&self, name: &str) -> Result<Result<bool, IngressApiError>, WorkerGone> {
         self.ask(|reply| {
             Command::Ingress(IngressCommand::Delete {
+                name: name.to_string(),
+                reply,
+            })
+        })
+    }
+
+    /// See [`IngressCommand::Document`].
+    pub fn ingress_document(&self, name: &str) -> Result<Option<String>, WorkerGone> {
+        self.ask(|reply| {
+            Command::Ingress(IngressCommand::Document {
                 name: name.to_string(),
                 reply,
             })
@@ -529,6 +589,9 @@ fn run<J, Z, N, M>(
             Command::Get { name, reply } => {
                 let _ = reply.send(reconciler.get(&name));
             }
+            Command::Document { name, reply } => {
+                let _ = reply.send(reconciler.applied(&name).map(|jail| jail.to_yaml()));
+            }
             Command::Log {
                 name,
                 max_bytes,
@@ -632,6 +695,18 @@ fn run<J, Z, N, M>(
                 let _ = reply.send(exec_outcome(reconciler.exec_in(&name, &argv)));
             }
             Command::Shutdown => break,
+            Command::DryRun {
+                jail,
+                epoch,
+                diff_only,
+                reply,
+            } => {
+                let _ = reply.send(if diff_only {
+                    reconciler.diff(&jail)
+                } else {
+                    reconciler.dry_run(*jail, epoch)
+                });
+            }
         }
         // After every command, read-only ones too: cheaper than knowing
         // which ones changed a status (the list is built from memory).
@@ -794,6 +869,14 @@ fn ingress_command<J, Z, N, M>(
         }
         IngressCommand::List { reply } => {
             let _ = reply.send(ingress.as_ref().map(|c| c.statuses()).unwrap_or_default());
+        }
+        IngressCommand::Document { name, reply } => {
+            let _ = reply.send(
+                ingress
+                    .as_ref()
+                    .and_then(|c| c.applied(&name))
+                    .map(|i| i.to_yaml()),
+            );
         }
     }
 }

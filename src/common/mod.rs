@@ -16,6 +16,7 @@ pub mod lockfile;
 pub mod logging;
 pub mod metrics;
 pub mod names;
+pub mod objdiff;
 pub mod refusals;
 pub mod replay_floor;
 pub mod spec;

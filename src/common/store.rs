@@ -119,6 +119,41 @@ impl StoreFs for RealFs {
     }
 }
 
+/// A file system that lives in memory and never touches the disk: the
+/// store of a dry run (`agentd::reconciler`), which must run the same saves
+/// as an apply and leave the real state file byte for byte as it was. Clones
+/// share their files.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryFs(Arc<Mutex<std::collections::BTreeMap<PathBuf, Vec<u8>>>>);
+
+impl StoreFs for MemoryFs {
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        Ok(lock(&self.0).get(path).cloned())
+    }
+
+    fn write_temp(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        lock(&self.0).insert(path.to_path_buf(), bytes.to_vec());
+        Ok(())
+    }
+
+    fn fsync_file(&self, _path: &Path) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut files = lock(&self.0);
+        let bytes = files.remove(from).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("{}", from.display()))
+        })?;
+        files.insert(to.to_path_buf(), bytes);
+        Ok(())
+    }
+
+    fn fsync_dir(&self, _dir: &Path) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A [`RealFs`] that can be told to fail a step, for crash tests. Clones
 /// share their settings and log.
 ///
@@ -416,6 +451,19 @@ impl<T: Serialize + DeserializeOwned> Store<T> {
         };
         let state = store.load()?;
         Ok((store, state))
+    }
+
+    /// A store named `file_name` over a fresh [`MemoryFs`]: nothing is
+    /// created or read on disk, and every save stays in memory.
+    pub fn in_memory(file_name: &str) -> Store<T> {
+        let dir = PathBuf::from("/nonexistent-in-memory");
+        Store {
+            path: dir.join(file_name),
+            tmp: dir.join(format!(".{file_name}.tmp")),
+            dir,
+            fs: Box::new(MemoryFs::default()),
+            _state: PhantomData,
+        }
     }
 
     /// The state file's path.

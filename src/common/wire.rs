@@ -899,6 +899,119 @@ mod volume_query_tests {
     }
 }
 
+/// `GET /jails/{name}/document`, `/services/{name}/document` and
+/// `/ingresses/{name}/document`: the document the object was last applied
+/// with, as YAML, so `keelctl get ... -o yaml` prints something `apply`
+/// takes back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedDocument {
+    /// A whole `kind: ...` document.
+    pub document: String,
+}
+
+/// `GET /version` of both daemons: which program answered and its version,
+/// for `keelctl version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    /// `keel-agentd` or `keel-controlplane`.
+    pub program: String,
+    /// The package version it was built from.
+    pub version: String,
+}
+
+impl VersionInfo {
+    /// This build's, for `program`.
+    pub fn of(program: &str) -> VersionInfo {
+        VersionInfo {
+            program: program.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}
+/// How one field of an object differs between what the daemon holds and
+/// what a dry run or diff was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeKind {
+    /// Only the new document has it (`+`).
+    Added,
+    /// Only the held document has it (`-`).
+    Removed,
+    /// Both have it, with different values (`~`).
+    Changed,
+}
+
+/// One field that differs; see [`crate::common::objdiff`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FieldChange {
+    /// Dotted path, with `[i]` for list items that are objects
+    /// (`spec.exec.start`, `spec.volumes[0].size`).
+    pub path: String,
+    /// Added, removed or changed.
+    pub kind: ChangeKind,
+    /// The held value (absent when added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old: Option<serde_json::Value>,
+    /// The new value (absent when removed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new: Option<serde_json::Value>,
+}
+
+/// What an apply of the object would do, as the reconciler decides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DryRunAction {
+    /// Nothing: the spec and the host already match.
+    Nothing,
+    /// A new object (for a jail: provisioned and started).
+    Create,
+    /// The jail is recorded but not on the host (or its workload is gone):
+    /// it would be provisioned or restarted.
+    Start,
+    /// The record changes, the running jail is left alone (a new probe).
+    UpdateRecord,
+    /// Limits (rctl) and/or volume quotas change in place; no restart.
+    UpdateInPlace,
+    /// The running jail is removed and created again from the new spec.
+    Replace,
+}
+
+/// One command a dry run recorded, in the order the apply would run it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedCommand {
+    /// The exact argv.
+    pub argv: Vec<String>,
+    /// False for observation (jls, ps, zfs list, mount -p, ifconfig -l, ...):
+    /// it reads the host and would change nothing.
+    pub changes_host: bool,
+}
+
+/// The answer of a dry run (`POST /jails/{name}/dry-run`) or a diff.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DryRunReport {
+    /// `Jail` or `Service`.
+    pub kind: String,
+    /// The object's name.
+    pub name: String,
+    /// The node that would run it (through the control plane).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Every field that differs from what the daemon holds (all of them
+    /// for a new object).
+    pub changes: Vec<FieldChange>,
+    /// What the apply would do.
+    pub action: DryRunAction,
+    /// The fields that decide `action` (for a replace, what cannot change
+    /// in place).
+    #[serde(default)]
+    pub because: Vec<String>,
+    /// The host commands, in order; empty for a diff.
+    #[serde(default)]
+    pub commands: Vec<PlannedCommand>,
+    /// Where the command sequence stops short: a step the modelled host
+    /// refused (the real apply would fail there too), or why no commands
+    /// are listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
 #[cfg(test)]
 mod phase_tests {
     use super::*;

@@ -11,16 +11,20 @@
 //! | `GET /nodes/{id}/jails` | operator | forwarded to that node's `GET /jails` |
 //! | `PUT/GET/DELETE /nodes/{id}/jails/{name}` | operator | forwarded to that node |
 //! | `PUT/GET/DELETE /jails/{name}` | operator | scheduled: sticky placement, recorded after success |
+//! | `POST /jails/{name}/dry-run`, `POST /jails/{name}/diff`, `POST /nodes/{id}/jails/{name}/dry-run`, `POST /nodes/{id}/jails/{name}/diff` | operator | forwarded to the node the apply would go to (placement, volume, scheduler's pick), recording nothing; the answer's `X-Keel-Node` names it |
+//! | `POST /services/{name}/diff` | operator | the object diff against the service held, refused as its apply would be; no host commands (a replica's are its node's) |
 //! | `GET /jails/{name}/log`, `GET /nodes/{id}/jails/{name}/log` | operator | forwarded to the node the jail is placed on (or named) |
+//! | `GET /jails/{name}/document`, `GET /nodes/{id}/jails/{name}/document`, `GET /nodes/{id}/ingresses/{name}/document` | operator | the document the object was applied with, forwarded likewise |
 //! | `GET /nodes/{id}/volumes`, `GET/DELETE /nodes/{id}/volumes/{name}` | operator | forwarded to that node |
 //! | `GET /volumes` | operator | every registered node's volumes, each tagged with its node |
 //! | `GET /nodes/{id}/ingresses`, `PUT/GET/DELETE /nodes/{id}/ingresses/{name}` | operator | forwarded to that node |
 //! | `GET /nodes/{id}/bases`, `PUT/GET /nodes/{id}/bases/{release}` | operator | forwarded to that node (a `PUT` starts a base fetch there) |
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs; a new template rolls out |
-//! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions` | operator | the desired count; back to an earlier template; the templates kept |
+//! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions`, `GET /services/{name}/document` | operator | the desired count; back to an earlier template; the templates kept; the current document |
 //! | `GET /events?after=SEQ&for=KIND/NAME&wait=1` | operator | the control plane's events (numbered by it: `after` and the wait apply to them) merged with every node's that is not Dead (all those its agent keeps, `for` forwarded), sorted by time, with the nodes it could not ask |
 //! | `GET /metrics` | operator | Prometheus text |
+//! | `GET /version` | operator | the control plane's program and version |
 //! | `GET /healthz` | none | liveness of the control plane itself: its worker answers within [`HEALTH_WAIT`], else 503 |
 //!
 //! Every route but `/healthz` needs a signed request (`common::auth`): a node
@@ -76,9 +80,9 @@ use crate::common::http::{Client, Endpoint, Handler, OutgoingRequest, Request, R
 use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, EventsAnswer,
-    HeartbeatRequest, Liveness, RegisterRequest, ServiceApply, UnreachedNode, VolumeStatus,
-    parse_committed, parse_volumes_query,
+    AppliedDocument, COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, EventsAnswer,
+    HeartbeatRequest, Liveness, RegisterRequest, ServiceApply, UnreachedNode, VersionInfo,
+    VolumeStatus, parse_committed, parse_volumes_query,
 };
 use crate::controlplane::endpoint_board::EndpointBoard;
 use crate::controlplane::heal::heal;
@@ -221,10 +225,15 @@ impl ControlPlaneApi {
                     None => Response::error(404, &format!("no service named {name}"), None),
                 }
             }
+            ("GET", ["services", name, "document"]) => match self.worker.service_document(name)? {
+                Some((document, _digest)) => Response::json(200, &AppliedDocument { document }),
+                None => Response::error(404, &format!("no service named {name}"), None),
+            },
             ("DELETE", ["services", name]) => match self.drain_service(name)? {
                 Err(r) => refused(&r),
                 Ok(()) => self.delete_service(name)?,
             },
+            ("GET", ["version"]) => Response::json(200, &VersionInfo::of("keel-controlplane")),
             ("GET", ["nodes"]) => Response::json(200, &self.worker.nodes()?),
             ("POST", ["nodes", id, verb @ ("cordon" | "uncordon")]) => {
                 let cordoned = *verb == "cordon";
@@ -257,21 +266,38 @@ impl ControlPlaneApi {
                 Err(r) => refused(&r),
                 Ok(addr) => self.delete(name, id, addr, req)?,
             },
-            ("GET", ["nodes", id, "jails", name, "log"]) => match self.worker.resolve_node(id)? {
-                Err(r) => refused(&r),
-                Ok(addr) => {
-                    self.forwarder
-                        .forward(id, addr, req, &format!("/jails/{name}/log"), None)
+            ("GET", ["nodes", id, "jails", name, part @ ("log" | "document")]) => {
+                match self.worker.resolve_node(id)? {
+                    Err(r) => refused(&r),
+                    Ok(addr) => self.forwarder.forward(
+                        id,
+                        addr,
+                        req,
+                        &format!("/jails/{name}/{part}"),
+                        None,
+                    ),
                 }
-            },
-            ("GET", ["jails", name, "log"]) => match self.worker.resolve_placed(name)? {
-                Err(r) => refused(&r),
-                Ok(t) => self
-                    .forwarder
-                    .forward(&t.node, t.addr, req, &format!("/jails/{name}/log"), None)
-                    .with_header("X-Keel-Node", &t.node),
-            },
+            }
+            ("GET", ["jails", name, part @ ("log" | "document")]) => {
+                match self.worker.resolve_placed(name)? {
+                    Err(r) => refused(&r),
+                    Ok(t) => self
+                        .forwarder
+                        .forward(&t.node, t.addr, req, &format!("/jails/{name}/{part}"), None)
+                        .with_header("X-Keel-Node", &t.node),
+                }
+            }
             ("PUT", ["jails", name]) => self.apply(name, None, req)?,
+            ("POST", ["jails", name, verb @ ("dry-run" | "diff")]) => {
+                self.dry_run(name, None, verb, req)?
+            }
+            ("POST", ["nodes", id, "jails", name, verb @ ("dry-run" | "diff")]) => {
+                self.dry_run(name, Some(id), verb, req)?
+            }
+            ("POST", ["services", name, "diff"]) => match parse_json::<ServiceApply>(req) {
+                Err(r) => r,
+                Ok(apply) => self.diff_service(name, apply)?,
+            },
             ("GET", ["jails", name]) => match self.worker.resolve_placed(name)? {
                 Err(r) => refused(&r),
                 Ok(t) => self
@@ -323,6 +349,18 @@ impl ControlPlaneApi {
                     }
                 }
             }
+            ("GET", ["nodes", id, "ingresses", name, "document"]) => {
+                match self.worker.resolve_node(id)? {
+                    Err(r) => refused(&r),
+                    Ok(addr) => self.forwarder.forward(
+                        id,
+                        addr,
+                        req,
+                        &format!("/ingresses/{name}/document"),
+                        None,
+                    ),
+                }
+            }
             ("GET", ["nodes", id, "bases"]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
                 Ok(addr) => self.forwarder.forward(id, addr, req, "/bases", None),
@@ -350,29 +388,53 @@ impl ControlPlaneApi {
             (_, ["nodes", _, "endpoints"]) => method_not_allowed("GET"),
             (_, ["nodes", _]) => method_not_allowed("DELETE"),
             (_, ["nodes", _, "cordon" | "uncordon"]) => method_not_allowed("POST"),
-            (_, ["nodes"]) | (_, ["metrics"]) | (_, ["events"]) | (_, ["nodes", _, "jails"]) => {
-                method_not_allowed("GET")
-            }
+            (_, ["nodes"])
+            | (_, ["metrics"])
+            | (_, ["version"])
+            | (_, ["events"])
+            | (_, ["nodes", _, "jails"]) => method_not_allowed("GET"),
             (_, ["jails", _])
             | (_, ["nodes", _, "jails", _])
             | (_, ["nodes", _, "ingresses", _])
             | (_, ["services", _]) => method_not_allowed("GET, PUT, DELETE"),
-            (_, ["services"]) | (_, ["services", _, "revisions"]) => method_not_allowed("GET"),
+            (_, ["services"])
+            | (_, ["services", _, "revisions" | "document"])
+            | (_, ["jails", _, "log" | "document"])
+            | (_, ["nodes", _, "jails", _, "log" | "document"])
+            | (_, ["nodes", _, "ingresses", _, "document"]) => method_not_allowed("GET"),
             (_, ["services", _, "scale" | "undo"]) => method_not_allowed("POST"),
             _ => Response::error(404, &format!("no route for {method} {}", req.path), None),
         };
         Ok(response.authenticated())
     }
 
+    /// Where a jail request goes: with `begin`, an apply marked in flight
+    /// ([`WorkerHandle::begin_apply`]), else only planned
+    /// ([`WorkerHandle::plan_apply`], a dry run); the refusal as an answer.
+    fn jail_target(
+        &self,
+        name: &str,
+        node: Option<&str>,
+        req: &Request,
+        begin: bool,
+    ) -> Result<Result<Target, Response>, WorkerGone> {
+        let volumes = match declared_volumes(req) {
+            Ok(v) => v,
+            Err(response) => return Ok(Err(response)),
+        };
+        let target = if begin {
+            self.worker.begin_apply(name, node, volumes)?
+        } else {
+            self.worker.plan_apply(name, node, volumes)?
+        };
+        Ok(target.map_err(|r| refused(&r)))
+    }
+
     /// A scheduled (`node` = None) or named apply; see the module docs.
     fn apply(&self, name: &str, node: Option<&str>, req: &Request) -> Result<Response, WorkerGone> {
-        let volumes = match parse_volumes_query(req.query.as_deref()) {
-            Ok(v) => v.unwrap_or_default(),
-            Err(why) => return Ok(Response::error(400, &why, Some("spec.volumes"))),
-        };
-        let target: Target = match self.worker.begin_apply(name, node, volumes)? {
-            Err(r) => return Ok(refused(&r)),
+        let target = match self.jail_target(name, node, req, true)? {
             Ok(t) => t,
+            Err(response) => return Ok(response),
         };
         let response = self.forwarder.forward(
             &target.node,
@@ -397,6 +459,46 @@ impl ControlPlaneApi {
                 None,
             )),
         }
+    }
+
+    /// `POST /jails/{name}/dry-run|diff` (and through `/nodes/{id}`): asks
+    /// the node the apply would go to (the placement, the volume's node,
+    /// or the scheduler's pick, with the epoch the apply would carry)
+    /// what the apply would do, recording nothing; the answer names it.
+    fn dry_run(
+        &self,
+        name: &str,
+        node: Option<&str>,
+        verb: &str,
+        req: &Request,
+    ) -> Result<Response, WorkerGone> {
+        let target = match self.jail_target(name, node, req, false)? {
+            Ok(t) => t,
+            Err(response) => return Ok(response),
+        };
+        let response = self.forwarder.forward(
+            &target.node,
+            target.addr,
+            req,
+            &format!("/jails/{name}/{verb}"),
+            Some(target.epoch),
+        );
+        Ok(response.with_header("X-Keel-Node", &target.node))
+    }
+
+    /// `POST /services/{name}/diff`: the object diff against the service
+    /// held, refused as its apply would be ([`crate::controlplane::diff`]).
+    fn diff_service(&self, name: &str, apply: ServiceApply) -> Result<Response, WorkerGone> {
+        let held = match self.worker.check_service(name, apply.clone())? {
+            Err(r) => return Ok(refused(&r)),
+            Ok(held) => held,
+        };
+        Ok(
+            match crate::controlplane::diff::service_report(name, held.as_ref(), &apply) {
+                Ok(report) => Response::json(200, &report),
+                Err(why) => Response::error(400, &why, Some("document")),
+            },
+        )
     }
 
     /// `GET /nodes/{id}/endpoints?after=G`: see the module docs. Reads the
@@ -877,6 +979,13 @@ fn parse_after(query: Option<&str>) -> Result<Option<u64>, String> {
         after = Some(generation);
     }
     Ok(after)
+}
+
+/// The volumes a jail request declares (`?volumes=`), or the 400.
+fn declared_volumes(req: &Request) -> Result<Vec<String>, Response> {
+    parse_volumes_query(req.query.as_deref())
+        .map(Option::unwrap_or_default)
+        .map_err(|why| Response::error(400, &why, Some("spec.volumes")))
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {

@@ -10,6 +10,7 @@
 //! | [`api`] | the route table, request signing checks, forwarding to agents |
 //! | [`heal`] | carrying out a planned heal, concurrently with a bound per node |
 //! | [`metrics`] | Prometheus text, and the per-route request counts around the API |
+//! | [`diff`] | a Service's object diff against the one held (`keelctl diff`) |
 //! | [`daemon`] | startup and shutdown |
 //! | [`cli`] | flags and `--check-config` |
 //!
@@ -19,6 +20,7 @@
 pub mod api;
 pub mod cli;
 pub mod daemon;
+pub mod diff;
 pub mod endpoint_board;
 pub mod heal;
 pub mod metrics;

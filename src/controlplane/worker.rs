@@ -170,6 +170,21 @@ pub enum Command {
     Health(Sender<()>),
     /// Stop the loop.
     Shutdown,
+    /// Where an apply of a jail would go, recording nothing (a dry run):
+    /// see [`Cluster::plan_apply`].
+    PlanApply {
+        /// Jail name.
+        name: String,
+        /// The named route's node, `None` for the scheduled route.
+        node: Option<String>,
+        /// The volumes the jail declares (the request's `?volumes=`).
+        volumes: Vec<String>,
+        /// Where the answer goes.
+        reply: Reply<Target>,
+    },
+    /// What a service apply would be refused for, and the apply held:
+    /// see [`Cluster::check_service_apply`].
+    CheckService(String, Box<ServiceApply>, Reply<Option<ServiceApply>>),
 }
 
 /// The worker thread has stopped; the daemon must stop too.
@@ -265,6 +280,30 @@ impl WorkerHandle {
             volumes,
             reply,
         })
+    }
+
+    /// See [`Command::PlanApply`].
+    pub fn plan_apply(
+        &self,
+        name: &str,
+        node: Option<&str>,
+        volumes: Vec<String>,
+    ) -> Result<Result<Target, Refusal>, WorkerGone> {
+        self.ask(|reply| Command::PlanApply {
+            name: name.to_string(),
+            node: node.map(str::to_string),
+            volumes,
+            reply,
+        })
+    }
+
+    /// See [`Command::CheckService`].
+    pub fn check_service(
+        &self,
+        name: &str,
+        apply: ServiceApply,
+    ) -> Result<Result<Option<ServiceApply>, Refusal>, WorkerGone> {
+        self.ask(|reply| Command::CheckService(name.to_string(), Box::new(apply), reply))
     }
 
     /// See [`Command::FinishApply`].
@@ -884,6 +923,20 @@ impl Worker {
                 let _ = reply.send(());
             }
             Command::Shutdown => {}
+            Command::PlanApply {
+                name,
+                node,
+                volumes,
+                reply,
+            } => {
+                let _ = reply.send(
+                    self.cluster
+                        .plan_apply(&name, node.as_deref(), &volumes, now),
+                );
+            }
+            Command::CheckService(name, apply, reply) => {
+                let _ = reply.send(self.cluster.check_service_apply(&name, &apply));
+            }
         }
     }
 }

@@ -33,8 +33,9 @@ use crate::common::events::EventQuery;
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
-    BaseStatus, ErrorBody, EventsAnswer, IngressStatus, JailStatus, NodeRemoval, NodeStatus,
-    RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus, VolumeStatus, volumes_query,
+    AppliedDocument, BaseStatus, DryRunReport, ErrorBody, EventsAnswer, IngressStatus, JailStatus,
+    NodeRemoval, NodeStatus, RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus,
+    VersionInfo, VolumeStatus, volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -180,6 +181,16 @@ impl Api {
         &self.route
     }
 
+    /// Where requests go, as messages show it: the socket or `HOST:PORT`.
+    pub fn endpoint(&self) -> String {
+        self.client.endpoint.to_string()
+    }
+
+    /// `GET /version`: the daemon's program and version.
+    pub fn version(&self) -> Result<VersionInfo, ApiError> {
+        decode(self.call("GET", "/version", &[], b"")?, &self.client)
+    }
+
     /// `PUT` the jail as YAML; the node reconciles it before answering with
     /// its status.
     ///
@@ -197,6 +208,43 @@ impl Api {
         let headers = [("Content-Type".to_string(), "application/yaml".to_string())];
         let body = jail.to_yaml();
         self.located(self.call("PUT", &path, &headers, body.as_bytes())?)
+    }
+
+    /// What `PUT`ting the jail would do, changing nothing: `POST
+    /// .../jails/{name}/dry-run` (object diff, decision and host commands)
+    /// or, with `diff_only`, `.../diff` (object diff and decision). Through
+    /// the control plane the answer names the node it asked.
+    pub fn dry_run_jail(&self, jail: &Jail, diff_only: bool) -> Result<DryRunReport, ApiError> {
+        let verb = if diff_only { "diff" } else { "dry-run" };
+        let mut path = format!("{}/{verb}", self.jail_path(&jail.metadata.name));
+        let names: Vec<String> = jail.spec.volumes.iter().map(|v| v.name.clone()).collect();
+        if self.route != Route::Agent
+            && let Some(query) = volumes_query(&names)
+        {
+            path = format!("{path}?{query}");
+        }
+        let headers = [("Content-Type".to_string(), "application/yaml".to_string())];
+        let response = self.call("POST", &path, &headers, jail.to_yaml().as_bytes())?;
+        let node = response.header(NODE_HEADER).map(str::to_string);
+        let mut report: DryRunReport = decode(response, &self.client)?;
+        if report.node.is_none() {
+            report.node = node.or_else(|| match &self.route {
+                Route::Node(id) => Some(id.clone()),
+                _ => None,
+            });
+        }
+        Ok(report)
+    }
+
+    /// The object diff of a Service against the one the control plane
+    /// holds: `POST /services/{name}/diff` with the body of an apply.
+    pub fn diff_service(&self, service: &Service) -> Result<DryRunReport, ApiError> {
+        let path = format!("/services/{}/diff", service.metadata.name);
+        let body = serde_json::to_vec(&service_apply(service)).unwrap_or_default();
+        decode(
+            self.call("POST", &path, &json_headers(), &body)?,
+            &self.client,
+        )
     }
 
     /// `GET /jails` on an agent. The control plane has no such list; through
@@ -484,6 +532,28 @@ impl Api {
 
     /// Names reaching here are DNS labels (checked when parsed), so they need
     /// no escaping in a path.
+    /// `GET .../jails/{name}/document`: the document the jail was applied
+    /// with.
+    pub fn jail_document(&self, name: &str) -> Result<String, ApiError> {
+        self.document(&format!("{}/document", self.jail_path(name)))
+    }
+
+    /// `GET /services/{name}/document`: the service's current document.
+    pub fn service_document(&self, name: &str) -> Result<String, ApiError> {
+        self.document(&format!("/services/{name}/document"))
+    }
+
+    /// `GET .../ingresses/{name}/document`: the document the ingress was
+    /// applied with.
+    pub fn ingress_document(&self, name: &str) -> Result<String, ApiError> {
+        self.document(&format!("{}/document", self.ingress_path(Some(name))))
+    }
+
+    fn document(&self, path: &str) -> Result<String, ApiError> {
+        let applied: AppliedDocument = decode(self.call("GET", path, &[], b"")?, &self.client)?;
+        Ok(applied.document)
+    }
+
     fn jail_path(&self, name: &str) -> String {
         match &self.route {
             Route::Agent | Route::Scheduled => format!("/jails/{name}"),

@@ -49,10 +49,16 @@ pub enum FlagId {
     Yes,
     /// `--follow` (`logs`; also `-f` after `logs`).
     Follow,
+    /// `--context NAME`: a context of the contexts file for this command.
+    Context,
+    /// `--client` (`version`): the client's version only.
+    Client,
     /// `-h, --help`.
     Help,
     /// `-V, --version`.
     Version,
+    /// `--dry-run` (`apply`).
+    DryRun,
     /// `--for KIND/NAME` (`get events`).
     For,
     /// `-w, --watch` (`get events`).
@@ -81,14 +87,14 @@ pub const FLAGS: &[Flag] = &[
         short: Some('f'),
         long: "filename",
         value: Some("FILE"),
-        help: "spec file, a directory of .yaml/.yml files, or - for stdin (apply, delete, validate)",
+        help: "spec file, a directory of .yaml/.yml files, or - for stdin (apply, diff, delete, validate)",
     },
     Flag {
         id: FlagId::Output,
         short: Some('o'),
         long: "output",
         value: Some("FORMAT"),
-        help: "table (default), json or yaml (get); wide (get jails)",
+        help: "table (default), json or yaml (get; diff and apply --dry-run: text or json); wide (get jails)",
     },
     Flag {
         id: FlagId::Socket,
@@ -117,6 +123,13 @@ pub const FLAGS: &[Flag] = &[
         long: "key-file",
         value: Some("PATH"),
         help: "operator key for the control plane (default $KEEL_KEY_FILE, else ctl.key_file)",
+    },
+    Flag {
+        id: FlagId::Context,
+        short: None,
+        long: "context",
+        value: Some("NAME"),
+        help: "use this context of ~/.config/keel/config.toml (default its current-context)",
     },
     Flag {
         id: FlagId::Config,
@@ -168,6 +181,13 @@ pub const FLAGS: &[Flag] = &[
         help: "keep printing new lines until interrupted (logs; also -f after logs)",
     },
     Flag {
+        id: FlagId::Client,
+        short: None,
+        long: "client",
+        value: None,
+        help: "print keelctl's version only, asking no daemon (version)",
+    },
+    Flag {
         id: FlagId::Yes,
         short: None,
         long: "yes",
@@ -202,6 +222,13 @@ pub const FLAGS: &[Flag] = &[
         value: None,
         help: "print the version and exit",
     },
+    Flag {
+        id: FlagId::DryRun,
+        short: None,
+        long: "dry-run",
+        value: None,
+        help: "show the diff, what the apply would do and its FreeBSD commands; change nothing (apply)",
+    },
 ];
 
 /// Every command form, as `--help` shows it: usage, then what it does.
@@ -209,6 +236,14 @@ pub const COMMANDS: &[(&str, &str)] = &[
     (
         "apply -f FILE|-",
         "validate every document of FILE (jails, services, ingresses), then apply them in order",
+    ),
+    (
+        "apply --dry-run -f FILE|-",
+        "show each object's diff, what the apply would do and the FreeBSD commands; change nothing",
+    ),
+    (
+        "diff -f FILE|-",
+        "show each object's diff against what the daemon holds (exit 0 none, 1 some, 2 error)",
     ),
     ("get jails [NAME]", "list the jails, or show one"),
     (
@@ -230,6 +265,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
     (
         "get bases [RELEASE]",
         "list the node's release bases and running fetches, or show one (with --controlplane: of the --node)",
+    ),
+    (
+        "describe jail|service|node|volume|ingress NAME",
+        "one object in detail: status, conditions, the spec it was applied with",
     ),
     (
         "get events [--for KIND/NAME] [-w]",
@@ -297,7 +336,32 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "help [COMMAND]",
         "this help, or COMMAND's usage and the options it takes (also COMMAND --help)",
     ),
-    ("version", "keelctl's version (also --version)"),
+    (
+        "config get-contexts",
+        "list the contexts of ~/.config/keel/config.toml, marking the current one",
+    ),
+    ("config current-context", "print the current context's name"),
+    (
+        "config use-context NAME",
+        "make NAME the context commands use by default",
+    ),
+    (
+        "config set-context NAME --controlplane HOST:PORT [--key-file PATH]",
+        "add or replace a control-plane context",
+    ),
+    (
+        "config set-context NAME --socket PATH",
+        "add or replace an agent's context",
+    ),
+    ("config delete-context NAME", "remove a context"),
+    (
+        "completion sh|zsh|fish",
+        "print a completion script for the shell (sh: FreeBSD's sh and bash)",
+    ),
+    (
+        "version [--client]",
+        "keelctl's version and the daemon's (--version: keelctl's only)",
+    ),
 ];
 
 /// The command words (`apply`, `delete-volume`, ...), each once, in
@@ -328,23 +392,27 @@ fn verb_list() -> String {
 /// flag a command does not use is [`command`]'s job.
 fn applies_to(id: FlagId, verb: &str) -> bool {
     match id {
-        FlagId::Filename => matches!(verb, "apply" | "delete" | "validate"),
-        FlagId::Output => verb == "get",
+        FlagId::Filename => matches!(verb, "apply" | "delete" | "validate" | "diff"),
+        FlagId::Output => matches!(verb, "get" | "diff" | "apply"),
+        FlagId::DryRun => verb == "apply",
         FlagId::Id => verb == "key",
         FlagId::Tail => verb == "logs",
         FlagId::Replicas => verb == "scale",
         FlagId::Yes => verb == "delete-volume",
         FlagId::Follow => verb == "logs",
+        FlagId::Client => verb == "version",
         FlagId::Timeout | FlagId::ToRevision => verb == "rollout",
         FlagId::Node => matches!(
             verb,
-            "apply" | "get" | "delete" | "logs" | "delete-volume" | "base"
+            "apply" | "diff" | "get" | "describe" | "delete" | "logs" | "delete-volume" | "base"
         ),
-        // Where requests go: every command that sends one.
-        FlagId::Socket | FlagId::ControlPlane | FlagId::KeyFile | FlagId::Config => {
-            // `version` prints the client's only: the daemons have no
-            // route that tells theirs.
-            !matches!(verb, "validate" | "key" | "help" | "version")
+        // Where requests go: every command that sends one; `config
+        // set-context` records them.
+        FlagId::Socket | FlagId::ControlPlane | FlagId::KeyFile => {
+            !matches!(verb, "validate" | "key" | "help" | "completion")
+        }
+        FlagId::Config | FlagId::Context => {
+            !matches!(verb, "validate" | "key" | "help" | "completion" | "config")
         }
         FlagId::Help => true,
         FlagId::Version => false,
@@ -420,6 +488,46 @@ pub struct GlobalOptions {
     pub node: Option<String>,
     /// `--key-file PATH`.
     pub key_file: Option<PathBuf>,
+    /// `--context NAME`, a DNS label (checked when parsed).
+    pub context: Option<String>,
+}
+
+/// `config ...`: the contexts file (`ctl::contexts`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigCommand {
+    /// `config get-contexts`.
+    GetContexts,
+    /// `config current-context`.
+    CurrentContext,
+    /// `config use-context NAME`.
+    UseContext {
+        /// The context.
+        name: String,
+    },
+    /// `config set-context NAME ...`, from `--controlplane`, `--key-file`
+    /// and `--socket`.
+    SetContext {
+        /// The context.
+        name: String,
+    },
+    /// `config delete-context NAME`.
+    DeleteContext {
+        /// The context.
+        name: String,
+    },
+}
+
+/// A shell `completion` writes a script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shell {
+    /// A POSIX sh script (also `bash`): it registers its completion where
+    /// the shell has programmable completion (bash's `complete`) and is
+    /// harmless where it has none, as in FreeBSD's sh.
+    Sh,
+    /// zsh.
+    Zsh,
+    /// fish.
+    Fish,
 }
 
 /// A command to run.
@@ -525,12 +633,45 @@ pub enum Command {
         /// The revision to go back to; `None` for the one before the current.
         to: Option<u64>,
     },
+    /// `describe jail|service|node|volume|ingress NAME`.
+    Describe {
+        /// What kind of object.
+        resource: Resource,
+        /// Its name.
+        name: String,
+    },
+    /// `config ...`.
+    Config(ConfigCommand),
+    /// `completion sh|zsh|fish`.
+    Completion {
+        /// The shell.
+        shell: Shell,
+    },
+    /// `version [--client]`.
+    Version {
+        /// `--client`: no daemon is asked.
+        client_only: bool,
+    },
     /// `key generate [--id ID] PATH`.
     KeyGenerate {
         /// `--id`; `None` means PATH's file name without `.key`.
         id: Option<String>,
         /// Where the new key file goes (it must not exist).
         path: PathBuf,
+    },
+    /// `apply --dry-run -f FILE|- [-o text|json]`.
+    DryRun {
+        /// The spec file.
+        input: Input,
+        /// Text ([`OutputFormat::Table`]) or JSON.
+        output: OutputFormat,
+    },
+    /// `diff -f FILE|- [-o text|json]`.
+    Diff {
+        /// The spec file.
+        input: Input,
+        /// Text ([`OutputFormat::Table`]) or JSON.
+        output: OutputFormat,
     },
     /// `get events [--for KIND/NAME] [-w] [-o FORMAT]`.
     GetEvents {
@@ -593,10 +734,12 @@ pub fn help_text() -> String {
     out.push_str("\nOptions (before or after the command):\n");
     out.push_str(&flag_lines(FLAGS.iter()));
     out.push_str(
-        "\nWhere requests go, first match wins: --socket, --controlplane, $KEEL_CONTROLPLANE,\n\
-         $KEEL_SOCKET, ctl.controlplane, agent.socket (keel.toml).\n\
+        "\nWhere requests go, first match wins: --socket, --controlplane or --context,\n\
+         $KEEL_CONTROLPLANE, $KEEL_SOCKET, the current-context of ~/.config/keel/config.toml,\n\
+         ctl.controlplane, agent.socket (keel.toml).\n\
          \nExit status: 0 success, 1 request failed (daemon unreachable or refused) or a \
-         listing left out a node it could not reach, 2 usage or validation error.\n",
+         listing left out a node it could not reach, 2 usage or validation error; `diff`: \
+         0 no difference, 1 some, 2 any error.\n",
     );
     out
 }
@@ -663,6 +806,8 @@ struct Seen {
     to_revision: Option<String>,
     yes: bool,
     follow: bool,
+    client: bool,
+    dry_run: bool,
     object: Option<String>,
     watch: bool,
     global: GlobalOptions,
@@ -809,16 +954,25 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
                     return Err(twice());
                 }
             }
+            FlagId::Client => {
+                if std::mem::replace(&mut seen.client, true) {
+                    return Err(twice());
+                }
+            }
+            FlagId::Context => {
+                let v = utf8_value(&mut parser, flag)?;
+                crate::ctl::contexts::check_name(&v)
+                    .map_err(|why| usage(format!("--context: {why}")))?;
+                if seen.global.context.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::DryRun => {
+                if std::mem::replace(&mut seen.dry_run, true) {
+                    return Err(twice());
+                }
+            }
         }
-    }
-    if let Some(("version", rest)) = words.split_first().map(|(v, r)| (v.as_str(), r)) {
-        if seen != Seen::default() {
-            return Err(usage("`version` takes no options"));
-        }
-        return match rest {
-            [] => Ok(Parsed::Version),
-            [word, ..] => Err(usage(format!("unexpected argument {word:?} for `version`"))),
-        };
     }
     if let Some(("help", rest)) = words.split_first().map(|(v, r)| (v.as_str(), r)) {
         if seen != Seen::default() {
@@ -839,6 +993,17 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
         global: seen.global,
         command,
     }))
+}
+
+/// The `-o` of `diff` and `apply --dry-run`: text (the default) or json.
+fn plan_format(output: Option<&str>) -> Result<OutputFormat, UsageError> {
+    match output {
+        None | Some("text") | Some("table") => Ok(OutputFormat::Table),
+        Some("json") => Ok(OutputFormat::Json),
+        Some(other) => Err(usage(format!(
+            "--output {other:?} is not a format for a diff; use text or json"
+        ))),
+    }
 }
 
 fn utf8_value(parser: &mut lexopt::Parser, flag: &Flag) -> Result<String, UsageError> {
@@ -887,8 +1052,17 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     let not_for = |flag: &str| usage(format!("{flag} does not apply to `{verb}`"));
     let filename = seen.filename.take();
     let output = seen.output.take();
-    if output.is_some() && verb != "get" {
-        return Err(not_for("--output"));
+    let dry_run = std::mem::take(&mut seen.dry_run);
+    if dry_run && verb != "apply" {
+        return Err(not_for("--dry-run"));
+    }
+    let shows_plan = dry_run || verb == "diff";
+    if output.is_some() && verb != "get" && !shows_plan {
+        return Err(if verb == "apply" {
+            usage("--output applies to `apply` only with --dry-run")
+        } else {
+            not_for("--output")
+        });
     }
     let tail = match seen.tail.take() {
         Some(_) if verb != "logs" => return Err(not_for("--tail")),
@@ -923,6 +1097,10 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     if yes && verb != "delete-volume" {
         return Err(not_for("--yes"));
     }
+    let client = std::mem::take(&mut seen.client);
+    if client && verb != "version" {
+        return Err(not_for("--client"));
+    }
     let object = seen.object.take();
     let watch = std::mem::take(&mut seen.watch);
     let events = verb == "get"
@@ -947,8 +1125,16 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
         }
     };
     match verb.as_str() {
+        "apply" if dry_run => Ok(Command::DryRun {
+            input: file_only(filename)?,
+            output: plan_format(output.as_deref())?,
+        }),
         "apply" => Ok(Command::Apply {
             input: file_only(filename)?,
+        }),
+        "diff" => Ok(Command::Diff {
+            input: file_only(filename)?,
+            output: plan_format(output.as_deref())?,
         }),
         "validate" => Ok(Command::Validate {
             input: file_only(filename)?,
@@ -1257,11 +1443,190 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                 )),
             }
         }
+        "describe" => {
+            if filename.is_some() {
+                return Err(not_for("--filename"));
+            }
+            let (kind, name) = match rest {
+                [kind, name] => (kind, name),
+                [] | [_] => {
+                    return Err(usage(
+                        "`describe` needs the kind and NAME, e.g. describe jail web-1",
+                    ));
+                }
+                [_, _, word, ..] => return Err(extra(word)),
+            };
+            let resource = resource(kind)?;
+            let name = match resource {
+                Resource::Jails => object_name("jail", name)?,
+                Resource::Services => object_name("service", name)?,
+                Resource::Nodes => object_name("node", name)?,
+                Resource::Volumes => object_name("volume", name)?,
+                Resource::Ingresses => object_name("ingress", name)?,
+                Resource::Bases => {
+                    return Err(usage(
+                        "bases are not described: `get bases RELEASE` shows everything known of one",
+                    ));
+                }
+            };
+            if matches!(resource, Resource::Services | Resource::Nodes)
+                && seen.global.node.is_some()
+            {
+                return Err(usage(format!(
+                    "--node does not apply to `describe {kind}`: the control plane answers for it"
+                )));
+            }
+            Ok(Command::Describe { resource, name })
+        }
+        "version" => {
+            no_file_or_node_for(verb, filename.is_some(), seen)?;
+            match rest.first() {
+                Some(word) => Err(extra(word)),
+                None => Ok(Command::Version {
+                    client_only: client,
+                }),
+            }
+        }
+        "completion" => {
+            no_file_or_node_for(verb, filename.is_some(), seen)?;
+            only_words(verb, seen)?;
+            let shell = match rest {
+                [shell] => match shell.as_str() {
+                    "sh" | "bash" => Shell::Sh,
+                    "zsh" => Shell::Zsh,
+                    "fish" => Shell::Fish,
+                    other => {
+                        return Err(usage(format!(
+                            "`completion {other}`: keelctl writes completion for sh, zsh and fish"
+                        )));
+                    }
+                },
+                [] => return Err(usage("`completion` needs the shell: sh, zsh or fish")),
+                [_, word, ..] => return Err(extra(word)),
+            };
+            Ok(Command::Completion { shell })
+        }
+        "config" => {
+            no_file_or_node_for(verb, filename.is_some(), seen)?;
+            config_command(rest, seen)
+        }
         other => Err(usage(format!(
             "unknown command {other:?}; use {}",
             verb_list()
         ))),
     }
+}
+
+/// `config SUB ...`; `set-context` alone takes where requests go.
+fn config_command(rest: &[String], seen: &Seen) -> Result<Command, UsageError> {
+    let Some((sub, args)) = rest.split_first() else {
+        return Err(usage(
+            "`config` needs get-contexts, current-context, use-context, set-context or delete-context",
+        ));
+    };
+    let g = &seen.global;
+    let target_given = g.controlplane.is_some() || g.socket.is_some() || g.key_file.is_some();
+    if sub != "set-context" && target_given {
+        return Err(usage(format!(
+            "`config {sub}` takes no --controlplane, --socket or --key-file; `config set-context` records them"
+        )));
+    }
+    if g.config.is_some() || g.context.is_some() {
+        return Err(usage(
+            "`config` commands act on ~/.config/keel/config.toml: --config and --context do not apply",
+        ));
+    }
+    let named = |what: &str| -> Result<String, UsageError> {
+        match args {
+            [name] => {
+                crate::ctl::contexts::check_name(name)
+                    .map_err(|why| usage(format!("`config {sub}`: {why}")))?;
+                Ok(name.clone())
+            }
+            [] => Err(usage(format!(
+                "`config {sub}` needs the NAME of the context{what}"
+            ))),
+            [_, word, ..] => Err(usage(format!(
+                "unexpected argument {word:?} for `config {sub}`"
+            ))),
+        }
+    };
+    let none = || match args.first() {
+        Some(word) => Err(usage(format!(
+            "unexpected argument {word:?} for `config {sub}`"
+        ))),
+        None => Ok(()),
+    };
+    let command = match sub.as_str() {
+        "get-contexts" => {
+            none()?;
+            ConfigCommand::GetContexts
+        }
+        "current-context" => {
+            none()?;
+            ConfigCommand::CurrentContext
+        }
+        "use-context" => ConfigCommand::UseContext { name: named("")? },
+        "delete-context" => ConfigCommand::DeleteContext { name: named("")? },
+        "set-context" => {
+            let name = named(", then --controlplane HOST:PORT [--key-file PATH] or --socket PATH")?;
+            match (&g.controlplane, &g.socket) {
+                (Some(_), Some(_)) => {
+                    return Err(usage(
+                        "`config set-context`: a context is --controlplane or --socket, not both",
+                    ));
+                }
+                (None, None) => {
+                    return Err(usage(
+                        "`config set-context` needs --controlplane HOST:PORT [--key-file PATH] or --socket PATH",
+                    ));
+                }
+                (None, Some(_)) if g.key_file.is_some() => {
+                    return Err(usage(
+                        "`config set-context`: --key-file goes with --controlplane; an agent's socket takes no key",
+                    ));
+                }
+                _ => {}
+            }
+            ConfigCommand::SetContext { name }
+        }
+        other => {
+            return Err(usage(format!(
+                "`config {other}` is not a command; use get-contexts, current-context, use-context, set-context or delete-context"
+            )));
+        }
+    };
+    Ok(Command::Config(command))
+}
+
+/// `verb` names no file and no node.
+fn no_file_or_node_for(verb: &str, filename: bool, seen: &Seen) -> Result<(), UsageError> {
+    for (given, flag) in [
+        (filename, "--filename"),
+        (seen.global.node.is_some(), "--node"),
+    ] {
+        if given {
+            return Err(usage(format!("{flag} does not apply to `{verb}`")));
+        }
+    }
+    Ok(())
+}
+
+/// `verb` takes no flag that says where requests go.
+fn only_words(verb: &str, seen: &Seen) -> Result<(), UsageError> {
+    let g = &seen.global;
+    for (given, flag) in [
+        (g.socket.is_some(), "--socket"),
+        (g.controlplane.is_some(), "--controlplane"),
+        (g.key_file.is_some(), "--key-file"),
+        (g.config.is_some(), "--config"),
+        (g.context.is_some(), "--context"),
+    ] {
+        if given {
+            return Err(usage(format!("{flag} does not apply to `{verb}`")));
+        }
+    }
+    Ok(())
 }
 
 fn input(f: OsString) -> Input {
@@ -1309,6 +1674,31 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Parsed, UsageError> {
         parse_args(args.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn dry_run_and_diff_take_a_file_and_text_or_json() {
+        let file = |f: &str| Input::File(PathBuf::from(f));
+        assert_eq!(
+            run(&["apply", "--dry-run", "-f", "web.yaml"]).command,
+            Command::DryRun {
+                input: file("web.yaml"),
+                output: OutputFormat::Table
+            }
+        );
+        assert_eq!(
+            run(&["diff", "-f", "web.yaml", "-o", "json"]).command,
+            Command::Diff {
+                input: file("web.yaml"),
+                output: OutputFormat::Json
+            }
+        );
+        let err = |args: &[&str]| parse(args).expect_err("refused").0;
+        assert!(err(&["apply", "-f", "a", "-o", "json"]).contains("only with --dry-run"));
+        assert!(err(&["diff", "-f", "a", "-o", "yaml"]).contains("use text or json"));
+        assert!(err(&["get", "jails", "--dry-run"]).contains("--dry-run does not apply"));
+        assert!(err(&["diff"]).contains("needs -f FILE"));
+        assert!(err(&["apply", "--dry-run", "--dry-run", "-f", "a"]).contains("twice"));
     }
 
     fn run(args: &[&str]) -> Invocation {
@@ -1689,9 +2079,115 @@ mod tests {
         assert_eq!(parse(&["-h"]), Ok(Parsed::Help));
         assert_eq!(parse(&["--version", "apply"]), Ok(Parsed::Version));
         assert_eq!(parse(&["-V"]), Ok(Parsed::Version));
-        assert_eq!(parse(&["version"]), Ok(Parsed::Version));
         assert!(err(&["version", "extra"]).contains("\"extra\" for `version`"));
-        assert!(err(&["version", "--controlplane", "h:1"]).contains("`version` takes no options"));
+    }
+
+    #[test]
+    fn version_asks_the_daemon_unless_client() {
+        assert_eq!(cmd(&["version"]), Command::Version { client_only: false });
+        assert_eq!(
+            cmd(&["version", "--client"]),
+            Command::Version { client_only: true }
+        );
+        let run = run(&["version", "--controlplane", "h:1"]);
+        assert_eq!(run.global.controlplane.as_deref(), Some("h:1"));
+        assert!(err(&["get", "jails", "--client"]).contains("--client does not apply"));
+        assert!(err(&["version", "--node", "n1"]).contains("--node does not apply to `version`"));
+    }
+
+    #[test]
+    fn config_commands_take_a_context_name_and_set_context_its_target() {
+        assert_eq!(
+            cmd(&["config", "use-context", "prod"]),
+            Command::Config(ConfigCommand::UseContext {
+                name: "prod".into()
+            })
+        );
+        assert_eq!(
+            cmd(&["config", "get-contexts"]),
+            Command::Config(ConfigCommand::GetContexts)
+        );
+        let set = run(&[
+            "config",
+            "set-context",
+            "prod",
+            "--controlplane",
+            "cp:7400",
+            "--key-file",
+            "/k",
+        ]);
+        assert_eq!(
+            set.command,
+            Command::Config(ConfigCommand::SetContext {
+                name: "prod".into()
+            })
+        );
+        assert!(err(&["config", "use-context"]).contains("needs the NAME"));
+        assert!(err(&["config", "use-context", "Prod"]).contains("\"Prod\""));
+        assert!(err(&["config", "set-context", "p"]).contains("needs --controlplane"));
+        assert!(
+            err(&[
+                "config",
+                "set-context",
+                "p",
+                "--socket",
+                "/s",
+                "--key-file",
+                "/k"
+            ])
+            .contains("--key-file goes with --controlplane")
+        );
+        assert!(
+            err(&["config", "use-context", "p", "--controlplane", "h:1"])
+                .contains("takes no --controlplane")
+        );
+        assert!(err(&["config", "frob"]).contains("`config frob` is not a command"));
+        assert!(err(&["get", "jails", "--context", "a_b"]).contains("--context"));
+        assert_eq!(
+            run(&["get", "jails", "--context", "prod"])
+                .global
+                .context
+                .as_deref(),
+            Some("prod")
+        );
+    }
+
+    #[test]
+    fn describe_takes_a_kind_and_a_name() {
+        assert_eq!(
+            cmd(&["describe", "svc", "web"]),
+            Command::Describe {
+                resource: Resource::Services,
+                name: "web".into()
+            }
+        );
+        assert_eq!(
+            cmd(&["describe", "jail", "web-1", "--node", "n1"]),
+            Command::Describe {
+                resource: Resource::Jails,
+                name: "web-1".into()
+            }
+        );
+        assert!(err(&["describe", "jail"]).contains("needs the kind and NAME"));
+        assert!(err(&["describe", "jail", "Web"]).contains("DNS label"));
+        assert!(err(&["describe", "base", "14.2-RELEASE"]).contains("get bases RELEASE"));
+        assert!(err(&["describe", "node", "n1", "--node", "n2"]).contains("--node does not apply"));
+        assert!(err(&["describe", "jail", "a", "-o", "json"]).contains("--output does not apply"));
+    }
+
+    #[test]
+    fn completion_names_a_shell() {
+        assert_eq!(
+            cmd(&["completion", "zsh"]),
+            Command::Completion { shell: Shell::Zsh }
+        );
+        assert_eq!(
+            cmd(&["completion", "bash"]),
+            Command::Completion { shell: Shell::Sh }
+        );
+        assert!(err(&["completion"]).contains("needs the shell"));
+        assert!(err(&["completion", "csh"]).contains("sh, zsh and fish"));
+        assert!(err(&["completion", "sh", "--socket", "/s"]).contains("--socket does not apply"));
     }
 
     #[test]
@@ -1712,7 +2208,9 @@ mod tests {
         );
         let e = err(&["help", "frobnicate"]);
         assert!(
-            e.starts_with("`help frobnicate`: unknown command \"frobnicate\"; use apply, get"),
+            e.starts_with(
+                "`help frobnicate`: unknown command \"frobnicate\"; use apply, diff, get"
+            ),
             "{e}"
         );
         assert!(err(&["help", "get", "jails"]).contains("\"jails\" for `help`"));
@@ -1923,6 +2421,12 @@ mod tests {
                     .into(),
                 );
             }
+            if flag.id == FlagId::Client {
+                args.push("version".into());
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                assert!(parse(&args).is_ok(), "{args:?}: {:?}", parse(&args));
+                continue;
+            }
             if matches!(flag.id, FlagId::Yes | FlagId::Follow) {
                 let verb = if flag.id == FlagId::Yes {
                     "delete-volume"
@@ -1936,6 +2440,8 @@ mod tests {
             }
             if flag.id == FlagId::Filename {
                 args.push("validate".into());
+            } else if flag.id == FlagId::DryRun {
+                args.extend(["apply", "-f", "web.yaml"].map(String::from));
             } else if flag.id == FlagId::Id {
                 args.extend(["key".to_string(), "generate".to_string(), "p".to_string()]);
             } else if flag.id == FlagId::Tail {

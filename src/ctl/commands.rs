@@ -29,6 +29,12 @@
 //! the progress on stderr whenever it changes, until the base is Ready (exit
 //! 0) or the fetch failed (exit 1 with the node's reason).
 //!
+//! `apply --dry-run` and `diff` validate the whole file as an apply does,
+//! then ask, object by object, what its apply would do (`Api::dry_run_jail`,
+//! `Api::diff_service`) and print the answers; nothing is applied. `diff`
+//! keeps kubectl's exit codes: [`CtlError::Differs`] (1) when an object
+//! differs, and any failure of its own is [`CtlError::DiffFailed`] (2).
+//!
 //! `delete-volume` asks before anything is sent when stdin is a terminal
 //! ([`Env::interactive`]) and `--yes` is not given; a script is never asked.
 //! `logs -f` asks the log route again every `LOG_POLL` and prints only the
@@ -51,7 +57,12 @@ use crate::common::wire::{BaseState, Event, EventsAnswer, Liveness, VolumeStatus
 
 use super::api::ApiError;
 use super::api::{Api, Route};
-use super::args::{Command, Input, Invocation, OutputFormat, Resource};
+use super::args::{
+    Command, ConfigCommand, GlobalOptions, Input, Invocation, OutputFormat, Resource,
+};
+use super::completion;
+use super::contexts::{Context, Contexts, ContextsError};
+use super::describe;
 use super::output::{NodeJail, OnNode};
 use super::{CONTROLPLANE_ENV, CtlError, Env, Remote, Target, Unreached, output, target};
 
@@ -132,6 +143,22 @@ pub fn execute(
 ) -> Result<(), CtlError> {
     let resolve = || connect(&target(&invocation.global, env)?);
     match &invocation.command {
+        Command::Describe { resource, name } => {
+            out.print(&describe_one(invocation, env, *resource, name)?.render());
+        }
+        Command::Completion { shell } => out.print(&completion::script(*shell)),
+        Command::Config(config) => run_config(config, &invocation.global, env, out, stderr)?,
+        Command::Version { client_only } => {
+            out.line(&format!("Client: keelctl {}", env!("CARGO_PKG_VERSION")));
+            if !client_only {
+                let api = resolve()?;
+                let server = api.version().map_err(|error| CtlError::Request {
+                    action: "version".into(),
+                    error,
+                })?;
+                out.line(&output::server_version_line(&server, &api.endpoint()));
+            }
+        }
         Command::Validate { input } => {
             let (_, docs) = read_documents(input, stdin, false)?;
             out.line(&output::valid_line(docs.len()));
@@ -148,6 +175,22 @@ pub fn execute(
             let key = auth::generate_key(&id).map_err(failed)?;
             auth::write_key_file(path, &key).map_err(failed)?;
             out.line(&output::key_written_line(&id, path));
+        }
+        Command::DryRun {
+            input,
+            output: format,
+        } => {
+            plan(invocation, env, input, *format, false, stdin, out)?;
+        }
+        Command::Diff {
+            input,
+            output: format,
+        } => {
+            let (differing, of) = plan(invocation, env, input, *format, true, stdin, out)
+                .map_err(|e| CtlError::DiffFailed(Box::new(e)))?;
+            if differing > 0 {
+                return Err(CtlError::Differs { differing, of });
+            }
         }
         Command::Apply { input } => {
             let (source, objects) = read_objects(input, stdin)?;
@@ -202,6 +245,10 @@ pub fn execute(
                         action: format!("get service/{name}"),
                         error,
                     })?;
+                    if *format == OutputFormat::Yaml {
+                        let document = api.service_document(name);
+                        return show_manifest(out, &format!("service/{name}"), document, &service);
+                    }
                     if *format == OutputFormat::Table && service.replicas.is_empty() {
                         let _ = writeln!(
                             stderr,
@@ -286,6 +333,10 @@ pub fn execute(
                 action: format!("get jail/{name}"),
                 error,
             })?;
+            if *format == OutputFormat::Yaml {
+                let document = api.jail_document(name);
+                return show_manifest(out, &format!("jail/{name}"), document, &found.status);
+            }
             if *api.route() == Route::Agent {
                 show(out, *format, &found.status, || {
                     output::jail_table(std::slice::from_ref(&found.status), now_unix(), wide)
@@ -361,6 +412,10 @@ pub fn execute(
                     action: format!("get ingress/{name}"),
                     error,
                 })?;
+                if *format == OutputFormat::Yaml {
+                    let document = api.ingress_document(name);
+                    return show_manifest(out, &format!("ingress/{name}"), document, &one);
+                }
                 show(out, *format, &one, || {
                     output::ingress_table(std::slice::from_ref(&one))
                 })?;
@@ -1188,6 +1243,158 @@ fn show<T: serde::Serialize>(
     Ok(())
 }
 
+/// `describe KIND NAME`: the object's status, and the document it was
+/// applied with when the daemon keeps one (a daemon that cannot give it
+/// leaves the Spec section out rather than failing the command).
+fn describe_one(
+    invocation: &Invocation,
+    env: &Env,
+    resource: Resource,
+    name: &str,
+) -> Result<describe::Description, CtlError> {
+    let failed = |kind: &str| {
+        let action = format!("describe {kind}/{name}");
+        move |error| CtlError::Request { action, error }
+    };
+    let now = now_unix();
+    Ok(match resource {
+        Resource::Jails => {
+            let api = connect(&target(&invocation.global, env)?)?;
+            let found = api.get_jail(name).map_err(failed("jail"))?;
+            let document = api.jail_document(name).ok();
+            describe::jail(
+                &found.status,
+                found.node.as_deref(),
+                document.as_deref(),
+                now,
+            )
+        }
+        Resource::Services => {
+            let api = controlplane_only(invocation, env, "`describe service`")?;
+            let status = api.get_service(name).map_err(failed("service"))?;
+            let document = api.service_document(name).ok();
+            describe::service(&status, document.as_deref())
+        }
+        Resource::Nodes => {
+            let api = controlplane_only(invocation, env, "`describe node`")?;
+            let node = api.get_node(name).map_err(failed("node"))?;
+            let jails = (node.status == Liveness::Alive)
+                .then(|| api.list_jails_on(name).ok())
+                .flatten()
+                .map(|jails| jails.into_iter().map(|j| j.name).collect::<Vec<_>>());
+            describe::node(&node, jails.as_deref())
+        }
+        Resource::Volumes => {
+            let api = connect(&target(&invocation.global, env)?)?;
+            describe::volume(&api.get_volume(name).map_err(failed("volume"))?)
+        }
+        Resource::Ingresses => {
+            let api = ingress_api(invocation, env, "`describe ingress NAME`")?;
+            let status = api.get_ingress(name).map_err(failed("ingress"))?;
+            let document = api.ingress_document(name).ok();
+            describe::ingress(&status, named_node(&api), document.as_deref())
+        }
+        Resource::Bases => {
+            return Err(CtlError::Usage(
+                "bases are not described: `get bases RELEASE` shows everything known of one".into(),
+            ));
+        }
+    })
+}
+
+/// `config ...`: reads and replaces the contexts file; sends nothing.
+fn run_config(
+    command: &ConfigCommand,
+    global: &GlobalOptions,
+    env: &Env,
+    out: &mut Out<'_>,
+    stderr: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let failed = CtlError::Contexts;
+    let path = env
+        .contexts_file
+        .as_deref()
+        .ok_or(CtlError::Contexts(ContextsError::NoHome))?;
+    let mut file = Contexts::load(path).map_err(failed)?;
+    match command {
+        ConfigCommand::GetContexts => {
+            if file.contexts.is_empty() {
+                let _ = writeln!(stderr, "No contexts found in {}.", path.display());
+            } else {
+                out.print(&output::contexts_table(&file));
+            }
+        }
+        ConfigCommand::CurrentContext => match &file.current {
+            Some(name) => out.line(name),
+            None => {
+                return Err(failed(ContextsError::NoCurrent {
+                    path: path.to_path_buf(),
+                }));
+            }
+        },
+        ConfigCommand::UseContext { name } => {
+            file.get(path, name).map_err(failed)?;
+            file.current = Some(name.clone());
+            file.save(path).map_err(failed)?;
+            out.line(&format!("Switched to context {name}."));
+        }
+        ConfigCommand::SetContext { name } => {
+            let context = Context {
+                controlplane: global.controlplane.clone(),
+                key_file: global.key_file.clone(),
+                socket: global.socket.clone(),
+            };
+            let replaced = file.contexts.insert(name.clone(), context).is_some();
+            file.check().map_err(|message| {
+                failed(ContextsError::Invalid {
+                    path: path.to_path_buf(),
+                    message,
+                })
+            })?;
+            file.save(path).map_err(failed)?;
+            let verb = if replaced { "modified" } else { "created" };
+            out.line(&format!("Context {name} {verb} in {}.", path.display()));
+        }
+        ConfigCommand::DeleteContext { name } => {
+            file.get(path, name).map_err(failed)?;
+            file.contexts.remove(name);
+            let was_current = file.current.as_deref() == Some(name.as_str());
+            if was_current {
+                file.current = None;
+            }
+            file.save(path).map_err(failed)?;
+            out.line(&format!("Deleted context {name} from {}.", path.display()));
+            if was_current {
+                let _ = writeln!(
+                    stderr,
+                    "It was the current context: none is set now; choose one with `keelctl config use-context NAME`."
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Prints one object as `apply` takes it back: its document, then its
+/// status (see [`output::manifest_yaml`]).
+fn show_manifest(
+    out: &mut Out<'_>,
+    label: &str,
+    document: Result<String, ApiError>,
+    status: &impl serde::Serialize,
+) -> Result<(), CtlError> {
+    let document = document.map_err(|error| CtlError::Request {
+        action: format!("get {label}"),
+        error,
+    })?;
+    let text = output::manifest_yaml(&document, status).map_err(|reason| CtlError::Encode {
+        format: OutputFormat::Yaml.to_string(),
+        reason,
+    })?;
+    out.print(&text);
+    Ok(())
+}
+
 fn now_unix() -> u64 {
     // A clock before 1970 shows every age as 0s rather than failing `get`.
     SystemTime::now()
@@ -1262,9 +1469,9 @@ fn read_documents(
 
 /// Every document of `text`, all validated; at least one.
 fn parse(source: &str, text: &str, would_send: bool) -> Result<Vec<Document>, CtlError> {
-    let docs = spec::parse_documents(text).map_err(|error| CtlError::Invalid {
+    let docs = spec::check_documents(text).map_err(|errors| CtlError::Invalid {
         source: source.to_string(),
-        error,
+        errors,
         would_send,
     })?;
     if docs.is_empty() {
@@ -1291,6 +1498,57 @@ impl Object {
             Object::Ingress(i) => format!("ingress/{}", i.metadata.name),
         }
     }
+}
+
+/// `apply --dry-run` and (`diff_only`) `diff`: asks, for every object of the
+/// file in order, what its apply would do, and prints the answers (text, or
+/// one JSON list); nothing is applied. Every document is validated first,
+/// as for an apply. Ingresses have neither (an Ingress only names a Service
+/// to publish), and a Service through the control plane gets its object
+/// diff: its replicas' host commands are per node. Returns how many objects
+/// differ from what is held, and how many there are.
+fn plan(
+    invocation: &Invocation,
+    env: &Env,
+    input: &Input,
+    format: OutputFormat,
+    diff_only: bool,
+    stdin: &mut dyn Read,
+    out: &mut Out<'_>,
+) -> Result<(usize, usize), CtlError> {
+    let (source, objects) = read_objects(input, stdin)?;
+    let target = target(&invocation.global, env)?;
+    services_need_controlplane(&source, &objects, &target)?;
+    if let Some(ingress) = objects.iter().find(|o| matches!(o, Object::Ingress(_))) {
+        return Err(CtlError::Usage(format!(
+            "{source}: {} is an Ingress, which has no diff or dry run (it names a Service to \
+             publish); leave it out of the file; nothing was sent",
+            ingress.label()
+        )));
+    }
+    let api = connect(&target)?;
+    let mut reports = Vec::new();
+    for object in &objects {
+        let verb = if diff_only { "diff" } else { "dry run of" };
+        let failed = |error| CtlError::Request {
+            action: format!("{verb} {}", object.label()),
+            error,
+        };
+        let report = match object {
+            Object::Jail(jail) => api.dry_run_jail(jail, diff_only).map_err(failed)?,
+            Object::Service(service) => api.diff_service(service).map_err(failed)?,
+            Object::Ingress(_) => continue,
+        };
+        if format == OutputFormat::Table {
+            out.print(&output::plan_text(&report, !diff_only));
+        }
+        reports.push(report);
+    }
+    if format != OutputFormat::Table {
+        show(out, format, &reports, String::new)?;
+    }
+    let differing = reports.iter().filter(|r| !r.changes.is_empty()).count();
+    Ok((differing, reports.len()))
 }
 
 /// The documents of `input` in file order, once every one is valid; and the

@@ -27,6 +27,9 @@
 pub mod api;
 pub mod args;
 pub mod commands;
+pub mod completion;
+pub mod contexts;
+pub mod describe;
 pub mod output;
 
 use std::ffi::OsString;
@@ -63,6 +66,9 @@ pub struct Env {
     pub controlplane: Option<OsString>,
     /// `$KEEL_KEY_FILE`; empty counts as unset.
     pub key_file: Option<OsString>,
+    /// The contexts file ([`contexts::default_path`]); `None` when the
+    /// environment names no home for it.
+    pub contexts_file: Option<PathBuf>,
     /// Whether stdin is a terminal: someone who can answer a question
     /// (`delete-volume` asks one), rather than a script.
     pub interactive: bool,
@@ -75,6 +81,12 @@ impl Env {
             socket: std::env::var_os(SOCKET_ENV),
             controlplane: std::env::var_os(CONTROLPLANE_ENV),
             key_file: std::env::var_os(KEY_FILE_ENV),
+            contexts_file: contexts::default_path(
+                std::env::var_os("XDG_CONFIG_HOME")
+                    .as_deref()
+                    .map(Path::new),
+                std::env::var_os("HOME").as_deref().map(Path::new),
+            ),
             interactive: io::stdin().is_terminal(),
         }
     }
@@ -112,6 +124,9 @@ pub enum CtlError {
     Config(ConfigError),
     /// The operator key could not be loaded, so nothing was sent.
     Key(AuthError),
+    /// The contexts file could not be read or written, or has no such
+    /// context; nothing was sent or changed.
+    Contexts(contexts::ContextsError),
     /// `key generate` could not create the key file.
     KeyGenerate {
         /// The file asked for.
@@ -130,8 +145,9 @@ pub enum CtlError {
     Invalid {
         /// The file as the user named it, or `stdin`.
         source: String,
-        /// The first error, with document, field and line.
-        error: SpecError,
+        /// Every error of the file, in document order, each with its
+        /// document, field and line; never empty.
+        errors: Vec<SpecError>,
         /// Whether the command would have sent something (apply, delete),
         /// so the message can reassure that nothing was.
         would_send: bool,
@@ -204,6 +220,17 @@ pub enum CtlError {
     },
     /// Writing to stdout failed (other than a closed pipe).
     Output(io::Error),
+    /// `diff`: objects differ from what the daemon holds (printed already);
+    /// exit 1, as kubectl diff.
+    Differs {
+        /// How many differ.
+        differing: usize,
+        /// How many the file holds.
+        of: usize,
+    },
+    /// `diff` itself failed (a request, the file): exit 2 whatever the
+    /// cause, as kubectl diff, so 1 always means "differs".
+    DiffFailed(Box<CtlError>),
 }
 
 impl CtlError {
@@ -217,7 +244,8 @@ impl CtlError {
             | CtlError::Invalid { .. }
             | CtlError::Empty { .. }
             | CtlError::NeedsControlPlane { .. }
-            | CtlError::Key(_) => 2,
+            | CtlError::Key(_)
+            | CtlError::Contexts(_) => 2,
             CtlError::KeyGenerate {
                 error: AuthError::InvalidKeyId { .. },
                 ..
@@ -230,7 +258,9 @@ impl CtlError {
             | CtlError::SomeFailed { .. }
             | CtlError::KeyGenerate { .. }
             | CtlError::Encode { .. }
-            | CtlError::Output(_) => 1,
+            | CtlError::Output(_)
+            | CtlError::Differs { .. } => 1,
+            CtlError::DiffFailed(_) => 2,
         }
     }
 
@@ -247,13 +277,22 @@ impl CtlError {
                  ${KEY_FILE_ENV}, else ctl.key_file of keel.toml; nothing was sent"
             )),
             CtlError::Invalid {
-                would_send: true, ..
-            } => Some("nothing was sent".into()),
+                errors, would_send, ..
+            } => {
+                // The first error is on the summary line; the others follow,
+                // one per line, so a whole file is fixed in one round.
+                let mut lines: Vec<String> = errors.iter().skip(1).map(|e| e.to_string()).collect();
+                if *would_send {
+                    lines.push("nothing was sent".into());
+                }
+                (!lines.is_empty()).then(|| lines.join("\n  "))
+            }
             CtlError::NeedsControlPlane { .. } => Some(format!(
                 "give --controlplane HOST:PORT (or set ${CONTROLPLANE_ENV} or ctl.controlplane); \
                  nothing was sent"
             )),
             CtlError::Request { error, .. } => error.detail(),
+            CtlError::DiffFailed(e) => e.detail(),
             CtlError::NotConfirmed { .. } => {
                 Some("answer y to go ahead, or give --yes to skip the question".into())
             }
@@ -277,11 +316,16 @@ impl fmt::Display for CtlError {
             CtlError::Usage(message) => f.write_str(message),
             CtlError::Config(e) => write!(f, "cannot load the configuration: {e}"),
             CtlError::Key(e) => write!(f, "cannot load the operator key: {e}"),
+            CtlError::Contexts(e) => write!(f, "{e}"),
             CtlError::KeyGenerate { path, error } => {
                 write!(f, "cannot generate a key at {}: {error}", path.display())
             }
             CtlError::Read { source, error } => write!(f, "cannot read {source}: {error}"),
-            CtlError::Invalid { source, error, .. } => write!(f, "{source} is invalid: {error}"),
+            CtlError::Invalid { source, errors, .. } => match errors.as_slice() {
+                [] => write!(f, "{source} is invalid"),
+                [one] => write!(f, "{source} is invalid: {one}"),
+                [first, ..] => write!(f, "{source} is invalid ({} errors): {first}", errors.len()),
+            },
             CtlError::Empty { source } => write!(f, "{source} holds no document"),
             CtlError::NeedsControlPlane { what, socket } => write!(
                 f,
@@ -317,6 +361,13 @@ impl fmt::Display for CtlError {
                 write!(f, "cannot print the answer as {format}: {reason}")
             }
             CtlError::Output(e) => write!(f, "cannot write to stdout: {e}"),
+            CtlError::Differs { differing, of } => {
+                write!(
+                    f,
+                    "diff: {differing} of {of} objects differ from what is applied"
+                )
+            }
+            CtlError::DiffFailed(e) => write!(f, "diff failed: {e}"),
         }
     }
 }
@@ -325,9 +376,10 @@ impl std::error::Error for CtlError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             CtlError::Config(e) => Some(e),
+            CtlError::Contexts(e) => Some(e),
             CtlError::Key(e) | CtlError::KeyGenerate { error: e, .. } => Some(e),
             CtlError::Read { error, .. } | CtlError::Output(error) => Some(error),
-            CtlError::Invalid { error, .. } => Some(error),
+            CtlError::Invalid { errors, .. } => errors.first().map(|e| e as _),
             CtlError::Request { error, .. } => Some(error),
             _ => None,
         }
@@ -344,60 +396,137 @@ pub struct Unreached {
     pub why: String,
 }
 
-/// Where requests go. By level, flags first, then the environment, then
-/// `keel.toml` (`--config PATH`, which must exist, or [`DEFAULT_CONFIG_PATH`],
-/// where a missing file means the defaults; read only when needed):
+/// Where requests go. By level, flags first, then the environment, then the
+/// contexts file, then `keel.toml` (`--config PATH`, which must exist, or
+/// [`DEFAULT_CONFIG_PATH`], where a missing file means the defaults; read
+/// only when needed):
 ///
-/// 1. `--socket PATH`: that agent (with `--controlplane` too: a usage error);
-/// 2. `--controlplane HOST:PORT`: that control plane;
-/// 3. a non-empty `$KEEL_CONTROLPLANE`, then a non-empty `$KEEL_SOCKET`;
+/// 1. `--socket PATH`: that agent; `--controlplane HOST:PORT`: that control
+///    plane; `--context NAME`: that context (two of them: a usage error);
+/// 2. a non-empty `$KEEL_CONTROLPLANE`, then a non-empty `$KEEL_SOCKET`;
+/// 3. the contexts file's `current-context` ([`contexts`]);
 /// 4. `ctl.controlplane` if set, else the agent at `agent.socket`.
 ///
 /// Through a control plane the key file is `--key-file`, else a non-empty
-/// `$KEEL_KEY_FILE`, else `ctl.key_file`. `--node` and `--key-file` only make
+/// `$KEEL_KEY_FILE`, else the context's `key_file` when a context chose the
+/// control plane, else `ctl.key_file`. `--node` and `--key-file` only make
 /// sense with a control plane: given for an agent they are usage errors
 /// rather than silently ignored. `$KEEL_KEY_FILE` is not: an environment set
 /// up for a cluster may still run a command against one agent.
 pub fn target(global: &GlobalOptions, env: &Env) -> Result<Target, CtlError> {
     let set = |v: &Option<OsString>| v.clone().filter(|s| !s.is_empty());
-    if global.socket.is_some() && global.controlplane.is_some() {
-        return Err(CtlError::Usage(
-            "--socket and --controlplane both say where requests go; give one".into(),
-        ));
+    let flags = [
+        global.socket.as_ref().map(|_| "--socket"),
+        global.controlplane.as_ref().map(|_| "--controlplane"),
+        global.context.as_ref().map(|_| "--context"),
+    ];
+    if let [Some(a), Some(b), _] | [Some(a), _, Some(b)] | [_, Some(a), Some(b)] = flags {
+        return Err(CtlError::Usage(format!(
+            "{a} and {b} both say where requests go; give one"
+        )));
     }
+    let named = |name: &str| -> Result<Chosen, CtlError> {
+        let path = env
+            .contexts_file
+            .as_deref()
+            .ok_or(CtlError::Contexts(contexts::ContextsError::NoHome))?;
+        let file = contexts::Contexts::load(path).map_err(CtlError::Contexts)?;
+        Ok(Chosen::context(
+            name,
+            file.get(path, name).map_err(CtlError::Contexts)?,
+        ))
+    };
     let mut config = None;
-    let addr = if let Some(socket) = &global.socket {
-        return agent(global, socket.clone());
+    let chosen = if let Some(socket) = &global.socket {
+        Chosen::Agent(socket.clone())
     } else if let Some(addr) = &global.controlplane {
-        (addr.clone(), "--controlplane".to_string())
+        Chosen::control_plane(addr.clone(), "--controlplane")
+    } else if let Some(name) = &global.context {
+        named(name)?
     } else if let Some(addr) = set(&env.controlplane) {
         let addr = addr.into_string().map_err(|v| {
             CtlError::Usage(format!("${CONTROLPLANE_ENV} {v:?} is not valid UTF-8"))
         })?;
-        (addr, format!("${CONTROLPLANE_ENV}"))
+        Chosen::control_plane(addr, &format!("${CONTROLPLANE_ENV}"))
     } else if let Some(socket) = set(&env.socket) {
-        return agent(global, PathBuf::from(socket));
+        Chosen::Agent(PathBuf::from(socket))
+    } else if let Some(name) = current_context(env)? {
+        named(&name)?
     } else {
         let loaded = load_config(global)?;
-        let Some(addr) = loaded.ctl.controlplane.clone() else {
-            return agent(global, loaded.agent.socket);
+        let chosen = match loaded.ctl.controlplane.clone() {
+            None => Chosen::Agent(loaded.agent.socket.clone()),
+            Some(addr) => Chosen::control_plane(addr, "ctl.controlplane"),
         };
         config = Some(loaded);
-        (addr, "ctl.controlplane".to_string())
+        chosen
     };
-    let (addr, source) = addr;
+    let (addr, source, context_key) = match chosen {
+        Chosen::Agent(socket) => return agent(global, socket),
+        Chosen::ControlPlane {
+            addr,
+            source,
+            key_file,
+        } => (addr, source, key_file),
+    };
     check_controlplane(&addr, &source)?;
-    let key_file = match (&global.key_file, set(&env.key_file), config) {
-        (Some(path), _, _) => path.clone(),
-        (None, Some(path), _) => PathBuf::from(path),
-        (None, None, Some(config)) => config.ctl.key_file,
-        (None, None, None) => load_config(global)?.ctl.key_file,
+    let key_file = match (&global.key_file, set(&env.key_file), context_key, config) {
+        (Some(path), _, _, _) => path.clone(),
+        (None, Some(path), _, _) => PathBuf::from(path),
+        (None, None, Some(path), _) => path,
+        (None, None, None, Some(config)) => config.ctl.key_file,
+        (None, None, None, None) => load_config(global)?.ctl.key_file,
     };
     Ok(Target::ControlPlane(Remote {
         addr,
         key_file,
         node: global.node.clone(),
     }))
+}
+
+/// What one level of [`target`] chose, before the checks.
+enum Chosen {
+    Agent(PathBuf),
+    ControlPlane {
+        addr: String,
+        /// Where the address came from, for messages.
+        source: String,
+        /// A context's key file.
+        key_file: Option<PathBuf>,
+    },
+}
+
+impl Chosen {
+    fn control_plane(addr: String, source: &str) -> Chosen {
+        Chosen::ControlPlane {
+            addr,
+            source: source.to_string(),
+            key_file: None,
+        }
+    }
+
+    fn context(name: &str, context: &contexts::Context) -> Chosen {
+        match (&context.controlplane, &context.socket) {
+            (None, Some(socket)) => Chosen::Agent(socket.clone()),
+            // A loaded file has one or the other; an empty address would
+            // be refused naming the context.
+            (addr, _) => Chosen::ControlPlane {
+                addr: addr.clone().unwrap_or_default(),
+                source: format!("context {name}"),
+                key_file: context.key_file.clone(),
+            },
+        }
+    }
+}
+
+/// The contexts file's `current-context`, if there is a file and it names
+/// one.
+fn current_context(env: &Env) -> Result<Option<String>, CtlError> {
+    let Some(path) = env.contexts_file.as_deref() else {
+        return Ok(None);
+    };
+    let file = contexts::Contexts::load(path).map_err(CtlError::Contexts)?;
+    Ok(file.current)
 }
 
 fn agent(global: &GlobalOptions, socket: PathBuf) -> Result<Target, CtlError> {
@@ -848,7 +977,7 @@ mod tests {
         assert_eq!(code, 2);
         assert_eq!(
             err,
-            "keelctl: unknown command \"frobnicate\"; use apply, get, delete, logs, cordon, uncordon, delete-volume, base, scale, rollout, validate, key, help or version\n  try 'keelctl --help'\n"
+            "keelctl: unknown command \"frobnicate\"; use apply, diff, get, describe, delete, logs, cordon, uncordon, delete-volume, base, scale, rollout, validate, key, help, config, completion or version\n  try 'keelctl --help'\n"
         );
         let (code, _, err) = run_with(&["apply", "-f", "/nonexistent/web.yaml"], "");
         assert_eq!(code, 2);
@@ -1052,14 +1181,19 @@ mod tests {
             err.starts_with("keelctl: `help frobnicate`: unknown command"),
             "{err}"
         );
-        for args in [&["--version"][..], &["version"]] {
-            let (code, out, _) = run_with(args, "");
-            assert_eq!(
-                (code, out),
-                (0, format!("keelctl {}\n", env!("CARGO_PKG_VERSION"))),
-                "{args:?}"
-            );
-        }
+        let (code, out, _) = run_with(&["--version"], "");
+        assert_eq!(
+            (code, out),
+            (0, format!("keelctl {}\n", env!("CARGO_PKG_VERSION")))
+        );
+        let (code, out, _) = run_with(&["version", "--client"], "");
+        assert_eq!(
+            (code, out),
+            (
+                0,
+                format!("Client: keelctl {}\n", env!("CARGO_PKG_VERSION"))
+            )
+        );
     }
 
     /// A stdout whose reader went away.

@@ -19,12 +19,14 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeSet;
 
+use crate::common::cmd::render_argv;
 use crate::common::wire::{
-    BaseStatus, Event, IngressStatus, JailStatus, LastExit, NodeRemoval, NodeStatus,
-    ServiceRevision, ServiceStatus, VolumeStatus,
+    BaseStatus, ChangeKind, DryRunAction, DryRunReport, Event, IngressStatus, JailStatus, LastExit,
+    NodeRemoval, NodeStatus, ServiceRevision, ServiceStatus, VersionInfo, VolumeStatus,
 };
 
 use super::args::OutputFormat;
+use super::contexts::Contexts;
 
 /// Spaces between two columns.
 const COLUMN_GAP: usize = 3;
@@ -492,7 +494,7 @@ pub fn volume_table(volumes: &[VolumeStatus]) -> String {
 
 /// The `get bases` table, or `""` when there is none. SIZE is the
 /// dataset's, `-` before it exists; PROGRESS is a running fetch's download
-/// (`12.5MiB/190.2MiB`), or a failed one's error.
+/// (`12.5M/190.2M`), or a failed one's error.
 pub fn base_table(bases: &[BaseStatus]) -> String {
     if bases.is_empty() {
         return String::new();
@@ -685,8 +687,9 @@ pub fn cores(cpu: f64) -> String {
 }
 
 /// Bytes rounded to one decimal in the largest unit (K, M, G, T, powers of
-/// 1024 as in specs) that keeps the number at 1 or more: `512M`, `1.5G`,
-/// `15.6G`, `800`. Specs use [`crate::common::spec::format_size`], which is
+/// 1024 as in specs) that keeps the number at 1 or more, `B` below a
+/// kilobyte, so every size of a table carries its unit: `512M`, `1.5G`,
+/// `15.6G`, `800B`. Specs use [`crate::common::spec::format_size`], which is
 /// exact; a host's memory is rarely a round number, so a table rounds.
 pub fn approx_size(bytes: u64) -> String {
     const UNITS: [(&str, u32); 4] = [("T", 40), ("G", 30), ("M", 20), ("K", 10)];
@@ -698,7 +701,7 @@ pub fn approx_size(bytes: u64) -> String {
             return format!("{}{unit}", text.trim_end_matches(".0"));
         }
     }
-    bytes.to_string()
+    format!("{bytes}B")
 }
 
 /// The line `apply` prints for one applied jail:
@@ -717,6 +720,73 @@ pub fn applied_line(status: &JailStatus, node: Option<&str>) -> String {
         line.push_str(&format!(": last error: {}", one_line(e)));
     }
     line
+}
+
+/// What `diff` and `apply --dry-run` print for one object: a head line
+/// (`jail/web-1:`, with the node through the control plane), the changed
+/// fields (`+ path: new`, `- path: old`, `~ path: old -> new`, values in
+/// JSON), the `would:` line, a note when there is one, and with
+/// `commands` the host commands in order, `run` for a change and `read` for
+/// an observation, argv quoted as sh(1) would take it.
+pub fn plan_text(report: &DryRunReport, commands: bool) -> String {
+    let kind = report.kind.to_lowercase();
+    let name = one_line(&report.name);
+    let on = report
+        .node
+        .as_deref()
+        .map_or(String::new(), |n| format!(" on node {}", one_line(n)));
+    let value = |v: &Option<serde_json::Value>| {
+        one_line(&v.as_ref().map_or_else(String::new, |v| v.to_string()))
+    };
+    let mut out = format!("{kind}/{name}{on}:\n");
+    for c in &report.changes {
+        let path = one_line(&c.path);
+        out.push_str(&match c.kind {
+            ChangeKind::Added => format!("  + {path}: {}\n", value(&c.new)),
+            ChangeKind::Removed => format!("  - {path}: {}\n", value(&c.old)),
+            ChangeKind::Changed => {
+                format!("  ~ {path}: {} -> {}\n", value(&c.old), value(&c.new))
+            }
+        });
+    }
+    let because = report
+        .because
+        .iter()
+        .map(|b| one_line(b))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let why = |text: &str| {
+        if because.is_empty() {
+            String::new()
+        } else {
+            format!(" ({because} {text})")
+        }
+    };
+    let would = match report.action {
+        DryRunAction::Nothing => format!("leave {kind} {name} as it is (nothing to do)"),
+        DryRunAction::Create => format!("create {kind} {name}"),
+        DryRunAction::Start => format!("start {kind} {name} ({because})"),
+        DryRunAction::UpdateRecord => format!(
+            "update the record of {kind} {name}{}; what runs is left alone",
+            why("changed")
+        ),
+        DryRunAction::UpdateInPlace => format!(
+            "update {kind} {name} in place{}, no restart",
+            why("changed")
+        ),
+        DryRunAction::Replace => format!("replace {kind} {name}{}", why("changed")),
+    };
+    out.push_str(&format!("  would: {would}\n"));
+    if let Some(note) = &report.note {
+        out.push_str(&format!("  note: {}\n", one_line(note)));
+    }
+    if commands {
+        for c in &report.commands {
+            let tag = if c.changes_host { "run " } else { "read" };
+            out.push_str(&format!("  {tag} {}\n", render_argv(&c.argv)));
+        }
+    }
+    out
 }
 
 /// The line `delete` prints for one deleted jail.
@@ -754,9 +824,102 @@ pub fn encode(format: OutputFormat, value: &impl Serialize) -> Result<String, St
     }
 }
 
+/// The `config get-contexts` table: `*` marks the current context, SERVER
+/// is the control plane's `HOST:PORT` or the agent's socket.
+pub fn contexts_table(file: &Contexts) -> String {
+    let mut rows = vec![
+        ["CURRENT", "NAME", "SERVER", "KEY FILE"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect(),
+    ];
+    rows.extend(file.contexts.iter().map(|(name, context)| {
+        vec![
+            if file.current.as_deref() == Some(name.as_str()) {
+                "*".to_string()
+            } else {
+                String::new()
+            },
+            name.clone(),
+            one_line(&context.server()),
+            context
+                .key_file
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |k| one_line(&k.display().to_string())),
+        ]
+    }));
+    table(&rows)
+}
+
+/// `version`'s second line: `Server: keel-agentd 0.1.0 (/var/run/keel/agentd.sock)`.
+pub fn server_version_line(server: &VersionInfo, endpoint: &str) -> String {
+    format!(
+        "Server: {} {} ({})",
+        one_line(&server.program),
+        one_line(&server.version),
+        one_line(endpoint)
+    )
+}
+
+/// What `get KIND NAME -o yaml` prints: the document the object was applied
+/// with, then its `status`, which `apply` ignores, so the output applies
+/// back as it is.
+pub fn manifest_yaml(document: &str, status: &impl Serialize) -> Result<String, String> {
+    let mut object: serde_yaml::Mapping = serde_yaml::from_str(document)
+        .map_err(|e| format!("the daemon's document is not a YAML mapping: {e}"))?;
+    let status = serde_yaml::to_value(status).map_err(|e| e.to_string())?;
+    object.insert("status".into(), status);
+    serde_yaml::to_string(&object).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plan_prints_changes_the_decision_and_the_commands() {
+        use crate::common::wire::{FieldChange, PlannedCommand};
+        let report = DryRunReport {
+            kind: "Jail".into(),
+            name: "web-1".into(),
+            node: Some("n2".into()),
+            changes: vec![
+                FieldChange {
+                    path: "spec.exec.start".into(),
+                    kind: ChangeKind::Changed,
+                    old: Some(serde_json::json!(["/bin/a"])),
+                    new: Some(serde_json::json!(["/bin/b"])),
+                },
+                FieldChange {
+                    path: "spec.env.A".into(),
+                    kind: ChangeKind::Removed,
+                    old: Some(serde_json::json!("1")),
+                    new: None,
+                },
+            ],
+            action: DryRunAction::Replace,
+            because: vec!["spec.exec".into()],
+            commands: vec![
+                PlannedCommand {
+                    argv: vec!["/usr/sbin/jls".into()],
+                    changes_host: false,
+                },
+                PlannedCommand {
+                    argv: vec!["/usr/sbin/jail".into(), "-c".into(), "a b".into()],
+                    changes_host: true,
+                },
+            ],
+            note: None,
+        };
+        let expected = "jail/web-1 on node n2:\n\
+                        \x20 ~ spec.exec.start: [\"/bin/a\"] -> [\"/bin/b\"]\n\
+                        \x20 - spec.env.A: \"1\"\n\
+                        \x20 would: replace jail web-1 (spec.exec changed)\n\
+                        \x20 read /usr/sbin/jls\n\
+                        \x20 run  /usr/sbin/jail -c 'a b'\n";
+        assert_eq!(plan_text(&report, true), expected);
+        assert!(!plan_text(&report, false).contains("/usr/sbin"));
+    }
     use crate::common::wire::{IngressPhase, Liveness, Phase, ReplicaStatus, Resources};
 
     #[test]
@@ -960,7 +1123,7 @@ api                no      Restarting   1          ? (2s ago)    -          1m  
         let want = "\
 NAME       STATUS   ADDRESS          POD CIDR        CPU      MEM        JAILS   LAST SEEN
 n1         Alive    127.0.0.1:7441   127.64.3.0/24   1.5/2    512M/16G   2       0s
-node-two   Dead     127.0.0.1:7441   127.64.3.0/24   0.25/2   0/16G      2       2m
+node-two   Dead     127.0.0.1:7441   127.64.3.0/24   0.25/2   0B/16G     2       2m
 n3         Dead     127.0.0.1:7441   127.64.3.0/24   0/2      1.5G/16G   2       never
 ";
         assert_eq!(node_table(&nodes), want);
@@ -1102,8 +1265,8 @@ blog   blog.example.com   web       -                      BackingOff   DNS-01 c
         assert_eq!(cores(0.5), "0.5");
         assert_eq!(cores(1.0 / 3.0), "0.33");
         assert_eq!(cores(0.0), "0");
-        assert_eq!(approx_size(0), "0");
-        assert_eq!(approx_size(800), "800");
+        assert_eq!(approx_size(0), "0B");
+        assert_eq!(approx_size(800), "800B");
         assert_eq!(approx_size(1536), "1.5K");
         assert_eq!(approx_size(16_734_502_912), "15.6G");
         assert_eq!(approx_size(3 << 40), "3T");

@@ -538,6 +538,88 @@ pub struct FreeBsdJails<R: CommandRunner> {
     paths: CommandPaths,
     conf_dir: PathBuf,
     devfs: DevfsRuleset,
+    confs: ConfFiles,
+}
+
+/// Where the per-jail jail.conf files live: on disk (the agent), or in a map
+/// (a dry run, whose jail(8) is [`crate::host::scripted`] and reads them from
+/// the same map), so a dry run writes no file and its argv still names
+/// `{conf_dir}/{name}.conf`, the path the apply would use. Clones share
+/// their files.
+#[derive(Debug, Clone, Default)]
+pub enum ConfFiles {
+    /// The real file system.
+    #[default]
+    Disk,
+    /// Files by path, in memory.
+    Memory(Arc<Mutex<BTreeMap<PathBuf, String>>>),
+}
+
+impl ConfFiles {
+    /// An empty in-memory set.
+    pub fn memory() -> ConfFiles {
+        ConfFiles::Memory(Arc::default())
+    }
+
+    /// The text of `path`.
+    pub fn read(&self, path: &Path) -> std::io::Result<String> {
+        match self {
+            ConfFiles::Disk => std::fs::read_to_string(path),
+            ConfFiles::Memory(files) => lock(files).get(path).cloned().ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory")
+            }),
+        }
+    }
+
+    /// Whether `path` is a file.
+    pub fn exists(&self, path: &Path) -> bool {
+        match self {
+            ConfFiles::Disk => path.is_file(),
+            ConfFiles::Memory(files) => lock(files).contains_key(path),
+        }
+    }
+
+    /// Writes `text` to `path` in `dir` (created when missing); on disk next
+    /// to its final name, then renamed into place, so a crash never leaves a
+    /// half-written conf that `jail -r` would choke on.
+    fn write(&self, dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
+        match self {
+            ConfFiles::Disk => {
+                std::fs::create_dir_all(dir)?;
+                let tmp = path.with_extension(format!("conf.tmp.{}", std::process::id()));
+                std::fs::write(&tmp, text)?;
+                std::fs::rename(&tmp, path).inspect_err(|_| {
+                    let _ = std::fs::remove_file(&tmp);
+                })
+            }
+            ConfFiles::Memory(files) => {
+                lock(files).insert(path.to_path_buf(), text.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes `path`; one that was never there is fine.
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        match self {
+            ConfFiles::Disk => match std::fs::remove_file(path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            },
+            ConfFiles::Memory(files) => {
+                lock(files).remove(path);
+                Ok(())
+            }
+        }
+    }
+
+    /// Puts `text` at `path` (a dry run copies the confs of the jails it
+    /// finds); does nothing on disk.
+    pub fn seed(&self, path: &Path, text: &str) {
+        if let ConfFiles::Memory(files) = self {
+            lock(files).insert(path.to_path_buf(), text.to_string());
+        }
+    }
 }
 
 impl<R: CommandRunner> FreeBsdJails<R> {
@@ -549,7 +631,14 @@ impl<R: CommandRunner> FreeBsdJails<R> {
             paths,
             conf_dir: conf_dir.into(),
             devfs: DevfsRuleset::default(),
+            confs: ConfFiles::Disk,
         }
+    }
+
+    /// Keeps the jail.conf files in `confs` instead of on disk (a dry run).
+    pub fn with_conf_files(mut self, confs: ConfFiles) -> Self {
+        self.confs = confs;
+        self
     }
 
     /// The devfs ruleset of every jail created from now on
@@ -568,20 +657,14 @@ impl<R: CommandRunner> FreeBsdJails<R> {
         Ok(self.runner.run(argv, None, timeout)?)
     }
 
-    /// Writes the file next to its final name and renames it into place, so a
-    /// crash never leaves a half-written conf that `jail -r` would choke on.
+    /// Writes the conf (see [`ConfFiles::write`]).
     fn write_conf(&self, path: &Path, text: &str) -> Result<(), JailError> {
-        let fail = |e: std::io::Error| JailError::WriteConf {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        };
-        std::fs::create_dir_all(&self.conf_dir).map_err(fail)?;
-        let tmp = path.with_extension(format!("conf.tmp.{}", std::process::id()));
-        std::fs::write(&tmp, text).map_err(fail)?;
-        std::fs::rename(&tmp, path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            fail(e)
-        })
+        self.confs
+            .write(&self.conf_dir, path, text)
+            .map_err(|e| JailError::WriteConf {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })
     }
 
     /// Unmounts the devfs `mount.devfs` put on `{root}/dev`, as jail(8) does
@@ -620,13 +703,10 @@ impl<R: CommandRunner> FreeBsdJails<R> {
 
     /// Deletes the conf of a jail that is gone; never there is fine.
     fn forget_conf(&self, conf: &Path) -> Result<(), JailError> {
-        match std::fs::remove_file(conf) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(JailError::WriteConf {
-                path: conf.to_path_buf(),
-                reason: format!("the jail is gone but its conf could not be removed: {e}"),
-            }),
-            _ => Ok(()),
-        }
+        self.confs.remove(conf).map_err(|e| JailError::WriteConf {
+            path: conf.to_path_buf(),
+            reason: format!("the jail is gone but its conf could not be removed: {e}"),
+        })
     }
 
     fn rctl_remove(&self, name: &str) -> Result<(), JailError> {
@@ -701,7 +781,7 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
         let conf = self.conf_path(name);
         // Without our conf (lost state directory, jail made by hand) exec.stop
         // cannot run; plain `jail -r NAME` would read /etc/jail.conf instead.
-        if how == Removal::Stop && conf.is_file() {
+        if how == Removal::Stop && self.confs.exists(&conf) {
             let argv = program(
                 &self.paths.jail,
                 &["-f", &conf.to_string_lossy(), "-r", name],

@@ -27,8 +27,9 @@
 //!   jail's root user controls) is resolved with [`beneath`], never by path.
 //!
 //! [`sim`] is the simulated host of `keel-agentd --simulate`; [`scripted`] is
-//! a test double for the `FreeBsd*` implementations: a command runner that
-//! keeps a FreeBSD host's state and refuses what FreeBSD refuses.
+//! a command runner that keeps a FreeBSD host's state and refuses what
+//! FreeBSD refuses: the test double of the `FreeBsd*` implementations, and
+//! the host a dry run applies to, seeded with what the real one shows.
 
 pub mod base;
 pub mod beneath;

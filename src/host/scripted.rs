@@ -38,8 +38,13 @@
 //! A command it does not model is [`CmdError::Unexpected`], so a new
 //! FreeBSD operation shows up here instead of silently succeeding.
 //!
-//! Test double only (like [`crate::host::fake`]): it never runs anything,
-//! and reads nothing from the machine but the jail.conf files `jail -f` names.
+//! It never runs anything, and reads nothing from the machine but the
+//! jail.conf files `jail -f` names ([`ConfFiles`]: on disk, or the map a
+//! dry run shares with its `FreeBsdJails`). Besides tests, it is the host a
+//! dry run applies to (`agentd::reconciler`'s `dry_run`): seeded with what the
+//! real host showed ([`ScriptedHost::seed_jail`] and the other `seed_*`
+//! calls), it answers the same FreeBSD commands the apply would run, so the
+//! commands it records are the apply's, and nothing real changes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -52,7 +57,7 @@ use crate::common::cidr::Ipv4Net;
 use crate::common::cmd::{CmdError, CmdOutput, CommandRunner, Exchange, render_argv};
 use crate::common::config::CommandPaths;
 use crate::host::fake::lock;
-use crate::host::jail::JAIL_DAEMON;
+use crate::host::jail::{ConfFiles, JAIL_DAEMON};
 
 /// The scripted host; a cheap `Clone` handle over shared state, so a test
 /// keeps one clone to inspect and steer while the `FreeBsd*` seams own others.
@@ -88,6 +93,8 @@ struct HostState {
     /// Jails whose last `jail -c` started the workload with no rctl rule.
     started_unlimited: BTreeSet<String>,
     ran: Vec<Exchange>,
+    /// Where `jail -f CONF` reads CONF.
+    confs: ConfFiles,
 }
 
 #[derive(Debug, Clone)]
@@ -169,6 +176,85 @@ impl ScriptedHost {
         let mut st = lock(&self.state);
         st.create_dataset(dataset, Some(mountpoint.to_path_buf()), None);
         st.snapshots.insert(format!("{dataset}@keel"));
+    }
+
+    /// `jail -f CONF` reads CONF from `confs` (on disk by default).
+    pub fn with_conf_files(self, confs: ConfFiles) -> ScriptedHost {
+        lock(&self.state).confs = confs;
+        self
+    }
+
+    /// A dataset that exists (replacing one of that name), with its
+    /// mountpoint (`None`: not mounted), quota and use.
+    pub fn seed_dataset(
+        &self,
+        name: &str,
+        mountpoint: Option<&Path>,
+        quota: Option<u64>,
+        used: u64,
+    ) {
+        let mut st = lock(&self.state);
+        st.create_dataset(name, mountpoint.map(Path::to_path_buf), quota);
+        if let Some(d) = st.datasets.get_mut(name) {
+            d.used = used;
+        }
+    }
+
+    /// A snapshot that exists (`dataset@name`).
+    pub fn seed_snapshot(&self, snapshot: &str) {
+        lock(&self.state).snapshots.insert(snapshot.to_string());
+    }
+
+    /// A nullfs or devfs mount of `source` on `target`; other types are
+    /// not modelled and ignored.
+    pub fn seed_mount(&self, source: &Path, target: &Path, fstype: &str) {
+        let fstype = match fstype {
+            "nullfs" => "nullfs",
+            "devfs" => "devfs",
+            _ => return,
+        };
+        lock(&self.state).mounts.push(Mount {
+            source: source.to_path_buf(),
+            target: target.to_path_buf(),
+            fstype,
+        });
+    }
+
+    /// An interface that exists, up, on the host (`vnet` `None`) or in jail
+    /// `vnet`'s, paired with `peer` when it is an epair end. A name that
+    /// exists already is left as it is.
+    pub fn seed_interface(&self, name: &str, peer: Option<&str>, vnet: Option<&str>) {
+        let mut st = lock(&self.state);
+        if st.interfaces.iter().any(|i| i.name == name) {
+            return;
+        }
+        st.interfaces.push(Interface {
+            name: name.to_string(),
+            vnet: vnet.map(str::to_string),
+            peer: peer.map(str::to_string),
+            addresses: Vec::new(),
+            up: true,
+        });
+    }
+
+    /// A jail that exists at `path`, with its workload running or gone.
+    pub fn seed_jail(&self, name: &str, jid: u32, path: &Path, running: bool) {
+        let mut st = lock(&self.state);
+        st.last_jid = st.last_jid.max(jid);
+        st.jails.insert(
+            name.to_string(),
+            Jail {
+                jid,
+                path: path.to_path_buf(),
+                processes: usize::from(running),
+            },
+        );
+    }
+
+    /// A directory that exists (inside a dataset's mountpoint, say a jail
+    /// root's `dev`, which a base provides).
+    pub fn seed_dir(&self, path: &Path) {
+        lock(&self.state).dirs.insert(path.to_path_buf());
     }
 
     /// The workload of jail `name` exits: the jail stays, with no process.
@@ -372,8 +458,10 @@ struct Conf {
 
 /// Reads the jail.conf(5) subset Keel writes: `key = "value";`, `key +=
 /// "value";` and `key;` lines inside one `"name" { ... }` block.
-fn read_conf(path: &Path) -> Result<Conf, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn read_conf(confs: &ConfFiles, path: &Path) -> Result<Conf, String> {
+    let text = confs
+        .read(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut conf = Conf::default();
     for line in text.lines().map(str::trim) {
         let Some(line) = line.strip_suffix(';') else {
@@ -433,7 +521,7 @@ impl HostState {
     }
 
     fn jail_create(&mut self, conf_path: &Path, name: &str) -> Option<CmdOutput> {
-        let conf = match read_conf(conf_path) {
+        let conf = match read_conf(&self.confs, conf_path) {
             Ok(c) => c,
             Err(e) => return fail(format!("jail: {e}")),
         };
@@ -511,7 +599,7 @@ impl HostState {
         // Without the conf file (or with -R) jail(8) knows no exec.stop and
         // no mount.devfs: it only kills the processes and removes the jail.
         let conf = match conf_path {
-            Some(p) => match read_conf(p) {
+            Some(p) => match read_conf(&self.confs, p) {
                 Ok(c) => Some(c),
                 Err(e) => return fail(format!("jail: {e}")),
             },

@@ -663,6 +663,12 @@ fn keelctl_in(
 /// to the end, feeding it `stdin` if given, and captures what it printed.
 pub fn run(mut cmd: Command, stdin: Option<&str>) -> Run {
     use std::io::Write;
+    // The user's own contexts file (~/.config/keel/config.toml) must not
+    // choose where a test's requests go: unless the test names one, keelctl
+    // looks for it where there is none.
+    if !cmd.get_envs().any(|(k, _)| k == "XDG_CONFIG_HOME") {
+        cmd.env("XDG_CONFIG_HOME", "/nonexistent/keel-tests");
+    }
     let mut child = cmd
         .stdin(if stdin.is_some() {
             Stdio::piped()

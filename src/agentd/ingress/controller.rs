@@ -245,6 +245,11 @@ impl IngressController {
             .collect()
     }
 
+    /// The Ingress `name` as it was last applied.
+    pub fn applied(&self, name: &str) -> Option<&Ingress> {
+        self.state.ingresses.get(name)
+    }
+
     /// One Ingress and where it stands (before its first pass: Issuing).
     pub fn status(&self, name: &str) -> Option<IngressStatus> {
         let ingress = self.state.ingresses.get(name)?;

@@ -41,17 +41,37 @@ pub use validate::{
 
 /// Parses and validates every document in `text` (YAML, several documents
 /// separated by `---`; JSON works too). Empty documents are skipped. The first
-/// error, in document order, is returned.
+/// error, in document order, is returned; [`check_documents`] returns them all.
 pub fn parse_documents(text: &str) -> Result<Vec<Document>, SpecError> {
+    check_documents(text).map_err(first)
+}
+
+/// [`parse_documents`], refusing with every error of every document (never
+/// an empty list), so the author can fix a whole file in one round: each
+/// document's shape error (an unknown or mistyped field stops the reading of
+/// that document) or all its rule violations, then a YAML syntax error,
+/// which ends what can be read.
+pub fn check_documents(text: &str) -> Result<Vec<Document>, Vec<SpecError>> {
     Ok(parse::parse_located(text)?
         .into_iter()
         .map(|l| l.doc)
         .collect())
 }
 
+fn first(errors: Vec<SpecError>) -> SpecError {
+    errors.into_iter().next().unwrap_or_else(|| SpecError {
+        // parse_located never refuses with an empty list.
+        document: 1,
+        field: String::new(),
+        line: None,
+        column: None,
+        message: "refused without a reason, which is a bug in keel; please report it".into(),
+    })
+}
+
 /// Parses `text` that must hold exactly one document of kind `want`.
 fn parse_one(text: &str, want: &str) -> Result<Document, SpecError> {
-    let mut docs = parse::parse_located(text)?;
+    let mut docs = parse::parse_located(text).map_err(first)?;
     if docs.len() > 1 {
         let extra = &docs[1];
         return Err(extra.map.error(
@@ -127,13 +147,16 @@ impl Document {
     /// Validates a document that did not come from text (built in code or read
     /// from Keel's own state). The error carries no line or column.
     pub fn validate(&self) -> Result<(), SpecError> {
-        validate::document(self).map_err(|e| SpecError {
-            document: 1,
-            field: e.field,
-            line: None,
-            column: None,
-            message: e.message,
-        })
+        match validate::document(self).into_iter().next() {
+            None => Ok(()),
+            Some(e) => Err(SpecError {
+                document: 1,
+                field: e.field,
+                line: None,
+                column: None,
+                message: e.message,
+            }),
+        }
     }
 
     /// See [`to_yaml`].

@@ -1,8 +1,9 @@
 //! From text to validated documents: splits the YAML stream, sniffs each
 //! document's `kind`, deserialises it with serde_yaml, validates it, and turns
 //! every failure into a [`SpecError`] placed at its field's line and column. It
-//! owns the order of checks ("first error wins", in document order); the rules
-//! themselves live in `validate.rs` and positions in `locate.rs`.
+//! owns the order of the errors (document order, each document's fields in the
+//! order the rules check them); the rules themselves live in `validate.rs` and
+//! positions in `locate.rs`.
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
@@ -36,6 +37,11 @@ macro_rules! tagged {
             kind: IgnoredAny,
             metadata: Metadata,
             spec: $spec,
+            // What `keelctl get NAME -o yaml` prints after the spec, so its
+            // output applies back; the daemons own status, so it is dropped.
+            #[allow(dead_code)]
+            #[serde(default)]
+            status: Option<IgnoredAny>,
         }
     };
 }
@@ -44,7 +50,10 @@ tagged!(TaggedService, ServiceSpec);
 tagged!(TaggedIngress, IngressSpec);
 
 /// Parses and validates every document of `text`; empty documents are skipped.
-pub(crate) fn parse_located(text: &str) -> Result<Vec<Located>, SpecError> {
+/// Every problem is returned, in document order: each document's shape error
+/// (serde stops at the first), or else all its rule violations, and a YAML
+/// syntax error last, since nothing after it can be read.
+pub(crate) fn parse_located(text: &str) -> Result<Vec<Located>, Vec<SpecError>> {
     let (maps, scan_error) = locate::scan(text);
     // Documents before a syntax error are still checked first, so errors come
     // out in document order.
@@ -53,6 +62,7 @@ pub(crate) fn parse_located(text: &str) -> Result<Vec<Located>, SpecError> {
         None => maps.len(),
     };
     let mut out = Vec::new();
+    let mut errors = Vec::new();
     for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
         if i >= usable {
             if scan_error.is_some() {
@@ -63,7 +73,7 @@ pub(crate) fn parse_located(text: &str) -> Result<Vec<Located>, SpecError> {
             match serde_yaml::Value::deserialize(de) {
                 Ok(serde_yaml::Value::Null) => continue,
                 Ok(_) => {
-                    return Err(SpecError {
+                    errors.push(SpecError {
                         document: i + 1,
                         field: String::new(),
                         line: None,
@@ -73,23 +83,36 @@ pub(crate) fn parse_located(text: &str) -> Result<Vec<Located>, SpecError> {
                             .into(),
                     });
                 }
-                Err(e) => return Err(serde_error(e, &DocMap::empty_at(i + 1))),
+                Err(e) => errors.push(serde_error(e, &DocMap::empty_at(i + 1))),
             }
+            break;
         }
         let map = &maps[i];
         if map.empty {
             continue;
         }
-        let doc = one(de, map)?;
-        validate::document(&doc).map_err(|e| field_error(e, map))?;
-        out.push(Located {
-            doc,
-            map: map.clone(),
-        });
+        let doc = match one(de, map) {
+            Ok(doc) => doc,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
+        let problems = validate::document(&doc);
+        if problems.is_empty() {
+            out.push(Located {
+                doc,
+                map: map.clone(),
+            });
+        } else {
+            errors.extend(problems.into_iter().map(|e| field_error(e, map)));
+        }
     }
-    match scan_error {
-        Some(e) => Err(e),
-        None => Ok(out),
+    errors.extend(scan_error);
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
     }
 }
 

@@ -290,6 +290,59 @@ fn errors_name_the_document_and_stream_line() {
 }
 
 #[test]
+fn every_error_of_a_file_comes_at_once() {
+    // Two rule violations in document 1, an unknown field in document 2
+    // (serde stops reading that document there), a valid document 3, and a
+    // bad host in document 4: four errors, in document order, each placed.
+    let jail = with(&with(JAIL, 5, "  base: \"\""), 10, "    cpu: 0");
+    let unknown = with(SERVICE, 5, "  replicaz: 3");
+    let ingress = with(INGRESS, 5, "  host: example");
+    let text = format!("{jail}---\n{unknown}---\n{JAIL}---\n{ingress}");
+    let errors = check_documents(&text).expect_err("four errors");
+    let found: Vec<(usize, &str, Option<usize>)> = errors
+        .iter()
+        .map(|e| (e.document, e.field.as_str(), e.line))
+        .collect();
+    let (jail_lines, service_lines) = (JAIL.lines().count() + 1, SERVICE.lines().count() + 1);
+    assert_eq!(
+        found,
+        [
+            (1, "spec.base", Some(5)),
+            (1, "spec.resources.cpu", Some(10)),
+            (2, "spec.replicaz", Some(jail_lines + 5)),
+            (4, "spec.host", Some(2 * jail_lines + service_lines + 5)),
+        ],
+        "{errors:?}"
+    );
+    // The first-error form is the head of the same list.
+    assert_eq!(parse_documents(&text).expect_err("refused"), errors[0]);
+}
+
+#[test]
+fn a_field_reports_its_first_problem_only() {
+    // Not a DNS label, so it is not also reported as reserved or as a
+    // replica name that would be too long.
+    let text = with(SERVICE, 3, "  name: Keel-x");
+    let errors = check_documents(&text).expect_err("refused");
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields, ["metadata.name"], "{errors:?}");
+}
+
+#[test]
+fn a_status_section_is_ignored_so_printed_objects_apply_back() {
+    let printed = format!("{JAIL}status:\n  state: Running\n  restarts: 3\n");
+    assert_eq!(
+        parse_documents(&printed).expect("valid"),
+        parse_documents(JAIL).expect("valid")
+    );
+    let printed = format!("{SERVICE}status: {{ready: 1, anything: [1, 2]}}\n");
+    assert_eq!(
+        parse_documents(&printed).expect("valid"),
+        parse_documents(SERVICE).expect("valid")
+    );
+}
+
+#[test]
 fn syntax_errors_have_a_position() {
     let err = parse_documents(&with(JAIL, 5, "  base: [")).expect_err("syntax");
     assert_eq!(err.document, 1);

@@ -46,6 +46,23 @@ pub const MAX_PROGRESS_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
 type Check = Result<(), FieldError>;
 
+/// What the rules found wrong with one document. A failed rule is recorded
+/// and checking goes on, so an author fixes a whole file in one round; a
+/// field keeps only its first problem (a name that is not a label is not
+/// also reported as reserved).
+#[derive(Default)]
+struct Problems(Vec<FieldError>);
+
+impl Problems {
+    fn add(&mut self, check: Check) {
+        if let Err(e) = check
+            && !self.0.iter().any(|seen| seen.field == e.field)
+        {
+            self.0.push(e);
+        }
+    }
+}
+
 fn at(field: impl Into<String>, result: Result<(), String>) -> Check {
     result.map_err(|m| FieldError::new(field, m))
 }
@@ -249,9 +266,9 @@ fn argv(field: &str, args: &[String], required: bool) -> Check {
     Ok(())
 }
 
-fn exec(p: &str, e: &ExecSpec) -> Check {
-    argv(&format!("{p}.exec.start"), &e.start, true)?;
-    argv(&format!("{p}.exec.stop"), &e.stop, false)
+fn exec(p: &str, e: &ExecSpec, out: &mut Problems) {
+    out.add(argv(&format!("{p}.exec.start"), &e.start, true));
+    out.add(argv(&format!("{p}.exec.stop"), &e.stop, false));
 }
 
 fn shell_identifier(key: &str) -> bool {
@@ -261,72 +278,94 @@ fn shell_identifier(key: &str) -> bool {
         && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
 }
 
-fn resources(p: &str, r: &Resources) -> Check {
-    if let Some(cpu) = r.cpu {
-        let field = format!("{p}.resources.cpu");
-        if !cpu.is_finite() {
-            return Err(FieldError::new(field, "must be a finite number of cores"));
-        }
-        if cpu <= 0.0 {
-            return Err(FieldError::new(
-                field,
-                format!("must be greater than 0, got {cpu}"),
-            ));
-        }
-        if cpu < MIN_CPU {
-            return Err(FieldError::new(
-                field,
-                format!(
-                    "must be at least {MIN_CPU} (rctl pcpu counts whole percent of a core), got {cpu}"
-                ),
-            ));
-        }
-        if cpu > MAX_CPU {
-            return Err(FieldError::new(
-                field,
-                format!("must be at most {MAX_CPU} cores, got {cpu}"),
-            ));
-        }
+fn cpu(field: String, cpu: f64) -> Check {
+    if !cpu.is_finite() {
+        return Err(FieldError::new(field, "must be a finite number of cores"));
     }
-    if r.memory == Some(0) {
+    if cpu <= 0.0 {
         return Err(FieldError::new(
-            format!("{p}.resources.memory"),
-            "must be greater than zero; leave memory out for no limit",
+            field,
+            format!("must be greater than 0, got {cpu}"),
+        ));
+    }
+    if cpu < MIN_CPU {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "must be at least {MIN_CPU} (rctl pcpu counts whole percent of a core), got {cpu}"
+            ),
+        ));
+    }
+    if cpu > MAX_CPU {
+        return Err(FieldError::new(
+            field,
+            format!("must be at most {MAX_CPU} cores, got {cpu}"),
         ));
     }
     Ok(())
 }
 
-fn volumes(p: &str, vols: &[VolumeSpec]) -> Check {
+fn resources(p: &str, r: &Resources, out: &mut Problems) {
+    if let Some(c) = r.cpu {
+        out.add(cpu(format!("{p}.resources.cpu"), c));
+    }
+    if r.memory == Some(0) {
+        out.add(Err(FieldError::new(
+            format!("{p}.resources.memory"),
+            "must be greater than zero; leave memory out for no limit",
+        )));
+    }
+}
+
+fn env(p: &str, key: &str, value: &str) -> Check {
+    let f = format!("{p}.env.{key}");
+    if !shell_identifier(key) {
+        return Err(FieldError::new(
+            f,
+            format!(
+                "environment variable names must be shell identifiers: letters, digits \
+                 and '_', not starting with a digit (got {key:?})"
+            ),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(FieldError::new(f, "must not contain NUL bytes"));
+    }
+    Ok(())
+}
+
+fn volumes(p: &str, vols: &[VolumeSpec], out: &mut Problems) {
     let mut names: HashMap<&str, usize> = HashMap::new();
     let mut paths: HashMap<&Path, usize> = HashMap::new();
     for (i, v) in vols.iter().enumerate() {
         let f = format!("{p}.volumes[{i}]");
-        at(format!("{f}.name"), validate_name(&v.name))?;
-        at(format!("{f}.mountPath"), validate_mount_path(&v.mount_path))?;
+        out.add(at(format!("{f}.name"), validate_name(&v.name)));
+        out.add(at(
+            format!("{f}.mountPath"),
+            validate_mount_path(&v.mount_path),
+        ));
         if v.size == Some(0) {
-            return Err(FieldError::new(
+            out.add(Err(FieldError::new(
                 format!("{f}.size"),
                 "must be greater than zero; leave size out for no quota",
-            ));
+            )));
         }
         if let Some(j) = names.insert(&v.name, i) {
-            return Err(FieldError::new(
+            out.add(Err(FieldError::new(
                 format!("{f}.name"),
                 format!("duplicate volume name {:?} (also {p}.volumes[{j}])", v.name),
-            ));
+            )));
         }
         if let Some(j) = paths.insert(&v.mount_path, i) {
-            return Err(FieldError::new(
+            out.add(Err(FieldError::new(
                 format!("{f}.mountPath"),
                 format!(
                     "duplicate mountPath {:?} (also {p}.volumes[{j}])",
                     v.mount_path.to_string_lossy()
                 ),
-            ));
+            )));
         }
     }
-    Ok(())
 }
 
 /// Checks `health.http.path`: absolute, printable ASCII without spaces (it is
@@ -365,8 +404,17 @@ fn period(field: String, value: Interval, zero_ok: bool) -> Check {
     Ok(())
 }
 
-fn health(p: &str, h: &HealthSpec) -> Check {
-    let f = format!("{p}.health");
+fn port(field: String, port: u16) -> Check {
+    if port == 0 {
+        return Err(FieldError::new(
+            field,
+            format!("0 is out of range: {PORT_RANGE}"),
+        ));
+    }
+    Ok(())
+}
+
+fn one_probe(f: &str, h: &HealthSpec) -> Check {
     let set: Vec<&str> = [
         ("http", h.http.is_some()),
         ("tcp", h.tcp.is_some()),
@@ -376,93 +424,79 @@ fn health(p: &str, h: &HealthSpec) -> Check {
     .filter_map(|(name, set)| set.then_some(name))
     .collect();
     match set.as_slice() {
-        [] => {
-            return Err(FieldError::new(
-                f,
-                "must set one probe: http: {port, path}, tcp: {port} or exec: [argv]",
-            ));
-        }
-        [_] => {}
-        [_, second, ..] => {
-            return Err(FieldError::new(
-                format!("{f}.{second}"),
-                format!(
-                    "only one probe may be set, got {}; keep one",
-                    set.join(" and ")
-                ),
-            ));
-        }
+        [] => Err(FieldError::new(
+            f,
+            "must set one probe: http: {port, path}, tcp: {port} or exec: [argv]",
+        )),
+        [_] => Ok(()),
+        [_, second, ..] => Err(FieldError::new(
+            format!("{f}.{second}"),
+            format!(
+                "only one probe may be set, got {}; keep one",
+                set.join(" and ")
+            ),
+        )),
     }
+}
+
+fn health(p: &str, h: &HealthSpec, out: &mut Problems) {
+    let f = format!("{p}.health");
+    out.add(one_probe(&f, h));
     if let Some(http) = &h.http {
-        if http.port == 0 {
-            return Err(FieldError::new(
-                format!("{f}.http.port"),
-                format!("0 is out of range: {PORT_RANGE}"),
-            ));
-        }
-        at(format!("{f}.http.path"), validate_health_path(&http.path))?;
-    }
-    if h.tcp.as_ref().is_some_and(|t| t.port == 0) {
-        return Err(FieldError::new(
-            format!("{f}.tcp.port"),
-            format!("0 is out of range: {PORT_RANGE}"),
+        out.add(port(format!("{f}.http.port"), http.port));
+        out.add(at(
+            format!("{f}.http.path"),
+            validate_health_path(&http.path),
         ));
     }
-    if let Some(argv_) = &h.exec {
-        argv(&format!("{f}.exec"), argv_, true)?;
+    if let Some(tcp) = &h.tcp {
+        out.add(port(format!("{f}.tcp.port"), tcp.port));
     }
-    period(format!("{f}.interval"), h.interval, false)?;
-    period(format!("{f}.timeout"), h.timeout, false)?;
-    period(format!("{f}.startPeriod"), h.start_period, true)?;
-    if h.timeout > h.interval {
-        return Err(FieldError::new(
+    if let Some(argv_) = &h.exec {
+        out.add(argv(&format!("{f}.exec"), argv_, true));
+    }
+    let interval = period(format!("{f}.interval"), h.interval, false);
+    let timeout = period(format!("{f}.timeout"), h.timeout, false);
+    // Comparing them only means something once both are in range.
+    let comparable = interval.is_ok() && timeout.is_ok();
+    out.add(interval);
+    out.add(timeout);
+    out.add(period(format!("{f}.startPeriod"), h.start_period, true));
+    if comparable && h.timeout > h.interval {
+        out.add(Err(FieldError::new(
             format!("{f}.timeout"),
             format!(
                 "must not be longer than interval ({}), got {}: a probe must end before the next one",
                 h.interval, h.timeout
             ),
-        ));
+        )));
     }
     if h.failure_threshold == 0 {
-        return Err(FieldError::new(
+        out.add(Err(FieldError::new(
             format!("{f}.failureThreshold"),
             format!("0 is out of range: {FAILURE_THRESHOLD_RANGE}"),
-        ));
+        )));
     }
-    Ok(())
 }
 
 /// The rules shared by a Jail's spec and a Service's template; `p` is the path
 /// of the spec (`spec` or `spec.template`).
-fn jail_body(p: &str, s: &JailSpec) -> Check {
-    at(format!("{p}.base"), validate_base(&s.base))?;
+fn jail_body(p: &str, s: &JailSpec, out: &mut Problems) {
+    out.add(at(format!("{p}.base"), validate_base(&s.base)));
     if let Some(h) = &s.hostname {
-        at(format!("{p}.hostname"), validate_hostname(h))?;
+        out.add(at(format!("{p}.hostname"), validate_hostname(h)));
     }
     if let Some(a) = s.network.address {
-        at(format!("{p}.network.address"), validate_address(a))?;
+        out.add(at(format!("{p}.network.address"), validate_address(a)));
     }
-    resources(p, &s.resources)?;
-    exec(p, &s.exec)?;
+    resources(p, &s.resources, out);
+    exec(p, &s.exec, out);
     for (k, v) in &s.env {
-        let f = format!("{p}.env.{k}");
-        if !shell_identifier(k) {
-            return Err(FieldError::new(
-                f,
-                format!(
-                    "environment variable names must be shell identifiers: letters, digits \
-                     and '_', not starting with a digit (got {k:?})"
-                ),
-            ));
-        }
-        if v.contains('\0') {
-            return Err(FieldError::new(f, "must not contain NUL bytes"));
-        }
+        out.add(env(p, k, v));
     }
-    volumes(p, &s.volumes)?;
-    match &s.health {
-        Some(h) => health(p, h),
-        None => Ok(()),
+    volumes(p, &s.volumes, out);
+    if let Some(h) = &s.health {
+        health(p, h, out);
     }
 }
 
@@ -477,53 +511,50 @@ fn not_reserved(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn jail(j: &Jail) -> Check {
-    at("metadata.name", validate_name(&j.metadata.name))?;
-    at("metadata.name", not_reserved(&j.metadata.name))?;
-    jail_body("spec", &j.spec)
+fn jail(j: &Jail, out: &mut Problems) {
+    out.add(at("metadata.name", validate_name(&j.metadata.name)));
+    out.add(at("metadata.name", not_reserved(&j.metadata.name)));
+    jail_body("spec", &j.spec, out);
 }
 
-pub(crate) fn service(s: &Service) -> Check {
-    let name = &s.metadata.name;
+fn service_name(name: &str) -> Check {
     at("metadata.name", validate_name(name))?;
     at("metadata.name", not_reserved(name))?;
     if let Some(why) = crate::common::names::reserved_for_replicas(name) {
         return Err(FieldError::new("metadata.name", why));
     }
-    let spec = &s.spec;
-    if spec.replicas > MAX_REPLICAS {
+    Ok(())
+}
+
+fn replicas(n: u32) -> Check {
+    if n > MAX_REPLICAS {
         return Err(FieldError::new(
             "spec.replicas",
-            format!("{} is out of range: {REPLICAS_RANGE}", spec.replicas),
+            format!("{n} is out of range: {REPLICAS_RANGE}"),
         ));
     }
-    if spec.port == 0 {
-        return Err(FieldError::new(
-            "spec.port",
-            format!("0 is out of range: {PORT_RANGE}"),
-        ));
-    }
-    update(&spec.update, spec.drain_timeout)?;
+    Ok(())
+}
+
+fn service(s: &Service, out: &mut Problems) {
+    let name = &s.metadata.name;
+    let name_ok = service_name(name);
+    let replicas_ok = replicas(s.spec.replicas);
+    // The derived names below are only worth checking for a valid name and
+    // replica count; otherwise they repeat those two errors.
+    let derive = name_ok.is_ok() && replicas_ok.is_ok();
+    out.add(name_ok);
+    out.add(replicas_ok);
+    let spec = &s.spec;
+    out.add(port("spec.port".into(), spec.port));
+    update(&spec.update, spec.drain_timeout, out);
     let t = &spec.template;
     if t.network.address.is_some() {
-        return Err(FieldError::new(
+        out.add(Err(FieldError::new(
             "spec.template.network.address",
             "must not be set in a Service template: every replica gets its own address \
              from its node's pod_cidr",
-        ));
-    }
-    // The longest replica name decides whether every derived name is still a
-    // valid jail and dataset name (it always holds a `-`, so it is never all
-    // digits; only its length can fail).
-    let last = replica_name(name, spec.replicas.saturating_sub(1));
-    if validate_name(&last).is_err() {
-        return Err(FieldError::new(
-            "metadata.name",
-            format!(
-                "replica name {last:?} would be longer than {MAX_NAME_LEN} characters; shorten the \
-                 service name"
-            ),
-        ));
+        )));
     }
     let as_spec = JailSpec {
         base: t.base.clone(),
@@ -535,76 +566,104 @@ pub(crate) fn service(s: &Service) -> Check {
         volumes: t.volumes.clone(),
         health: t.health.clone(),
     };
-    jail_body("spec.template", &as_spec)?;
-    for (i, v) in t.volumes.iter().enumerate() {
+    jail_body("spec.template", &as_spec, out);
+    if derive {
+        derived_names(s, out);
+    }
+}
+
+/// The longest replica name decides whether every derived name is still a
+/// valid jail and dataset name (it always holds a `-`, so it is never all
+/// digits; only its length can fail).
+fn derived_names(s: &Service, out: &mut Problems) {
+    let name = &s.metadata.name;
+    let last = replica_name(name, s.spec.replicas.saturating_sub(1));
+    if validate_name(&last).is_err() {
+        out.add(Err(FieldError::new(
+            "metadata.name",
+            format!(
+                "replica name {last:?} would be longer than {MAX_NAME_LEN} characters; shorten the \
+                 service name"
+            ),
+        )));
+        return;
+    }
+    for (i, v) in s.spec.template.volumes.iter().enumerate() {
         let derived = replica_volume_name(&last, &v.name);
-        if validate_name(&derived).is_err() {
-            return Err(FieldError::new(
+        if validate_name(&v.name).is_ok() && validate_name(&derived).is_err() {
+            out.add(Err(FieldError::new(
                 format!("spec.template.volumes[{i}].name"),
                 format!(
                     "per-replica volume name {derived:?} would be longer than {MAX_NAME_LEN} \
                      characters; shorten the volume or service name"
                 ),
-            ));
+            )));
         }
     }
-    Ok(())
 }
 
 /// `spec.update` and `spec.drainTimeout`. Both budgets 0 would let no
 /// replica be replaced, so the rollout could never move.
-fn update(u: &UpdateSpec, drain_timeout: Interval) -> Check {
+fn update(u: &UpdateSpec, drain_timeout: Interval, out: &mut Problems) {
     if u.max_unavailable == 0 && u.max_surge == 0 {
-        return Err(FieldError::new(
+        out.add(Err(FieldError::new(
             "spec.update.maxUnavailable",
             "maxUnavailable and maxSurge are both 0, so no replica could ever be replaced; \
              allow one replica down (maxUnavailable: 1) or one extra (maxSurge: 1)",
-        ));
+        )));
     }
     for (field, value) in [
         ("spec.update.maxUnavailable", u.max_unavailable),
         ("spec.update.maxSurge", u.max_surge),
     ] {
         if value > MAX_REPLICAS {
-            return Err(FieldError::new(
+            out.add(Err(FieldError::new(
                 field,
                 format!("{value} is out of range: {REPLICAS_RANGE}"),
-            ));
+            )));
         }
     }
-    if u.progress_deadline.0.is_zero() {
+    out.add(progress_deadline(u.progress_deadline));
+    if drain_timeout.0 > MAX_HEALTH_PERIOD {
+        out.add(Err(FieldError::new(
+            "spec.drainTimeout",
+            format!("must be at most 1h, got {drain_timeout}"),
+        )));
+    }
+}
+
+fn progress_deadline(deadline: Interval) -> Check {
+    if deadline.0.is_zero() {
         return Err(FieldError::new(
             "spec.update.progressDeadline",
             "must be greater than 0s, e.g. 10m",
         ));
     }
-    if u.progress_deadline.0 > MAX_PROGRESS_DEADLINE {
+    if deadline.0 > MAX_PROGRESS_DEADLINE {
         return Err(FieldError::new(
             "spec.update.progressDeadline",
-            format!("must be at most 24h, got {}", u.progress_deadline),
-        ));
-    }
-    if drain_timeout.0 > MAX_HEALTH_PERIOD {
-        return Err(FieldError::new(
-            "spec.drainTimeout",
-            format!("must be at most 1h, got {drain_timeout}"),
+            format!("must be at most 24h, got {deadline}"),
         ));
     }
     Ok(())
 }
 
-pub(crate) fn ingress(i: &Ingress) -> Check {
-    at("metadata.name", validate_name(&i.metadata.name))?;
-    at("spec.host", validate_host(&i.spec.host))?;
-    at("spec.service", validate_name(&i.spec.service))
+fn ingress(i: &Ingress, out: &mut Problems) {
+    out.add(at("metadata.name", validate_name(&i.metadata.name)));
+    out.add(at("spec.host", validate_host(&i.spec.host)));
+    out.add(at("spec.service", validate_name(&i.spec.service)));
 }
 
-pub(crate) fn document(d: &Document) -> Check {
+/// Every problem of one document, in the order the rules check its fields;
+/// empty when it is valid.
+pub(crate) fn document(d: &Document) -> Vec<FieldError> {
+    let mut out = Problems::default();
     match d {
-        Document::Jail(j) => jail(j),
-        Document::Service(s) => service(s),
-        Document::Ingress(i) => ingress(i),
+        Document::Jail(j) => jail(j, &mut out),
+        Document::Service(s) => service(s, &mut out),
+        Document::Ingress(i) => ingress(i, &mut out),
     }
+    out.0
 }
 
 #[cfg(test)]

@@ -89,6 +89,34 @@ impl Cluster {
         volumes: &[String],
         now: Instant,
     ) -> Result<Target, Refusal> {
+        let target = self.plan_apply(name, node, volumes, now)?;
+        let entry = self.pending.entry(name.to_string()).or_insert(Pending {
+            node: target.node.clone(),
+            epoch: target.epoch,
+            count: 0,
+            volumes: Vec::new(),
+            template: None,
+        });
+        entry.count += 1;
+        for v in volumes {
+            if !entry.volumes.contains(v) {
+                entry.volumes.push(v.clone());
+            }
+        }
+        Ok(target)
+    }
+
+    /// Where [`Cluster::begin_apply_with_volumes`] would send the apply, and
+    /// with which epoch, refused as it would be, but recording nothing: no
+    /// placement, no apply in flight, no epoch reserved (a dry run). The
+    /// scheduler's pick is the one an apply at `now` would get.
+    pub fn plan_apply(
+        &mut self,
+        name: &str,
+        node: Option<&str>,
+        volumes: &[String],
+        now: Instant,
+    ) -> Result<Target, Refusal> {
         if let Some((service, index)) = replica_of(name)
             && self.state.services.contains_key(service)
         {
@@ -167,19 +195,6 @@ impl Cluster {
             }
         };
         let addr = self.resolve_node(&node_id, now)?;
-        let entry = self.pending.entry(name.to_string()).or_insert(Pending {
-            node: node_id.clone(),
-            epoch,
-            count: 0,
-            volumes: Vec::new(),
-            template: None,
-        });
-        entry.count += 1;
-        for v in volumes {
-            if !entry.volumes.contains(v) {
-                entry.volumes.push(v.clone());
-            }
-        }
         Ok(Target {
             node: node_id,
             addr,

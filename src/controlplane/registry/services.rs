@@ -70,7 +70,42 @@ impl Cluster {
             message: what,
             field: Some(field.to_string()),
         };
+        self.check_service_apply(name, apply)?;
         let record = match self.state.services.get(name) {
+            Some(existing) => {
+                let mut record = existing.clone();
+                record.applied = apply.clone();
+                if existing.applied.template_digest != apply.template_digest {
+                    record.add_revision(apply.document.clone(), apply.template_digest.clone());
+                }
+                record
+            }
+            None => {
+                let taken: BTreeSet<Ipv4Addr> =
+                    self.state.services.values().map(|s| s.vip).collect();
+                let vip = derive_service_vip(name, self.service_cidr, &taken)
+                    .map_err(|e| conflict("spec", e.to_string()))?;
+                ServiceRecord::first(apply.clone(), vip)
+            }
+        };
+        Ok(self.put_service_record(name, record, now))
+    }
+
+    /// What [`Cluster::put_service`] of `apply` would be refused for (a
+    /// changed port or volume list, a name taken by jails), changing
+    /// nothing; the apply recorded now, `None` for a new service. A diff
+    /// asks this before comparing documents.
+    pub fn check_service_apply(
+        &self,
+        name: &str,
+        apply: &ServiceApply,
+    ) -> Result<Option<ServiceApply>, Refusal> {
+        let conflict = |field: &str, what: String| Refusal {
+            status: 409,
+            message: what,
+            field: Some(field.to_string()),
+        };
+        match self.state.services.get(name) {
             Some(existing) => {
                 if existing.applied.port != apply.port {
                     return Err(conflict(
@@ -90,23 +125,13 @@ impl Cluster {
                         ),
                     ));
                 }
-                let mut record = existing.clone();
-                record.applied = apply.clone();
-                if existing.applied.template_digest != apply.template_digest {
-                    record.add_revision(apply.document.clone(), apply.template_digest.clone());
-                }
-                record
+                Ok(Some(existing.applied.clone()))
             }
             None => {
                 self.check_new_service_name(name)?;
-                let taken: BTreeSet<Ipv4Addr> =
-                    self.state.services.values().map(|s| s.vip).collect();
-                let vip = derive_service_vip(name, self.service_cidr, &taken)
-                    .map_err(|e| conflict("spec", e.to_string()))?;
-                ServiceRecord::first(apply.clone(), vip)
+                Ok(None)
             }
-        };
-        Ok(self.put_service_record(name, record, now))
+        }
     }
 
     /// Records `record` for service `name` unless it is what is recorded;

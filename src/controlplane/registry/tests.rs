@@ -268,6 +268,31 @@ fn pod_cidr_is_stable_across_re_registration_and_restarts() {
 }
 
 #[test]
+fn a_planned_apply_goes_where_the_apply_would_and_records_nothing() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    beat(&mut c, "a", 3.0, &[], t0);
+    let state = c.state().clone();
+    let planned = c.plan_apply("web", None, &[], t0).expect("target");
+    assert_eq!(c.state(), &state, "no placement, no epoch");
+    assert!(c.pending.is_empty(), "no apply in flight");
+    let t = c.begin_apply("web", None, t0).expect("target");
+    assert_eq!((&planned.node, planned.epoch), (&t.node, t.epoch));
+    c.finish_apply("web", &t, true);
+    // Sticky: a placed jail is planned on its node, with its epoch.
+    let again = c.plan_apply("web", None, &[], t0).expect("sticky");
+    assert_eq!(
+        (again.node.as_str(), again.epoch),
+        (t.node.as_str(), t.epoch)
+    );
+    let elsewhere = if t.node == "a" { "b" } else { "a" };
+    let refused = c.plan_apply("web", Some(elsewhere), &[], t0);
+    assert_eq!(refused.map_err(|r| r.status), Err(409));
+}
+
+#[test]
 fn scheduled_applies_are_sticky_and_recorded_only_on_success() {
     let t0 = Instant::now();
     let mut c = cluster();
