@@ -651,4 +651,49 @@ mod tests {
         let without = AgentApi::new(worker).handle(request("GET", "/bases"));
         assert_eq!(without.status, 503);
     }
+
+    #[test]
+    fn events_are_served_from_the_ring_even_with_the_worker_gone_and_bad_queries_name_the_parameter()
+     {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let net = FakeNet::new(CallLog::new(), Faults::default());
+        let mut reconciler = fake_reconciler(dir.path(), net);
+        let events = crate::common::events::EventLog::in_memory("n1");
+        reconciler.set_events(events.clone());
+        let (worker, thread) = worker::spawn(reconciler).expect("worker");
+        let api = AgentApi::new(worker.clone());
+        worker.shutdown();
+        thread.join().expect("worker ends");
+        events.normal(
+            crate::common::wire::ObjectKind::Jail,
+            "web",
+            "Started",
+            String::new(),
+        );
+
+        let mut get = request("GET", "/events");
+        get.query = Some("after=0&for=jail/web".into());
+        let answer = api.handle(get);
+        assert_eq!(answer.status, 200, "{}", body(&answer));
+        let listed: crate::common::wire::EventsAnswer =
+            serde_json::from_str(&body(&answer)).expect("an events answer");
+        assert_eq!(
+            (
+                listed.events.len(),
+                listed.last_seq,
+                listed.events[0].node.as_str()
+            ),
+            (1, 1, "n1")
+        );
+        let mut bad = request("GET", "/events");
+        bad.query = Some("after=soon".into());
+        let refused = api.handle(bad);
+        assert_eq!(refused.status, 400);
+        assert!(
+            body(&refused).contains("\"field\":\"after\""),
+            "{}",
+            body(&refused)
+        );
+        assert_eq!(api.handle(request("POST", "/events")).status, 405);
+    }
 }
