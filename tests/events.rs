@@ -48,12 +48,29 @@ struct Watch {
 
 impl Watch {
     fn start(agent: &Agent, dir: &Path) -> Watch {
+        let mut cmd = Command::new(KEELCTL);
+        cmd.args(["get", "events", "-w"])
+            .current_dir(agent.dir())
+            .env("KEEL_SOCKET", agent.socket());
+        Watch::spawn(cmd, dir)
+    }
+
+    /// The watch through `cluster`'s control plane.
+    fn through(cluster: &Cluster, dir: &Path) -> Watch {
+        let mut cmd = Command::new(KEELCTL);
+        cmd.args(["get", "events", "-w", "--controlplane"])
+            .arg(cluster.controlplane_addr().to_string())
+            .arg("--key-file")
+            .arg(cluster.operator_key())
+            .current_dir(cluster.dir())
+            .env_remove("KEEL_SOCKET");
+        Watch::spawn(cmd, dir)
+    }
+
+    fn spawn(mut cmd: Command, dir: &Path) -> Watch {
         let out = dir.join("watch.out");
         let file = File::create(&out).expect("watch output file");
-        let child = Command::new(KEELCTL)
-            .args(["get", "events", "-w"])
-            .current_dir(agent.dir())
-            .env("KEEL_SOCKET", agent.socket())
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(file)
             .stderr(Stdio::null())
@@ -249,5 +266,46 @@ fn the_controlplane_merges_a_node_death_the_reschedule_and_the_new_replica_s_sta
     let after = get(&cluster).1;
     for event in &before {
         assert!(after.contains(event), "{event:?} lost in\n{after:?}");
+    }
+}
+
+#[test]
+fn a_watch_through_the_controlplane_prints_a_node_s_new_event_once() {
+    let cluster = Cluster::standard(2);
+    cluster.wait_alive(2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = cluster.keelctl_with(
+        &["apply", "-f", "-", "--node", "n1"],
+        Some(&sleeper("first")),
+    );
+    assert_eq!(first.code, 0, "{first:?}");
+    let watch = Watch::through(&cluster, dir.path());
+    poll_until("the watch prints n1's events so far", || {
+        watch.printed().contains("jail/first")
+    });
+    // An event on the other node: its heartbeat reports the new number,
+    // which ends the watch's wait on the control plane, which then asks n2
+    // for what is new.
+    let second = cluster.keelctl_with(
+        &["apply", "-f", "-", "--node", "n2"],
+        Some(&sleeper("second")),
+    );
+    assert_eq!(second.code, 0, "{second:?}");
+    poll_until("the watch prints n2's start of the new jail", || {
+        watch
+            .printed()
+            .lines()
+            .any(|l| l.contains("Started") && l.contains("jail/second") && l.contains("n2"))
+    });
+    let printed = watch.printed();
+    for (reason, jail) in [("Created", "jail/first"), ("Started", "jail/second")] {
+        assert_eq!(
+            printed
+                .lines()
+                .filter(|l| l.contains(reason) && l.contains(jail))
+                .count(),
+            1,
+            "{reason} {jail} once: {printed}"
+        );
     }
 }

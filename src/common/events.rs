@@ -96,6 +96,10 @@ pub struct EventQuery {
     pub object: Option<ObjectRef>,
     /// Wait (up to [`crate::common::wire::EVENTS_WAIT`]) for a newer one.
     pub wait: bool,
+    /// Through the control plane (`nodes=n1:40,n2:7`): per node, the
+    /// newest of its events the reader has; only newer ones are asked of
+    /// it, and a node at that number already is not asked at all.
+    pub nodes: std::collections::BTreeMap<String, u64>,
 }
 
 impl EventQuery {
@@ -117,10 +121,29 @@ impl EventQuery {
                     q.after = Some(seq);
                 }
                 "for" => q.object = Some(ObjectRef::parse(value).map_err(|e| (e, "for"))?),
+                "nodes" => {
+                    for cursor in value.split(',').filter(|c| !c.is_empty()) {
+                        let parsed = cursor.split_once(':').and_then(|(node, seq)| {
+                            let seq = seq.parse::<u64>().ok()?;
+                            crate::common::names::validate_name(node).ok()?;
+                            Some((node.to_string(), seq))
+                        });
+                        let Some((node, seq)) = parsed else {
+                            return Err((
+                                format!(
+                                    "nodes must be NODE:SEQ pairs separated by commas \
+                                     (n1:40,n2:7), not {cursor:?}"
+                                ),
+                                "nodes",
+                            ));
+                        };
+                        q.nodes.insert(node, seq);
+                    }
+                }
                 "wait" => q.wait = value == "1",
                 _ => {
                     return Err((
-                        format!("unknown parameter {key:?}; use after, for and wait"),
+                        format!("unknown parameter {key:?}; use after, for, wait and nodes"),
                         "query",
                     ));
                 }
@@ -141,6 +164,14 @@ impl EventQuery {
         }
         if self.wait {
             parts.push("wait=1".to_string());
+        }
+        if !self.nodes.is_empty() {
+            let cursors: Vec<String> = self
+                .nodes
+                .iter()
+                .map(|(node, seq)| format!("{node}:{seq}"))
+                .collect();
+            parts.push(format!("nodes={}", cursors.join(",")));
         }
         parts.join("&")
     }
@@ -164,6 +195,9 @@ struct Ring {
     last_seq: u64,
     /// `last_seq` when the ring was last written (or read back).
     saved_seq: u64,
+    /// Counts [`EventLog::poke`]s: a watch waiting on this ring also ends
+    /// when it moves, without an event of this ring's own.
+    pokes: u64,
 }
 
 struct Shared {
@@ -207,6 +241,7 @@ impl EventLog {
                     events,
                     last_seq,
                     saved_seq: last_seq,
+                    pokes: 0,
                 }),
                 changed: Condvar::new(),
                 store: Mutex::new(store),
@@ -261,6 +296,20 @@ impl EventLog {
         self.shared.changed.notify_all();
     }
 
+    /// The newest number handed out.
+    pub fn last_seq(&self) -> u64 {
+        lock(&self.shared.ring).last_seq
+    }
+
+    /// Ends every wait in [`EventLog::wait_newer`] at once, with what the
+    /// ring holds (maybe nothing): the control plane's ring is poked when a
+    /// node reports new events of its own, which the waiting handlers then
+    /// fetch from that node.
+    pub fn poke(&self) {
+        lock(&self.shared.ring).pokes += 1;
+        self.shared.changed.notify_all();
+    }
+
     /// The events numbered above `after` (all kept without it) about
     /// `object` (any without it), oldest first, and the newest number handed
     /// out.
@@ -284,12 +333,14 @@ impl EventLog {
         }
         let deadline = Instant::now() + timeout;
         let mut ring = lock(&self.shared.ring);
+        let pokes = ring.pokes;
         let answer = loop {
             let found = select(&ring, Some(after), object);
             let left = deadline.saturating_duration_since(Instant::now());
             // Above the newest number, `after` came from a ring since lost
             // (its file was moved aside): the reader needs this one now.
-            if !found.is_empty() || left.is_zero() || after > ring.last_seq {
+            let poked = ring.pokes != pokes;
+            if !found.is_empty() || left.is_zero() || after > ring.last_seq || poked {
                 break (found, ring.last_seq);
             }
             ring = self
@@ -316,6 +367,7 @@ impl EventLog {
             events,
             last_seq,
             unreached: Vec::new(),
+            node_seqs: Default::default(),
         })
     }
 
@@ -493,8 +545,9 @@ mod tests {
             after: Some(7),
             object: Some(jail("web")),
             wait: true,
+            nodes: [("n1".to_string(), 40), ("n2".to_string(), 7)].into(),
         };
-        assert_eq!(q.to_query(), "after=7&for=jail/web&wait=1");
+        assert_eq!(q.to_query(), "after=7&for=jail/web&wait=1&nodes=n1:40,n2:7");
         assert_eq!(EventQuery::parse(Some(&q.to_query())), Ok(q));
         assert_eq!(EventQuery::parse(None), Ok(EventQuery::default()));
         assert_eq!(
@@ -513,5 +566,29 @@ mod tests {
             EventQuery::parse(Some("since=1")).map_err(|e| e.1),
             Err("query")
         );
+        for bad in ["nodes=n1", "nodes=n1:x", "nodes=N1:3"] {
+            assert_eq!(
+                EventQuery::parse(Some(bad)).map_err(|e| e.1),
+                Err("nodes"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_poke_ends_a_wait_with_nothing_new() {
+        let log = EventLog::in_memory("n1");
+        log.normal(ObjectKind::Jail, "web", "Started", "up".into());
+        let waiter = {
+            let log = log.clone();
+            std::thread::spawn(move || log.wait_newer(1, None, Duration::from_secs(3600)))
+        };
+        // The poke may come before the wait starts; poke until it returns.
+        while !waiter.is_finished() {
+            log.poke();
+            std::thread::yield_now();
+        }
+        let (events, last) = waiter.join().expect("waiter").expect("not refused");
+        assert_eq!((events.len(), last), (0, 1));
     }
 }

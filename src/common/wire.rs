@@ -202,6 +202,11 @@ pub struct HeartbeatRequest {
     /// only draining).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<ReplicaConnections>,
+    /// The newest number of the agent's event ring: the control plane
+    /// wakes event watches when it grows and asks only the nodes whose
+    /// events a watcher has not seen. `None` from an agent without events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_seq: Option<u64>,
 }
 
 /// Connections one node's proxy has open to one replica
@@ -367,6 +372,10 @@ pub struct NodeStatus {
     /// Cordoned: nothing new is placed on it (`keelctl cordon`).
     #[serde(default)]
     pub cordoned: bool,
+    /// The newest event number its last heartbeat reported
+    /// ([`HeartbeatRequest::events_seq`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_seq: Option<u64>,
 }
 
 /// `PUT /services/{name}` as keelctl sends it. The control plane never parses
@@ -843,6 +852,11 @@ pub struct EventsAnswer {
     /// Through the control plane: the nodes whose events are missing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreached: Vec<UnreachedNode>,
+    /// Through the control plane: for each node asked, the newest number of
+    /// its ring, the `nodes=` cursor of a watch's next request (agents
+    /// number their own events, so one `after` cannot cover them).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub node_seqs: std::collections::BTreeMap<String, u64>,
 }
 
 /// Longest wait of `GET /events?wait=1` for a newer event before the daemon

@@ -22,7 +22,7 @@
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs; a new template rolls out |
 //! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions`, `GET /services/{name}/document` | operator | the desired count; back to an earlier template; the templates kept; the current document |
-//! | `GET /events?after=SEQ&for=KIND/NAME&wait=1` | operator | the control plane's events (numbered by it: `after` and the wait apply to them) merged with every node's that is not Dead (all those its agent keeps, `for` forwarded), sorted by time, with the nodes it could not ask |
+//! | `GET /events?after=SEQ&for=KIND/NAME&wait=1&nodes=N:SEQ,...` | operator | the control plane's events (numbered by it: `after` applies to them) merged with every node's that is not Dead (those above its `nodes` cursor; a node with none newer is not asked), sorted by time, with the nodes it could not ask; the wait ends on a new event of the control plane or of a node |
 //! | `GET /metrics` | operator | Prometheus text |
 //! | `GET /version` | operator | the control plane's program and version |
 //! | `GET /healthz` | none | liveness of the control plane itself: its worker answers within [`HEALTH_WAIT`], else 503 |
@@ -96,6 +96,9 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How often a service delete asks whether its replicas drained.
 const DRAIN_POLL: Duration = Duration::from_millis(100);
+
+/// Most agents `GET /events` asks at once.
+const EVENT_FAN_OUT: usize = 16;
 
 /// The `source` of the control plane's own events in `GET /events`.
 pub const CONTROLPLANE_SOURCE: &str = "controlplane";
@@ -736,13 +739,16 @@ impl ControlPlaneApi {
     }
 
     /// `GET /events`: this process's events, after the wait a watch asks
-    /// for (on the ring the worker records in, never on the worker), then
-    /// every node's that is not Dead, asked one after the other like
-    /// `GET /volumes` asks them. Agents number their events on their own, so
-    /// `after` cannot apply to theirs: each answer carries all their ring
-    /// holds (for the object asked about), tagged with the node as `source`,
-    /// and a watching client prints each (source, number) once. A Dead node,
-    /// or one whose agent did not answer, is named in `unreached`.
+    /// for (on the ring the worker records in, never on the worker; a
+    /// heartbeat reporting new events of its node pokes that ring, so the
+    /// wait ends for them too), then the events of every node that is not
+    /// Dead, asked concurrently ([`EVENT_FAN_OUT`] at a time). Agents
+    /// number their events on their own: the `nodes=` cursor says, per node,
+    /// the newest the reader has, and a node whose heartbeat reported no
+    /// newer one is not asked at all, so a watch costs one request per node
+    /// that has something new. The answer's `node_seqs` is the next cursor.
+    /// A Dead node, or one whose agent did not answer, is named in
+    /// `unreached`.
     fn events(&self, req: &Request) -> Result<Response, WorkerGone> {
         let query = match EventQuery::parse(req.query.as_deref()) {
             Ok(q) => q,
@@ -755,17 +761,7 @@ impl ControlPlaneApi {
         for event in &mut answer.events {
             event.source = Some(CONTROLPLANE_SOURCE.to_string());
         }
-        let agent_query = EventQuery {
-            after: None,
-            object: query.object.clone(),
-            wait: false,
-        }
-        .to_query();
-        let path = if agent_query.is_empty() {
-            "/events".to_string()
-        } else {
-            format!("/events?{agent_query}")
-        };
+        let mut asks = Vec::new();
         for node in self.worker.nodes()? {
             let id = node.node_id;
             if node.status == Liveness::Dead {
@@ -775,10 +771,32 @@ impl ControlPlaneApi {
                 });
                 continue;
             }
-            let r = self
-                .forwarder
-                .send(&id, node.address, "GET", &path, b"", None);
-            let listed = if (200..300).contains(&r.status) {
+            let had = query.nodes.get(&id).copied();
+            match (had, node.events_seq) {
+                // Nothing newer reported: the reader has all of it.
+                (Some(had), Some(seq)) if seq == had => {
+                    answer.node_seqs.insert(id, had);
+                }
+                // A number below the reader's: the node's ring was lost,
+                // so everything it holds now is new.
+                (Some(had), Some(seq)) if seq < had => asks.push((id, node.address, None)),
+                (had, _) => asks.push((id, node.address, had)),
+            }
+        }
+        let object = query.object.clone();
+        let ask = |(id, addr, after): &(String, SocketAddr, Option<u64>)| {
+            let path = match (EventQuery {
+                after: *after,
+                object: object.clone(),
+                ..EventQuery::default()
+            })
+            .to_query()
+            {
+                q if q.is_empty() => "/events".to_string(),
+                q => format!("/events?{q}"),
+            };
+            let r = self.forwarder.send(id, *addr, "GET", &path, b"", None);
+            if (200..300).contains(&r.status) {
                 serde_json::from_slice::<EventsAnswer>(&r.body)
                     .map_err(|e| format!("its agent answered an unreadable list: {e}"))
             } else {
@@ -787,13 +805,33 @@ impl ControlPlaneApi {
                     r.status,
                     String::from_utf8_lossy(&r.body)
                 ))
-            };
-            match listed {
-                Ok(theirs) => answer.events.extend(theirs.events.into_iter().map(|mut e| {
-                    e.source = Some(id.clone());
-                    e
-                })),
-                Err(error) => answer.unreached.push(UnreachedNode { node: id, error }),
+            }
+        };
+        for chunk in asks.chunks(EVENT_FAN_OUT) {
+            let results: Vec<_> = std::thread::scope(|scope| {
+                let running: Vec<_> = chunk.iter().map(|a| scope.spawn(move || ask(a))).collect();
+                running
+                    .into_iter()
+                    .map(|t| {
+                        t.join()
+                            .unwrap_or_else(|_| Err("asking it panicked".to_string()))
+                    })
+                    .collect()
+            });
+            for ((id, _, _), listed) in chunk.iter().zip(results) {
+                match listed {
+                    Ok(theirs) => {
+                        answer.node_seqs.insert(id.clone(), theirs.last_seq);
+                        answer.events.extend(theirs.events.into_iter().map(|mut e| {
+                            e.source = Some(id.clone());
+                            e
+                        }));
+                    }
+                    Err(error) => answer.unreached.push(UnreachedNode {
+                        node: id.clone(),
+                        error,
+                    }),
+                }
             }
         }
         answer

@@ -339,6 +339,7 @@ mod tests {
             jails: 1,
             last_seen_secs: Some(1),
             cordoned: false,
+            events_seq: None,
         }
     }
 

@@ -44,7 +44,6 @@
 //! is `output.rs`), never builds a request path (`api.rs`) and never chooses an
 //! exit status (`CtlError::exit_code`).
 
-use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -1056,20 +1055,20 @@ fn get_events(
         Route::Node(id) => Some(id.clone()),
         _ => None,
     };
-    let mut printed: BTreeSet<(Option<String>, u64)> = BTreeSet::new();
-    let mut fresh = |answer: &EventsAnswer| -> Vec<Event> {
+    // The daemon answers only what is newer than the cursor the query
+    // carries (its own number, and through the control plane each node's),
+    // so nothing is printed twice and keelctl keeps no set of what it saw.
+    let fresh = |answer: &EventsAnswer| -> Vec<Event> {
         answer
             .events
             .iter()
             .filter(|e| only_node.as_ref().is_none_or(|n| &e.node == n))
-            .filter(|e| printed.insert((e.source.clone(), e.seq)))
             .cloned()
             .collect()
     };
     let mut query = EventQuery {
-        after: None,
         object,
-        wait: false,
+        ..EventQuery::default()
     };
     let mut answer = api.events(&query).map_err(failed)?;
     let first = fresh(&answer);
@@ -1123,6 +1122,8 @@ fn get_events(
             return Ok(());
         }
         query.after = Some(answer.last_seq);
+        // A node left out of this answer keeps its cursor.
+        query.nodes.append(&mut answer.node_seqs);
         query.wait = true;
         answer = api.events(&query).map_err(failed)?;
         batch = fresh(&answer);

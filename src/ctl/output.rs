@@ -1110,6 +1110,7 @@ api                no      Restarting   1          ? (2s ago)    -          1m  
             jails: 2,
             last_seen_secs: last_seen,
             cordoned: false,
+            events_seq: None,
         }
     }
 

@@ -47,6 +47,7 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         peers_version: None,
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
     }
 }
 

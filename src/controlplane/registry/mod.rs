@@ -116,6 +116,8 @@ struct Live {
     /// Connections its proxy has open to each replica, as its last
     /// heartbeat said.
     connections: BTreeMap<SocketAddrV4, u32>,
+    /// The newest number of its event ring, as its last heartbeat said.
+    events_seq: Option<u64>,
 }
 
 /// See the module docs.

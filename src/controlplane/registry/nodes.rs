@@ -107,6 +107,15 @@ impl Cluster {
             })
             .collect();
         live.endpoints_applied = req.endpoints_generation;
+        // A node's new events wake the watches waiting on this control
+        // plane's ring, which then ask that node for them.
+        if req
+            .events_seq
+            .is_some_and(|seq| live.events_seq.is_none_or(|had| seq > had))
+        {
+            self.events.poke();
+        }
+        live.events_seq = req.events_seq;
         live.connections = req
             .connections
             .iter()
@@ -174,6 +183,7 @@ impl Cluster {
                         .last_heartbeat
                         .map(|t| now.saturating_duration_since(t).as_secs()),
                     cordoned: n.cordoned,
+                    events_seq: live.events_seq,
                 }
             })
             .collect()

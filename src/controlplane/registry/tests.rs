@@ -68,6 +68,7 @@ fn beat(
         &HeartbeatRequest {
             endpoints_generation: None,
             connections: Vec::new(),
+            events_seq: None,
             committed: Resources { cpu, memory: 0 },
             ..placed_req(placed)
         },
@@ -90,6 +91,7 @@ fn beat_with(c: &mut Cluster, id: &str, version: Option<u64>, now: Instant) -> H
         &HeartbeatRequest {
             endpoints_generation: None,
             connections: Vec::new(),
+            events_seq: None,
             committed: Resources::default(),
             jails: 0,
             placed: Vec::new(),
@@ -319,6 +321,7 @@ fn placed_req(placed: &[(&str, u64)]) -> HeartbeatRequest {
     HeartbeatRequest {
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
         committed: Resources::default(),
         jails: placed.len() as u32,
         placed: placed
@@ -524,6 +527,7 @@ proptest! {
                     let req = HeartbeatRequest {
                         endpoints_generation: None,
                         connections: Vec::new(),
+                        events_seq: None,
                         committed: Resources {
                             cpu: f64::from(cpu) / 2.0,
                             memory: u64::from(mem) << 29,
@@ -1131,6 +1135,7 @@ fn reported_by(c: &Cluster, node: &str) -> HeartbeatRequest {
     HeartbeatRequest {
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
         committed: Resources::default(),
         jails: 0,
         placed,
@@ -1320,6 +1325,7 @@ fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
     let report = |ready: Option<bool>| HeartbeatRequest {
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
         committed: Resources::default(),
         jails: 1,
         placed: vec![PlacedJail {
