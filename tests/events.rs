@@ -48,8 +48,12 @@ struct Watch {
 
 impl Watch {
     fn start(agent: &Agent, dir: &Path) -> Watch {
+        Watch::start_with(agent, dir, &["get", "events", "-w"])
+    }
+
+    fn start_with(agent: &Agent, dir: &Path, args: &[&str]) -> Watch {
         let mut cmd = Command::new(KEELCTL);
-        cmd.args(["get", "events", "-w"])
+        cmd.args(args)
             .current_dir(agent.dir())
             .env("KEEL_SOCKET", agent.socket());
         Watch::spawn(cmd, dir)
@@ -57,8 +61,13 @@ impl Watch {
 
     /// The watch through `cluster`'s control plane.
     fn through(cluster: &Cluster, dir: &Path) -> Watch {
+        Watch::through_with(cluster, dir, &["get", "events", "-w"])
+    }
+
+    fn through_with(cluster: &Cluster, dir: &Path, args: &[&str]) -> Watch {
         let mut cmd = Command::new(KEELCTL);
-        cmd.args(["get", "events", "-w", "--controlplane"])
+        cmd.args(args)
+            .arg("--controlplane")
             .arg(cluster.controlplane_addr().to_string())
             .arg("--key-file")
             .arg(cluster.operator_key())
@@ -308,4 +317,51 @@ fn a_watch_through_the_controlplane_prints_a_node_s_new_event_once() {
             "{reason} {jail} once: {printed}"
         );
     }
+}
+
+#[test]
+fn get_jails_w_prints_a_row_for_each_change_and_the_deletion() {
+    let agent = Agent::start(AGENT_ARGS);
+    let dir = tempfile::tempdir().expect("tempdir");
+    ok(&agent, &["apply", "-f", "-"], Some(&sleeper("first")));
+    let watch = Watch::start_with(&agent, dir.path(), &["get", "jails", "-w"]);
+    poll_until("the listing", || watch.printed().contains("first"));
+    assert!(watch.printed().starts_with("NAME "), "{}", watch.printed());
+
+    ok(&agent, &["apply", "-f", "-"], Some(&sleeper("second")));
+    poll_until("a row for the new jail, then it runs", || {
+        watch
+            .printed()
+            .lines()
+            .any(|l| l.starts_with("second ") && l.contains("Running"))
+    });
+    ok(&agent, &["delete", "jail", "second"], None);
+    poll_until("its deletion", || {
+        watch.printed().lines().any(|l| l == "jail/second deleted")
+    });
+    let printed = watch.printed();
+    assert_eq!(printed.matches("NAME ").count(), 1, "one header: {printed}");
+}
+
+#[test]
+fn get_services_w_through_the_controlplane_follows_a_scale() {
+    let cluster = Cluster::standard(2);
+    cluster.wait_alive(2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port(std::net::Ipv4Addr::LOCALHOST);
+    let doc = service_doc("web", 1, port, "/bin/sleep, '300'");
+    let applied = cluster.keelctl_with(&["apply", "-f", "-"], Some(&doc));
+    assert_eq!(applied.code, 0, "{applied:?}");
+    let watch = Watch::through_with(&cluster, dir.path(), &["get", "services", "-w"]);
+    poll_until("the listing", || watch.printed().contains("web "));
+    let scaled = cluster.keelctl(&["scale", "service", "web", "--replicas", "2"]);
+    assert_eq!(scaled.code, 0, "{scaled:?}");
+    // A row per change; the last ones show both replicas ready.
+    poll_until("a row with 2/2 ready", || {
+        watch
+            .printed()
+            .lines()
+            .skip(1)
+            .any(|l| l.starts_with("web ") && l.contains("2/2"))
+    });
 }

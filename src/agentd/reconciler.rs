@@ -1131,13 +1131,27 @@ where
         let settled = rt
             .started_at
             .is_none_or(|t| now.saturating_duration_since(t) >= START_SETTLE);
-        rt.phase = Some(if rt.phase == Some(Phase::Starting) && !settled {
+        let was_starting = rt.phase == Some(Phase::Starting);
+        rt.phase = Some(if was_starting && !settled {
             Phase::Starting
         } else {
             Phase::Running
         });
         rt.last_error = None;
         rt.crash_counted = false;
+        if was_starting && settled {
+            // The state change a watch (`keelctl get jails -w`) shows:
+            // every change of a jail's state is an event.
+            self.events.normal(
+                ObjectKind::Jail,
+                name,
+                "Running",
+                format!(
+                    "the workload still runs {} s after its start",
+                    START_SETTLE.as_secs()
+                ),
+            );
+        }
         if first_sight {
             // First sight of it running (e.g. after an agent restart): its
             // stable-uptime clock starts now.

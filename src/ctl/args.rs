@@ -206,7 +206,7 @@ pub const FLAGS: &[Flag] = &[
         short: Some('w'),
         long: "watch",
         value: None,
-        help: "after the events so far, print new ones as they happen until interrupted (get events)",
+        help: "after what there is, print changes as they happen until interrupted (get events, jails, services, nodes)",
     },
     Flag {
         id: FlagId::Help,
@@ -540,6 +540,16 @@ pub enum Command {
     },
     /// `get jails|services|volumes|ingresses|nodes|bases [NAME] [-o FORMAT]`.
     Get {
+        /// What to list.
+        resource: Resource,
+        /// One object instead of all.
+        name: Option<String>,
+        /// How to print.
+        output: OutputFormat,
+    },
+    /// `get jails|services|nodes [NAME] -w`: the listing, then a row for
+    /// each object an event names as it happens.
+    Watch {
         /// What to list.
         resource: Resource,
         /// One object instead of all.
@@ -1111,8 +1121,15 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     if !events && object.is_some() {
         return Err(usage("--for applies to `get events` only"));
     }
-    if !events && watch {
-        return Err(usage("--watch applies to `get events` only"));
+    let watchable = verb == "get"
+        && matches!(
+            rest.first().map(|k| resource(k)),
+            Some(Ok(Resource::Jails | Resource::Services | Resource::Nodes))
+        );
+    if !events && !watchable && watch {
+        return Err(usage(
+            "--watch applies to `get events`, `get jails`, `get services` and `get nodes`",
+        ));
     }
     let extra = |word: &String| usage(format!("unexpected argument {word:?} for `{verb}`"));
     let file_only = |filename: Option<OsString>| -> Result<Input, UsageError> {
@@ -1216,6 +1233,13 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     names.first().map(|n| object_name("node", n)).transpose()?
                 }
             };
+            if watch {
+                return Ok(Command::Watch {
+                    resource,
+                    name,
+                    output,
+                });
+            }
             Ok(Command::Get {
                 resource,
                 name,
@@ -2303,7 +2327,7 @@ mod tests {
     fn unknown_commands_and_flags_are_usage_errors() {
         assert!(err(&[]).contains("no command given"));
         assert!(err(&["create"]).contains("unknown command \"create\""));
-        assert!(err(&["get", "jails", "--watch"]).contains("--watch"));
+        assert!(err(&["get", "bases", "--watch"]).contains("--watch"));
         assert!(err(&["apply", "-f"]).contains("-f"));
     }
 
@@ -2401,7 +2425,15 @@ mod tests {
         assert!(err(&["get", "events", "--for", "web"]).contains("KIND/NAME"));
         assert!(err(&["get", "events", "--for", "pod/web"]).contains("unknown kind"));
         assert!(err(&["get", "events", "web"]).contains("--for KIND/NAME"));
-        assert!(err(&["get", "jails", "-w"]).contains("--watch applies to `get events`"));
+        assert!(err(&["get", "volumes", "-w"]).contains("--watch applies to `get events`"));
+        assert_eq!(
+            cmd(&["get", "svc", "web", "-w"]),
+            Command::Watch {
+                resource: Resource::Services,
+                name: Some("web".into()),
+                output: OutputFormat::Table
+            }
+        );
         assert!(err(&["logs", "web", "--for", "jail/web"]).contains("--for applies"));
     }
 

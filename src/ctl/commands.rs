@@ -51,8 +51,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::common::auth::{self, KeyFilePolicy, Signer};
 use crate::common::events::{EventQuery, ObjectRef};
 use crate::common::http::Endpoint;
+use crate::common::names::replica_of;
 use crate::common::spec::{self, Document, Ingress, Jail, Service};
-use crate::common::wire::{BaseState, Event, EventsAnswer, Liveness, VolumeStatus};
+use crate::common::wire::{BaseState, Event, EventsAnswer, Liveness, ObjectKind, VolumeStatus};
 
 use super::api::ApiError;
 use super::api::{Api, Route};
@@ -142,6 +143,28 @@ pub fn execute(
 ) -> Result<(), CtlError> {
     let resolve = || connect(&target(&invocation.global, env)?);
     match &invocation.command {
+        Command::Watch {
+            resource,
+            name,
+            output: format,
+        } => {
+            // The listing as `get` prints it, then the changes.
+            let listing = Invocation {
+                global: invocation.global.clone(),
+                command: Command::Get {
+                    resource: *resource,
+                    name: name.clone(),
+                    output: *format,
+                },
+            };
+            execute(&listing, env, stdin, out, stderr)?;
+            let api = match resource {
+                Resource::Services => controlplane_only(invocation, env, "`get services -w`")?,
+                Resource::Nodes => controlplane_only(invocation, env, "`get nodes -w`")?,
+                _ => resolve()?,
+            };
+            watch_objects(&api, *resource, name.as_deref(), *format, out, stderr)?;
+        }
         Command::Describe { resource, name } => {
             out.print(&describe_one(invocation, env, *resource, name)?.render());
         }
@@ -1127,6 +1150,146 @@ fn get_events(
         query.wait = true;
         answer = api.events(&query).map_err(failed)?;
         batch = fresh(&answer);
+    }
+}
+
+/// `get jails|services|nodes -w` after the listing: the daemon's event long
+/// poll says which objects changed (an event about a jail, a service or one
+/// of its replicas, a node), and each is asked for again and printed as a
+/// row of its table, or encoded; one that is gone prints `KIND/NAME
+/// deleted`. The daemon does the waiting, keelctl never sleeps. Events are
+/// the stream because every change of state the daemons make is one: a
+/// start, an exit, a restart, a reschedule, a node's death.
+fn watch_objects(
+    api: &Api,
+    resource: Resource,
+    only: Option<&str>,
+    format: OutputFormat,
+    out: &mut Out<'_>,
+    stderr: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let failed = |error| CtlError::Request {
+        action: "watch".into(),
+        error,
+    };
+    // Start from now: the listing already showed the current state.
+    let mut answer = api.events(&EventQuery::default()).map_err(failed)?;
+    let mut query = EventQuery::default();
+    loop {
+        if !out.flush() {
+            return Ok(());
+        }
+        query.after = Some(answer.last_seq);
+        query.nodes.append(&mut answer.node_seqs);
+        query.wait = true;
+        answer = api.events(&query).map_err(failed)?;
+        let mut changed = std::collections::BTreeSet::new();
+        for event in &answer.events {
+            let name = match (resource, event.kind) {
+                (Resource::Jails, ObjectKind::Jail) => event.name.as_str(),
+                (Resource::Services, ObjectKind::Service) => event.name.as_str(),
+                (Resource::Services, ObjectKind::Jail) => match replica_of(&event.name) {
+                    Some((service, _)) => service,
+                    None => continue,
+                },
+                (Resource::Nodes, ObjectKind::Node) => event.name.as_str(),
+                _ => continue,
+            };
+            if only.is_none_or(|o| o == name) {
+                changed.insert(name.to_string());
+            }
+        }
+        for name in changed {
+            out.print(&watched_row(api, resource, &name, format, stderr)?);
+        }
+    }
+}
+
+/// One changed object as a watch prints it (see [`watch_objects`]).
+fn watched_row(
+    api: &Api,
+    resource: Resource,
+    name: &str,
+    format: OutputFormat,
+    stderr: &mut dyn Write,
+) -> Result<String, CtlError> {
+    let gone = |error: &ApiError| matches!(error, ApiError::Refused { status: 404, .. });
+    let (kind, found) = match resource {
+        Resource::Jails => (
+            "jail",
+            api.get_jail(name).map(|found| {
+                if *api.route() == Route::Agent {
+                    encoded_or(format, &found.status, || {
+                        output::jail_table(
+                            std::slice::from_ref(&found.status),
+                            now_unix(),
+                            format == OutputFormat::Wide,
+                        )
+                    })
+                } else {
+                    let jail = NodeJail {
+                        node: found.node,
+                        status: found.status,
+                    };
+                    encoded_or(format, &jail, || {
+                        output::cluster_jail_table(
+                            std::slice::from_ref(&jail),
+                            now_unix(),
+                            format == OutputFormat::Wide,
+                        )
+                    })
+                }
+            }),
+        ),
+        Resource::Services => (
+            "service",
+            api.get_service(name).map(|s| {
+                encoded_or(format, &s, || {
+                    output::service_table(std::slice::from_ref(&s))
+                })
+            }),
+        ),
+        Resource::Nodes => (
+            "node",
+            api.get_node(name)
+                .map(|n| encoded_or(format, &n, || output::node_table(std::slice::from_ref(&n)))),
+        ),
+        _ => return Ok(String::new()),
+    };
+    match found {
+        Ok(text) => text,
+        Err(e) if gone(&e) => Ok(
+            if matches!(format, OutputFormat::Table | OutputFormat::Wide) {
+                format!("{kind}/{} deleted\n", output::one_line(name))
+            } else {
+                String::new()
+            },
+        ),
+        // A failed look at one object is said and the watch goes on.
+        Err(e) => {
+            let _ = writeln!(stderr, "keelctl: get {kind}/{name} failed: {e}");
+            Ok(String::new())
+        }
+    }
+}
+
+/// A table's rows without its header line, or `value` encoded.
+fn encoded_or<T: serde::Serialize>(
+    format: OutputFormat,
+    value: &T,
+    table: impl FnOnce() -> String,
+) -> Result<String, CtlError> {
+    match format {
+        OutputFormat::Table | OutputFormat::Wide => {
+            let text = table();
+            Ok(text
+                .split_once('\n')
+                .map_or(String::new(), |(_, rows)| rows.to_string()))
+        }
+        _ => output::encode(format, value).map_err(|reason| CtlError::Encode {
+            format: format.to_string(),
+            reason,
+        }),
     }
 }
 
