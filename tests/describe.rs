@@ -72,7 +72,19 @@ fn describe_shows_a_service_its_replica_a_node_and_a_volume() {
             "  Running   True",
             "Spec:",
             "  base: 14.2-RELEASE",
+            "Events:",
+            "  LAST SEEN",
         ],
+    );
+    assert!(
+        replica
+            .lines()
+            .any(|l| l.contains("Started") && l.contains("jail/web-0")),
+        "the replica's own events: {replica}"
+    );
+    assert!(
+        replica.lines().all(|l| !l.contains("jail/web-1")),
+        "no other object's: {replica}"
     );
 
     let db_node = cluster

@@ -166,7 +166,9 @@ pub fn execute(
             watch_objects(&api, *resource, name.as_deref(), *format, out, stderr)?;
         }
         Command::Describe { resource, name } => {
-            out.print(&describe_one(invocation, env, *resource, name)?.render());
+            let description = describe_one(invocation, env, *resource, name)?;
+            let events = describe_events(invocation, env, *resource, name, stderr);
+            out.print(&description.section("Events", events).render());
         }
         Command::Completion { shell } => out.print(&completion::script(*shell)),
         Command::Config(config) => run_config(config, &invocation.global, env, out, stderr)?,
@@ -1465,6 +1467,54 @@ fn describe_one(
         }
     })
 }
+
+/// The Events section of `describe`: the last [`DESCRIBE_EVENTS`] events
+/// about the object (through the control plane, its own and every node's).
+/// Events that cannot be had are said on stderr; the description stands.
+fn describe_events(
+    invocation: &Invocation,
+    env: &Env,
+    resource: Resource,
+    name: &str,
+    stderr: &mut dyn Write,
+) -> String {
+    let kind = match resource {
+        Resource::Jails => ObjectKind::Jail,
+        Resource::Services => ObjectKind::Service,
+        Resource::Nodes => ObjectKind::Node,
+        Resource::Volumes => ObjectKind::Volume,
+        Resource::Ingresses => ObjectKind::Ingress,
+        Resource::Bases => return String::new(),
+    };
+    let query = EventQuery {
+        object: Some(ObjectRef {
+            kind,
+            name: name.to_string(),
+        }),
+        ..EventQuery::default()
+    };
+    let answer = target(&invocation.global, env)
+        .and_then(|t| connect(&t))
+        .and_then(|api| {
+            api.events(&query).map_err(|error| CtlError::Request {
+                action: "get events".into(),
+                error,
+            })
+        });
+    match answer {
+        Ok(answer) => {
+            let skip = answer.events.len().saturating_sub(DESCRIBE_EVENTS);
+            output::event_table(&answer.events[skip..], now_unix(), true)
+        }
+        Err(e) => {
+            let _ = writeln!(stderr, "keelctl: the events are missing: {e}");
+            String::new()
+        }
+    }
+}
+
+/// How many events `describe` shows, the newest.
+const DESCRIBE_EVENTS: usize = 10;
 
 /// `config ...`: reads and replaces the contexts file; sends nothing.
 fn run_config(
