@@ -1547,6 +1547,8 @@ fn an_exited_workload_is_restarting_then_crash_looping_with_its_last_exit() {
         [
             "Created",
             "Started",
+            // It ran past its first second before it exited.
+            "Running",
             "Exited",
             "BackOff",
             "Restarted",
