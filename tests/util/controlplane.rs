@@ -334,6 +334,7 @@ impl FakeAgent {
         let body = serde_json::to_vec(&HeartbeatRequest {
             endpoints_generation: None,
             connections: Vec::new(),
+            events_seq: None,
             committed: Resources {
                 cpu: 0.0,
                 memory: 0,

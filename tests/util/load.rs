@@ -340,6 +340,7 @@ impl PacedLoad {
                 let body = serde_json::to_vec(&HeartbeatRequest {
                     endpoints_generation: None,
                     connections: Vec::new(),
+                    events_seq: None,
                     committed: Resources {
                         cpu: jails as f64 * JAIL_CPU,
                         memory: jails * JAIL_MEMORY,

@@ -34,7 +34,7 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
             Some(PlacedJail {
                 name: s.name.clone(),
                 epoch: s.epoch?,
-                running: s.state == Phase::Running,
+                running: s.state.runs(),
                 ready: Some(s.ready),
                 address: Some(s.address),
             })
@@ -47,6 +47,7 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         peers_version: None,
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
     }
 }
 
@@ -138,6 +139,7 @@ mod tests {
             epoch,
             cpu: Some(cpu),
             memory: Some(mem),
+            last_exit: None,
         }
     }
 

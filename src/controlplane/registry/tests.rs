@@ -68,6 +68,7 @@ fn beat(
         &HeartbeatRequest {
             endpoints_generation: None,
             connections: Vec::new(),
+            events_seq: None,
             committed: Resources { cpu, memory: 0 },
             ..placed_req(placed)
         },
@@ -90,6 +91,7 @@ fn beat_with(c: &mut Cluster, id: &str, version: Option<u64>, now: Instant) -> H
         &HeartbeatRequest {
             endpoints_generation: None,
             connections: Vec::new(),
+            events_seq: None,
             committed: Resources::default(),
             jails: 0,
             placed: Vec::new(),
@@ -319,6 +321,7 @@ fn placed_req(placed: &[(&str, u64)]) -> HeartbeatRequest {
     HeartbeatRequest {
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
         committed: Resources::default(),
         jails: placed.len() as u32,
         placed: placed
@@ -524,6 +527,7 @@ proptest! {
                     let req = HeartbeatRequest {
                         endpoints_generation: None,
                         connections: Vec::new(),
+                        events_seq: None,
                         committed: Resources {
                             cpu: f64::from(cpu) / 2.0,
                             memory: u64::from(mem) << 29,
@@ -1131,6 +1135,7 @@ fn reported_by(c: &Cluster, node: &str) -> HeartbeatRequest {
     HeartbeatRequest {
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
         committed: Resources::default(),
         jails: 0,
         placed,
@@ -1320,6 +1325,7 @@ fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
     let report = |ready: Option<bool>| HeartbeatRequest {
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
         committed: Resources::default(),
         jails: 1,
         placed: vec![PlacedJail {
@@ -1990,4 +1996,64 @@ fn a_restarted_control_plane_keeps_revisions_and_a_stopped_rollout_and_restarts_
         "nothing resumes"
     );
     assert_eq!(again.service_revisions("web").expect("revisions").len(), 2);
+}
+
+/// The registry's decisions are events: a placement, a copy fenced (told
+/// once however many heartbeats report it), a node seen dead and back.
+#[test]
+fn decisions_are_recorded_as_events_and_a_fenced_copy_is_told_once() {
+    use crate::common::events::EventLog;
+    use crate::common::wire::{EventType, ObjectKind};
+    let t0 = Instant::now();
+    let mut c = cluster_from_at(ClusterState::default(), t0);
+    let events = EventLog::in_memory("");
+    c.set_events(events.clone());
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    beat(&mut c, "a", 0.0, &[], t0);
+    beat(&mut c, "b", 0.0, &[], t0);
+    let t = c.begin_apply("web", Some("b"), t0).expect("web on b");
+    c.finish_apply("web", &t, true);
+    for _ in 0..3 {
+        beat(&mut c, "a", 0.0, &[("web", t.epoch - 1)], t0);
+    }
+    let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+    beat(&mut c, "a", 0.0, &[], later);
+    beat(
+        &mut c,
+        "b",
+        0.0,
+        &[("web", t.epoch)],
+        later + Duration::from_secs(1),
+    );
+
+    let told: Vec<(String, String, EventType)> = events
+        .since(None, None)
+        .0
+        .into_iter()
+        .filter(|e| e.reason != "NodeAlive" || e.message.contains("Dead"))
+        .map(|e| (e.reason, format!("{}/{}", e.kind, e.name), e.event_type))
+        .collect();
+    assert_eq!(
+        told,
+        [
+            (
+                "Scheduled".to_string(),
+                "jail/web".to_string(),
+                EventType::Normal
+            ),
+            ("Fenced".into(), "jail/web".into(), EventType::Warning),
+            // Both leases ran out by `later`; each node is back at its beat.
+            ("NodeDead".into(), "node/a".into(), EventType::Warning),
+            ("NodeDead".into(), "node/b".into(), EventType::Warning),
+            ("NodeAlive".into(), "node/a".into(), EventType::Normal),
+            ("NodeAlive".into(), "node/b".into(), EventType::Normal),
+        ]
+    );
+    let fenced = events.since(None, None).0;
+    let fenced = fenced
+        .iter()
+        .find(|e| e.reason == "Fenced")
+        .expect("fenced");
+    assert_eq!((fenced.node.as_str(), fenced.kind), ("a", ObjectKind::Jail));
 }
