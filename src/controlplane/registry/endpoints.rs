@@ -85,11 +85,11 @@ impl Cluster {
 
     /// The current table and its generation, recomputed first (a heartbeat
     /// answer carries them).
-    pub(super) fn current_endpoints(&mut self, now: Instant) -> (u64, Vec<ServiceEndpoints>) {
+    pub(super) fn current_endpoints(&mut self, now: Instant) -> (u64, Arc<Vec<ServiceEndpoints>>) {
         self.recompute_endpoints(now);
         (
             self.published.generation,
-            self.published.services.as_ref().clone(),
+            Arc::clone(&self.published.services),
         )
     }
 

@@ -39,7 +39,7 @@ use crate::controlplane::state::{ClusterState, Op};
 use endpoints::PublishedEndpoints;
 use liveness::Rank;
 use peers::first_peers_version;
-pub use peers::{HeartbeatAnswer, PeerListJson};
+pub use peers::{HeartbeatAnswer, PeerChanges, PeerListJson};
 use placements::Pending;
 pub use services::HealAction;
 
@@ -144,6 +144,8 @@ pub struct Cluster {
     entries: BTreeMap<String, Vec<u8>>,
     /// The entries joined, for the current version, once asked for.
     peer_list: Option<Arc<PeerListJson>>,
+    /// Which node each recent version changed (see [`peers`]).
+    peer_log: peers::PeerLog,
     /// The Alive nodes, most headroom first and ties by id: the
     /// scheduled route's pick is the first one, without visiting 5,000 nodes.
     ranked: BTreeSet<(Rank, String)>,
@@ -205,6 +207,7 @@ impl Cluster {
             peers_version: first_peers_version(),
             entries: BTreeMap::new(),
             peer_list: None,
+            peer_log: peers::PeerLog::default(),
             ranked: BTreeSet::new(),
             published: PublishedEndpoints::default(),
         };

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use super::{Cluster, HeartbeatAnswer, Refusal, Reported};
 use crate::common::cidr::{Ipv4Net, derive_pod_cidr};
 use crate::common::wire::{
-    HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, NodeStatus, RegisterRequest,
-    Resources,
+    EndpointsStamp, HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, NodeStatus,
+    RegisterRequest, Resources,
 };
 use crate::controlplane::state::{NodeRecord, Op};
 
@@ -122,18 +122,39 @@ impl Cluster {
             .map(|j| j.name.clone())
             .collect();
         let unchanged = req.peers_version == Some(self.peers_version);
+        let changes = match req.peers_version {
+            Some(held) if req.peer_changes && !unchanged => self.peer_changes_since(held, id),
+            _ => None,
+        };
         let (generation, services) = self.current_endpoints(now);
+        let endpoints_unchanged = req.endpoints_held
+            == Some(EndpointsStamp {
+                origin: self.endpoints_origin(),
+                generation,
+            });
+        let full_list = !unchanged && changes.is_none();
+        let (peers_changed, changed, removed) = match changes {
+            Some(c) => (req.peers_version, c.changed, c.removed),
+            None => (None, Vec::new(), Vec::new()),
+        };
         Ok(HeartbeatAnswer {
             response: HeartbeatResponse {
-                peers: Vec::new(),
+                peers: changed,
                 stale,
-                services,
+                services: if endpoints_unchanged {
+                    Vec::new()
+                } else {
+                    services.as_ref().clone()
+                },
                 peers_version: Some(self.peers_version),
                 peers_unchanged: unchanged,
                 endpoints_generation: Some(generation),
                 endpoints_origin: Some(self.endpoints_origin()),
+                peers_changed,
+                peers_removed: removed,
+                endpoints_unchanged,
             },
-            peers: (!unchanged).then(|| self.peer_list()),
+            peers: full_list.then(|| self.peer_list()),
         })
     }
 

@@ -88,6 +88,8 @@ fn beat_with(c: &mut Cluster, id: &str, version: Option<u64>, now: Instant) -> H
     c.heartbeat(
         id,
         &HeartbeatRequest {
+            peer_changes: false,
+            endpoints_held: None,
             endpoints_generation: None,
             connections: Vec::new(),
             committed: Resources::default(),
@@ -239,6 +241,139 @@ fn a_restarted_control_plane_does_not_take_an_old_version_for_current() {
     assert_eq!(resp.peers.len(), 1);
 }
 
+/// A bare heartbeat from an agent that applies peer changes, holding peer
+/// list `version` and endpoint table `endpoints`.
+fn beat_for_changes(
+    c: &mut Cluster,
+    id: &str,
+    version: Option<u64>,
+    endpoints: Option<crate::common::wire::EndpointsStamp>,
+    now: Instant,
+) -> HeartbeatResponse {
+    let req = HeartbeatRequest {
+        peer_changes: true,
+        endpoints_held: endpoints,
+        peers_version: version,
+        ..placed_req(&[])
+    };
+    c.heartbeat(id, &req, now)
+        .map(|a| decode(&a, id))
+        .expect("heartbeat")
+}
+
+fn ids(peers: &[Peer]) -> Vec<&str> {
+    peers.iter().map(|p| p.node_id.as_str()).collect()
+}
+
+#[test]
+fn an_agent_that_applies_changes_gets_only_the_peers_that_changed() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    let full = beat_for_changes(&mut c, "a", None, None, t0);
+    assert_eq!(
+        full.peers_changed, None,
+        "the first heartbeat gets the list"
+    );
+    assert_eq!(ids(&full.peers), ["b", "c"]);
+    let v0 = full.peers_version;
+
+    register(&mut c, "d", 4, t0);
+    let joined = beat_for_changes(&mut c, "a", v0, None, t0);
+    assert_eq!(joined.peers_changed, v0);
+    assert_eq!(ids(&joined.peers), ["d"], "only the new peer");
+    assert!(joined.peers_removed.is_empty() && !joined.peers_unchanged);
+    let v1 = joined.peers_version;
+    assert_ne!(v1, v0);
+
+    // d dies: a, b and c keep heartbeating.
+    let half = t0 + DEAD_AFTER / 2;
+    for id in ["a", "b", "c"] {
+        assert!(beat_for_changes(&mut c, id, v1, None, half).peers_unchanged);
+    }
+    let t1 = t0 + DEAD_AFTER;
+    let died = beat_for_changes(&mut c, "a", v1, None, t1);
+    assert_eq!(died.peers_changed, v1);
+    assert_eq!(ids(&died.peers), ["d"]);
+    assert!(!died.peers[0].alive);
+
+    // Removed for good: its id is named gone; an agent two versions behind
+    // gets the removal too, and d itself is never among a's changes.
+    c.remove_node("d", t1).expect("d is Dead");
+    let removed = beat_for_changes(&mut c, "a", v1, None, t1);
+    assert_eq!(removed.peers_changed, v1);
+    assert!(removed.peers.is_empty());
+    assert_eq!(removed.peers_removed, ["d"]);
+    let current = removed.peers_version;
+    assert!(beat_for_changes(&mut c, "a", current, None, t1).peers_unchanged);
+
+    // An agent that does not apply changes still gets the whole list.
+    let older = beat_with(&mut c, "a", v0, t1);
+    assert_eq!(older.peers_changed, None);
+    assert_eq!(ids(&older.peers), ["b", "c"]);
+}
+
+#[test]
+fn an_agent_behind_the_change_log_or_from_another_process_gets_the_full_list() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let v0 = beat_for_changes(&mut c, "a", None, None, t0).peers_version;
+    // More changes than the log keeps: b's address flips back and forth.
+    for i in 0..=peers::PEER_LOG_LEN {
+        c.register(
+            &RegisterRequest {
+                node_id: "b".into(),
+                advertise_addr: SocketAddr::from(([127, 0, 0, 2 + (i % 2) as u8], 2)),
+                capacity: Resources::default(),
+            },
+            t0,
+        )
+        .expect("re-registers");
+    }
+    let behind = beat_for_changes(&mut c, "a", v0, None, t0);
+    assert_eq!(behind.peers_changed, None);
+    assert_eq!(ids(&behind.peers), ["b"]);
+
+    let held = behind.peers_version;
+    let mut restarted = restarted(&c);
+    register(&mut restarted, "a", 1, t0);
+    let resp = beat_for_changes(&mut restarted, "a", held, None, t0);
+    assert_eq!(resp.peers_changed, None, "a new origin: the full list");
+    assert_eq!(ids(&resp.peers), ["b"]);
+}
+
+#[test]
+fn an_agent_holding_the_current_endpoint_table_is_not_sent_it_again() {
+    use crate::common::wire::EndpointsStamp;
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    c.put_service("web", &service(2, 80, "d", false), t0)
+        .expect("service");
+    let first = beat_for_changes(&mut c, "a", None, None, t0);
+    assert!(!first.endpoints_unchanged);
+    assert_eq!(first.services.len(), 1);
+    let held = EndpointsStamp {
+        origin: first.endpoints_origin.expect("origin"),
+        generation: first.endpoints_generation.expect("generation"),
+    };
+    let again = beat_for_changes(&mut c, "a", first.peers_version, Some(held), t0);
+    assert!(again.endpoints_unchanged);
+    assert!(again.services.is_empty());
+    // Another process's stamp, or an older generation: the whole table.
+    let other = EndpointsStamp {
+        origin: held.origin ^ 1,
+        ..held
+    };
+    let resent = beat_for_changes(&mut c, "a", None, Some(other), t0);
+    assert!(!resent.endpoints_unchanged);
+    assert_eq!(resent.services.len(), 1);
+}
+
 #[test]
 fn liveness_boundaries() {
     let t0 = Instant::now();
@@ -317,6 +452,8 @@ fn scheduled_applies_are_sticky_and_recorded_only_on_success() {
 
 fn placed_req(placed: &[(&str, u64)]) -> HeartbeatRequest {
     HeartbeatRequest {
+        peer_changes: false,
+        endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
         committed: Resources::default(),
@@ -522,6 +659,8 @@ proptest! {
                 }
                 Step::Beat { node, cpu, mem } => {
                     let req = HeartbeatRequest {
+                        peer_changes: false,
+                        endpoints_held: None,
                         endpoints_generation: None,
                         connections: Vec::new(),
                         committed: Resources {
@@ -1129,6 +1268,8 @@ fn reported_by(c: &Cluster, node: &str) -> HeartbeatRequest {
         })
         .collect();
     HeartbeatRequest {
+        peer_changes: false,
+        endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
         committed: Resources::default(),
@@ -1318,6 +1459,8 @@ fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
     carry_out(&mut c, plan, t0);
     let epoch = c.state().placements["web-0"].epoch;
     let report = |ready: Option<bool>| HeartbeatRequest {
+        peer_changes: false,
+        endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
         committed: Resources::default(),
