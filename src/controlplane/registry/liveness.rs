@@ -74,6 +74,7 @@ impl Cluster {
                 }
                 self.rank(&id, false);
                 self.peer_changed(&id, now);
+                self.mark_every_service();
             }
         }
     }
@@ -91,6 +92,7 @@ impl Cluster {
         self.rank(id, true);
         if before != Some(Liveness::Alive) {
             self.peer_changed(id, now);
+            self.mark_every_service();
         }
     }
 

@@ -15,7 +15,10 @@
 //! - [`drain`]: replicas leaving the rotation before they are stopped.
 //! - [`endpoints`]: the published endpoint table and its generation, and
 //!   what each node's proxy applied and still relays.
+//! - [`dirty`]: which services' inputs changed, so a heartbeat heals and
+//!   rebuilds only those.
 
+pub mod dirty;
 pub mod drain;
 pub mod endpoints;
 pub mod liveness;
@@ -36,6 +39,7 @@ use crate::common::cidr::Ipv4Net;
 use crate::common::wire::Resources;
 use crate::controlplane::state::{ClusterState, Op};
 
+pub use dirty::HealWork;
 use endpoints::PublishedEndpoints;
 use liveness::Rank;
 use peers::first_peers_version;
@@ -151,6 +155,8 @@ pub struct Cluster {
     ranked: BTreeSet<(Rank, String)>,
     /// The endpoint table last published and its generation.
     published: PublishedEndpoints,
+    /// Services whose heal or endpoint entry is due (see [`dirty`]).
+    dirty: dirty::Dirty,
 }
 
 impl Cluster {
@@ -210,6 +216,7 @@ impl Cluster {
             peer_log: peers::PeerLog::default(),
             ranked: BTreeSet::new(),
             published: PublishedEndpoints::default(),
+            dirty: dirty::Dirty::default(),
         };
         cluster.encode_every_peer(now);
         // A rollout in progress gets a whole deadline from this start: the
@@ -240,12 +247,14 @@ impl Cluster {
         self.draining.clear();
         self.retiring.clear();
         self.progress.clear();
+        self.mark_every_service();
     }
 
     fn apply(&mut self, ops: Vec<Op>) -> Vec<Op> {
         use crate::common::journal::Replay;
         for op in &ops {
             self.state.replay(op);
+            self.note_op(op);
         }
         ops
     }

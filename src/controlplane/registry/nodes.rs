@@ -6,7 +6,7 @@
 //! must never fence or move anything itself: the answer only names jails
 //! whose placement is recorded elsewhere.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -92,7 +92,7 @@ impl Cluster {
         let live = self.live.entry(id.to_string()).or_default();
         live.committed = req.committed;
         live.jails = req.jails;
-        live.reported = req
+        let reported: BTreeMap<String, Reported> = req
             .placed
             .iter()
             .map(|j| {
@@ -106,6 +106,17 @@ impl Cluster {
                 (j.name.clone(), reported)
             })
             .collect();
+        // Only the replicas whose reports differ concern their services.
+        let before = std::mem::replace(&mut live.reported, reported);
+        let changed: BTreeSet<String> = {
+            let now_reported = &live.reported;
+            let gone = before.keys().filter(|n| !now_reported.contains_key(*n));
+            let differ = now_reported
+                .iter()
+                .filter(|(n, r)| before.get(*n) != Some(*r))
+                .map(|(n, _)| n);
+            gone.chain(differ).cloned().collect()
+        };
         live.endpoints_applied = req.endpoints_generation;
         live.connections = req
             .connections
@@ -113,6 +124,9 @@ impl Cluster {
             .filter(|c| c.open > 0)
             .map(|c| (c.addr, c.open))
             .collect();
+        for name in &changed {
+            self.mark_replica(name);
+        }
         // After the committed resources, so the node is ranked by them.
         self.heard_from(id, now);
         let stale = req

@@ -2134,3 +2134,126 @@ fn a_restarted_control_plane_keeps_revisions_and_a_stopped_rollout_and_restarts_
     );
     assert_eq!(again.service_revisions("web").expect("revisions").len(), 2);
 }
+
+/// `web` and `api`, two ready replicas each over nodes a, b and c, every
+/// heal carried out and every node's report in: nothing is left to do.
+fn settled_pair(t0: Instant) -> Cluster {
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    for name in ["web", "api"] {
+        c.put_service(name, &service(2, 80, "t1", false), t0)
+            .expect("put");
+    }
+    let plan = c.plan_heal(None, t0);
+    assert_eq!(plan.len(), 4);
+    carry_out(&mut c, plan, t0);
+    assert!(c.plan_heal(None, t0).is_empty(), "settled");
+    c.refresh_endpoints(t0);
+    c
+}
+
+/// The heal plans and endpoint entries rebuilt between two calls.
+fn work_since(c: &Cluster, before: HealWork) -> (u64, u64) {
+    let now = c.heal_work();
+    (
+        now.planned - before.planned,
+        now.endpoints_rebuilt - before.endpoints_rebuilt,
+    )
+}
+
+#[test]
+fn a_heartbeat_that_changes_nothing_plans_and_rebuilds_nothing() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let before = c.heal_work();
+    let t1 = t0 + Duration::from_secs(5);
+    beat_all(&mut c, &[], t1);
+    assert!(c.plan_heal(None, t1).is_empty());
+    assert_eq!(c.refresh_endpoints(t1), None, "no new generation");
+    assert_eq!(work_since(&c, before), (0, 0));
+}
+
+#[test]
+fn a_readiness_report_heals_and_rebuilds_only_its_service() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let generation = c.endpoints_generation();
+    let before = c.heal_work();
+    beat_all(&mut c, &["web-0"], t0);
+    assert!(
+        c.plan_heal(None, t0).is_empty(),
+        "a not-ready replica stays"
+    );
+    let (next, services) = c.refresh_endpoints(t0).expect("a new table");
+    assert!(next > generation);
+    let web = services.iter().find(|s| s.name == "web").expect("web");
+    assert_eq!(web.replicas.len(), 1, "web-0 left the rotation");
+    assert_eq!(work_since(&c, before), (1, 1), "web only, api untouched");
+}
+
+#[test]
+fn a_spec_change_heals_its_service() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let before = c.heal_work();
+    c.scale_service("api", 3, t0).expect("scale");
+    let plan = c.plan_heal(None, t0);
+    assert_eq!(placed_names(&plan), ["api-2"]);
+    assert_eq!(work_since(&c, before).0, 1);
+}
+
+#[test]
+fn a_lost_placement_heals_its_service() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let before = c.heal_work();
+    let node = c.state().placements["web-1"].node.clone();
+    assert_eq!(c.remove_placement("web-1", &node).len(), 1);
+    let plan = c.plan_heal(None, t0);
+    assert_eq!(placed_names(&plan), ["web-1"]);
+    assert_eq!(work_since(&c, before).0, 1);
+}
+
+#[test]
+fn a_node_that_dies_heals_the_services_it_held() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let lost = c.state().placements["web-0"].node.clone();
+    // The others heartbeat on; the dead node is noticed by the clock alone,
+    // well before a periodic sweep is due.
+    let half = t0 + DEAD_AFTER / 2;
+    let later = t0 + DEAD_AFTER;
+    for t in [half, later] {
+        for id in ["a", "b", "c"].into_iter().filter(|id| *id != lost) {
+            beat(&mut c, id, 0.0, &[], t);
+        }
+    }
+    assert!(later < t0 + DEAD_AFTER * dirty::SWEEP_EVERY);
+    assert_eq!(c.liveness(&lost, later), Some(Liveness::Dead));
+    let plan = c.plan_heal(None, later);
+    let moved: Vec<String> = c
+        .state()
+        .placements
+        .iter()
+        .filter(|(_, p)| p.node == lost)
+        .map(|(n, _)| n.clone())
+        .collect();
+    let mut placed = placed_names(&plan);
+    placed.sort();
+    assert_eq!(placed, moved, "every replica on {lost} is replaced");
+    assert!(!placed.is_empty());
+}
+
+#[test]
+fn a_service_waiting_for_a_node_is_planned_again_until_one_comes() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    c.put_service("web", &service(1, 80, "t1", false), t0)
+        .expect("put");
+    assert!(c.plan_heal(None, t0).is_empty(), "no node yet");
+    assert!(c.plan_heal(None, t0).is_empty());
+    register(&mut c, "a", 1, t0);
+    assert_eq!(placed_names(&c.plan_heal(None, t0)), ["web-0"]);
+}
