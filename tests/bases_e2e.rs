@@ -25,17 +25,11 @@ use keel::common::wire::{BaseState, BaseStatus, JailStatus, Phase};
 use sha2::{Digest, Sha256};
 
 use crate::util::agent::Agent;
-use crate::util::cluster::{Cluster, Run, free_port, node_ip, run, standard_controlplane_args};
+use crate::util::cluster::{Cluster, Run, free_port, node_ip, standard_controlplane_args};
 use crate::util::poll_until;
 
-const KEELCTL: &str = env!("CARGO_BIN_EXE_keelctl");
-
 fn keelctl(agent: &Agent, args: &[&str], stdin: Option<&str>) -> Run {
-    let mut cmd = Command::new(KEELCTL);
-    cmd.args(args)
-        .current_dir(agent.dir())
-        .env("KEEL_SOCKET", agent.socket());
-    run(cmd, stdin)
+    agent.keelctl(args, stdin)
 }
 
 fn ok(agent: &Agent, args: &[&str]) -> String {

@@ -726,7 +726,7 @@ fn the_readme_simulated_cluster_works_word_for_word() {
     );
     let applied = &outputs["apply -f examples/sim-web.yaml"][0];
     assert!(
-        applied.starts_with("jail/sim-web applied on node n1 (Running, "),
+        applied.starts_with("jail/sim-web applied on node n1 (Starting, "),
         "{applied}"
     );
     let table = &outputs["get jails"][0];
@@ -736,7 +736,7 @@ fn the_readme_simulated_cluster_works_word_for_word() {
             .nth(1)
             .is_some_and(|r| r.starts_with("sim-web ")
                 && r.contains(" n1 ")
-                && r.contains("Running")),
+                && (r.contains("Running") || r.contains("Starting"))),
         "{table}"
     );
     assert_eq!(outputs["delete jail sim-web"], ["jail/sim-web deleted\n"]);

@@ -24,7 +24,9 @@
 //!   `agentd::volumes::delete`, which checks the mount table first, is
 //!   checked on all three;
 //! - the simulated host has no base images, so cloning a base that was
-//!   never prepared succeeds there ([`Backend::HAS_BASES`] is false);
+//!   never prepared succeeds there when it names a FreeBSD release
+//!   ([`Backend::HAS_BASES`] is false; a name that is no release is
+//!   refused);
 //! - the Fake has no process: its crash hook marks the jail not running
 //!   (the simulated host's kills the `/bin/sleep` workload).
 //!
@@ -389,7 +391,7 @@ fn lifecycle<B: Backend>() {
         .agent
         .apply(jail_spec("web", ""), None)
         .expect("applied");
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting);
     let first = rig.observed("web").expect("the jail exists");
     assert!(first.running, "its workload runs");
     assert_eq!(first.path, rig.layout.rootfs_path("web"));
@@ -401,7 +403,7 @@ fn lifecycle<B: Backend>() {
     let report = rig.agent.reconcile();
     assert!(report.failures.is_empty(), "{report:?}");
     assert!(report.restarted.is_empty(), "the first restart waits 1 s");
-    assert_eq!(rig.phase("web"), Some(Phase::CrashLoop));
+    assert_eq!(rig.phase("web"), Some(Phase::Restarting));
     rig.clock.advance(Duration::from_secs(1));
     let report = rig.agent.reconcile();
     assert!(report.failures.is_empty(), "{report:?}");
@@ -413,7 +415,7 @@ fn lifecycle<B: Backend>() {
 
     let changed = jail_spec("web", "\x20 env: {GREETING: hello}\n");
     let status = rig.agent.apply(changed, None).expect("re-applied");
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting);
     let replaced = rig.observed("web").expect("replaced");
     assert!(replaced.running);
     assert_ne!(replaced.jid, restarted.jid, "a changed spec is a new jail");
@@ -434,7 +436,7 @@ fn volumes_outlive_their_jail<B: Backend>() {
          \x20   - {name: db-data, mountPath: /var/db/data, size: 1G}\n",
     );
     let status = rig.agent.apply(spec, None).expect("applied");
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting);
     let dataset = rig.layout.volume_dataset("db-data");
     let (zfs, _) = rig.agent.volume_seams();
     let listed = zfs.list().expect("zfs list");
@@ -483,7 +485,7 @@ fn volume_quota_changes_in_place<B: Backend>() {
     rig.agent.apply(sized("1G"), None).expect("applied");
     let before = rig.observed("db").expect("exists");
     let status = rig.agent.apply(sized("2G"), None).expect("re-applied");
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting);
     let after = rig.observed("db").expect("exists");
     assert_eq!(after.jid, before.jid, "not replaced");
     assert!(after.running);
@@ -644,7 +646,7 @@ fn derived_names<B: Backend>() {
     let jail = service.spec.template.to_jail_spec(&replica);
     assert_eq!(jail.spec.volumes[0].name, "web-0-data");
     let status = rig.agent.apply(jail, None).expect("the replica applies");
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting);
     assert!(rig.observed("web-0").is_some_and(|j| j.running));
     assert!(
         rig.datasets()
@@ -656,7 +658,7 @@ fn derived_names<B: Backend>() {
         .agent
         .apply(ingress, None)
         .expect("the ingress jail applies");
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting);
     assert!(rig.observed("keel-ingress").is_some_and(|j| j.running));
 
     let before = rig.backend.jails().len();

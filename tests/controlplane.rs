@@ -181,6 +181,7 @@ fn heartbeat(cp: &ControlPlane, node: &Signer, id: &str, cpu: f64) -> HeartbeatR
         endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
         committed: Resources { cpu, memory: 0 },
         jails: 0,
         placed: vec![],
@@ -564,6 +565,7 @@ fn the_endpoint_long_poll_answers_the_next_generation() {
         peers_version: None,
         endpoints_generation: Some(current.generation),
         connections: Vec::new(),
+        events_seq: None,
     });
     let r = cp.call(Some(&node), "POST", "/nodes/node-a/heartbeat", &body);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));

@@ -103,10 +103,14 @@ fn apply_get_and_delete_a_jail() {
     let file = write(&agent, "web.yaml", &sleeper("web-1"));
 
     let out = ok(&agent, &["apply", "-f", &file]);
-    assert_eq!(out, "jail/web-1 applied (Running, 127.64.0.2)\n");
+    // Started, not yet seen running by a later pass.
+    assert_eq!(out, "jail/web-1 applied (Starting, 127.64.0.2)\n");
+    wait_for("web-1 seen running", &agent, || {
+        (by_name(&agent)["web-1"].state == Phase::Running).then_some(())
+    });
 
     // The table: header, one row, columns aligned under their headers.
-    let table = ok(&agent, &["get", "jails"]);
+    let table = ok(&agent, &["get", "jails", "-o", "wide"]);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 2, "{table}");
     let header = lines[0];
@@ -114,10 +118,13 @@ fn apply_get_and_delete_a_jail() {
     let row = lines[1];
     for (column, cell) in [
         ("NAME", "web-1"),
-        ("STATE", "Running"),
         ("READY", "yes"),
-        ("ADDRESS", "127.64.0.2"),
+        ("STATUS", "Running"),
         ("RESTARTS", "0"),
+        ("LAST EXIT", "-"),
+        ("RETRY IN", "-"),
+        ("ADDRESS", "127.64.0.2"),
+        ("EPOCH", "-"),
     ] {
         let at = header.find(column).expect("column header");
         assert!(
@@ -125,11 +132,11 @@ fn apply_get_and_delete_a_jail() {
             "{cell} under {column}:\n{table}"
         );
     }
-    let age = &row[header.find("AGE").expect("AGE column")..];
-    assert!(
-        age.trim_end().ends_with('s') || age.trim_end().ends_with('m'),
-        "{table}"
-    );
+    let age = row[header.find("AGE").expect("AGE column")..]
+        .split_whitespace()
+        .next()
+        .unwrap_or_default();
+    assert!(age.ends_with('s') || age.ends_with('m'), "{table}");
 
     let jails = list(&agent);
     assert_eq!(jails.len(), 1, "{jails:?}");
@@ -281,9 +288,9 @@ fn a_multi_document_file_applies_in_order_and_one_bad_document_applies_nothing()
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(
         out.stdout,
-        "jail/charlie applied (Running, 127.64.0.2)\n\
-         jail/alpha applied (Running, 127.64.0.3)\n\
-         jail/bravo applied (Running, 127.64.0.4)\n"
+        "jail/charlie applied (Starting, 127.64.0.2)\n\
+         jail/alpha applied (Starting, 127.64.0.3)\n\
+         jail/bravo applied (Starting, 127.64.0.4)\n"
     );
 
     let file = write(&agent, "three.yaml", &docs);
@@ -294,30 +301,46 @@ fn a_multi_document_file_applies_in_order_and_one_bad_document_applies_nothing()
     assert_eq!(list(&agent), Vec::new());
 }
 
+/// A workload that exits at once: never shown Running, neither by apply's
+/// line nor by any `get` afterwards; its first crash is Restarting with
+/// LAST EXIT 3, the later ones CrashLoop with RETRY IN; the delay grows.
 #[test]
-fn a_workload_that_exits_is_restarted_with_growing_backoff() {
+fn a_workload_that_exits_is_never_running_and_restarts_with_growing_backoff() {
     let agent = Agent::start(AGENT_ARGS);
     let file = write(
         &agent,
         "crash.yaml",
         &jail("crash", "/bin/sh, -c, 'exit 3'"),
     );
-    ok(&agent, &["apply", "-f", &file]);
+    let applied = ok(&agent, &["apply", "-f", &file]);
+    assert!(
+        applied.starts_with("jail/crash applied (Starting, ")
+            || applied.starts_with("jail/crash applied (Restarting, "),
+        "{applied}"
+    );
 
     // Per restart count, the longest wait until the next restart seen.
     let mut longest_wait: BTreeMap<u32, u64> = BTreeMap::new();
     let mut last_restarts = 0;
+    let mut seen_restarting = None;
     wait_for("two restarts and the crash after them", &agent, || {
         let status = by_name(&agent).remove("crash").expect("crash is listed");
         assert!(
-            matches!(status.state, Phase::CrashLoop | Phase::Running),
-            "{status:?}"
+            matches!(
+                status.state,
+                Phase::Starting | Phase::Restarting | Phase::CrashLoop
+            ),
+            "an exited workload is never Running: {status:?}"
         );
         assert!(
             status.restarts >= last_restarts,
             "restarts never go down: {status:?}"
         );
         last_restarts = status.restarts;
+        if status.state == Phase::Restarting {
+            assert_eq!(status.restarts, 0, "only the first crash: {status:?}");
+            seen_restarting = Some(status.clone());
+        }
         if status.state == Phase::CrashLoop {
             let wait = longest_wait.entry(status.restarts).or_default();
             *wait = (*wait).max(
@@ -328,20 +351,37 @@ fn a_workload_that_exits_is_restarted_with_growing_backoff() {
         }
         (status.restarts >= 2 && status.state == Phase::CrashLoop).then_some(())
     });
-    // The delay doubles from 1 s: under a second before the first restart,
-    // 4 s after the second, so the wait seen after it is longer.
-    let first = longest_wait.get(&0).copied().unwrap_or(0);
+    let first = seen_restarting.expect("the first crash was seen as Restarting");
+    assert_eq!(first.last_exit.and_then(|e| e.status), Some(3), "{first:?}");
+    assert!(first.retry_in_secs.is_some(), "{first:?}");
+    assert!(
+        first
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("exited with status 3")),
+        "{first:?}"
+    );
+    // The delay doubles from 1 s: 2 s after the first restart, 4 s after
+    // the second, so the wait seen after it is longer.
+    let second = longest_wait.get(&1).copied().unwrap_or(0);
     let third = longest_wait[&2];
-    assert!(third > first, "backoff grows: {longest_wait:?}");
+    assert!(third > second, "backoff grows: {longest_wait:?}");
 
     let table = ok(&agent, &["get", "jails"]);
+    let header = table.lines().next().unwrap_or_default();
+    let row = table.lines().nth(1).unwrap_or_default();
+    let cell = |column: &str| &row[header.find(column).expect(column)..];
+    assert!(cell("STATUS").starts_with("CrashLoop"), "{table}");
+    assert!(cell("LAST EXIT").starts_with("3 ("), "{table}");
+    assert!(!cell("RETRY IN").starts_with('-'), "{table}");
+    let events = ok(&agent, &["get", "events", "--for", "jail/crash"]);
     assert!(
-        table
+        events
             .lines()
-            .nth(1)
-            .is_some_and(|r| r.contains("CrashLoop")),
-        "{table}"
+            .any(|l| l.contains("Exited") && l.contains("exited with status 3")),
+        "{events}"
     );
+    assert!(events.contains("BackOff"), "{events}");
 }
 
 #[test]
@@ -350,7 +390,13 @@ fn a_killed_agent_restarts_with_every_applied_jail_and_restarts_no_workload() {
     let docs = [sleeper("web-1"), sleeper("web-2"), sleeper("db")].join("---\n");
     let file = write(&agent, "app.yaml", &docs);
     ok(&agent, &["apply", "-f", &file]);
-    let before = by_name(&agent);
+    let before = wait_for("every jail seen running", &agent, || {
+        let jails = by_name(&agent);
+        jails
+            .values()
+            .all(|j| j.state == Phase::Running)
+            .then_some(jails)
+    });
     let pids = agent.jail_pids();
     assert_eq!(pids.len(), 3, "{pids:?}");
 
@@ -381,7 +427,7 @@ fn a_killed_agent_restarts_with_every_applied_jail_and_restarts_no_workload() {
     let more = write(&agent, "more.yaml", &sleeper("cache"));
     assert_eq!(
         ok(&agent, &["apply", "-f", &more]),
-        "jail/cache applied (Running, 127.64.0.5)\n"
+        "jail/cache applied (Starting, 127.64.0.5)\n"
     );
 }
 
@@ -476,16 +522,15 @@ fn the_readme_quick_start_works_word_for_word() {
         outputs
             .get("apply -f examples/sim-web.yaml")
             .map(String::as_str),
-        Some("jail/sim-web applied (Running, 127.64.0.2)\n")
+        Some("jail/sim-web applied (Starting, 127.64.0.2)\n")
     );
     let table = outputs
         .get("get jails")
         .expect("the quick start lists the jails");
     assert!(
-        table
-            .lines()
-            .nth(1)
-            .is_some_and(|r| r.starts_with("sim-web") && r.contains("Running")),
+        table.lines().nth(1).is_some_and(
+            |r| r.starts_with("sim-web") && (r.contains("Running") || r.contains("Starting"))
+        ),
         "{table}"
     );
     assert_eq!(
@@ -920,4 +965,21 @@ fn apply_takes_a_directory_of_specs_in_file_name_order() {
     let run = keelctl(&agent, &["apply", "-f", &empty.display().to_string()]);
     assert_eq!(run.code, 2, "{run:?}");
     assert!(run.stderr.contains("holds no document"), "{run:?}");
+}
+
+/// A typo in `base` is refused as a base the node does not have, naming
+/// `spec.base`, and nothing is kept (the simulated host knows release
+/// names, as a FreeBSD host knows the bases it fetched).
+#[test]
+fn a_base_that_names_no_release_is_refused_naming_spec_base() {
+    let agent = Agent::start(AGENT_ARGS);
+    let doc = "kind: Jail\nmetadata: {name: typo}\nspec:\n  base: 99.9-NOPE\n  \
+               exec: {start: [/bin/sleep, '300']}\n";
+    let file = write(&agent, "typo.yaml", doc);
+    let run = keelctl(&agent, &["apply", "-f", &file]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stderr.contains("spec.base"), "{run:?}");
+    assert!(run.stderr.contains("99.9-NOPE"), "{run:?}");
+    assert!(run.stderr.contains("keelctl base fetch"), "{run:?}");
+    assert_eq!(list(&agent), Vec::new(), "nothing kept");
 }

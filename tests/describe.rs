@@ -53,7 +53,11 @@ fn describe_shows_a_service_its_replica_a_node_and_a_volume() {
         ],
     );
 
-    let replica = cluster.keelctl_ok(&["describe", "jail", "web-0"]).stdout;
+    // Running once seen up past its first second (Starting before).
+    let replica = cluster.wait_for("web-0 Running", || {
+        let text = cluster.keelctl_ok(&["describe", "jail", "web-0"]).stdout;
+        text.contains("Status:       Running").then_some(text)
+    });
     has_lines(
         &replica,
         &[
@@ -68,7 +72,19 @@ fn describe_shows_a_service_its_replica_a_node_and_a_volume() {
             "  Running   True",
             "Spec:",
             "  base: 14.2-RELEASE",
+            "Events:",
+            "  LAST SEEN",
         ],
+    );
+    assert!(
+        replica
+            .lines()
+            .any(|l| l.contains("Started") && l.contains("jail/web-0")),
+        "the replica's own events: {replica}"
+    );
+    assert!(
+        replica.lines().all(|l| !l.contains("jail/web-1")),
+        "no other object's: {replica}"
     );
 
     let db_node = cluster

@@ -142,6 +142,15 @@ fn a_readiness_flip_reaches_the_other_proxy_without_its_heartbeat() {
             listed(&cluster, node).filter(|l| *l == both)
         });
     }
+    // Both workloads settled (Running, not Starting): settling is an event,
+    // and a new event sends a heartbeat at once, which is not the path
+    // under test.
+    cluster.wait_for("both replicas Running", || {
+        let run = cluster.keelctl(&["get", "jails", "-o", "json"]);
+        let jails: Vec<serde_json::Value> = serde_json::from_str(&run.stdout).ok()?;
+        let running = jails.iter().filter(|j| j["state"] == "Running").count();
+        (running == 2).then_some(())
+    });
     let observer_beats = counter(&cluster, &observer, HEARTBEATS);
     let observer_pushes = counter(&cluster, &observer, PUSHED);
     let victim_beats = counter(&cluster, &victim_node, HEARTBEATS);

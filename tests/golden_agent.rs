@@ -105,7 +105,7 @@ fn agent_provisions_keeps_and_deletes_a_jail_with_two_volumes() {
     golden::check("agent_provision", |runner| {
         let mut agent = agent(runner, state.path());
         let status = agent.apply(web(), None).expect("applied");
-        assert_eq!(status.state, Phase::Running);
+        assert_eq!(status.state, Phase::Starting);
         assert_eq!(status.address.to_string(), "10.20.3.2");
     });
     let conf = conf_dir().join("web-1.conf");
@@ -161,7 +161,7 @@ fn agent_provisions_and_deletes_a_jail_without_limits_without_rctl() {
     golden::check("agent_provision_no_limits", |runner| {
         let mut agent = agent(runner, state.path());
         let status = agent.apply(api_without_limits(), None).expect("applied");
-        assert_eq!(status.state, Phase::Running);
+        assert_eq!(status.state, Phase::Starting);
     });
     golden::check("agent_delete_no_limits", |runner| {
         let mut agent = agent(runner, state.path());
@@ -275,7 +275,7 @@ fn agent_restarts_a_crashed_jail_without_exec_stop() {
     golden::check("agent_restart_crashed", |runner| {
         let mut agent = agent_with_confs(runner, state.path(), &confs);
         let status = agent.apply(web(), None).expect("restarted");
-        assert_eq!((status.state, status.restarts), (Phase::Running, 1));
+        assert_eq!((status.state, status.restarts), (Phase::Starting, 1));
         assert_eq!(status.last_error, None);
     });
 }
@@ -295,7 +295,7 @@ fn agent_forces_out_a_jail_whose_exec_stop_fails_and_remakes_its_epair() {
         let mut changed = web();
         changed.spec.env.insert("LEVEL".into(), "debug".into());
         let status = agent.apply(changed, None).expect("replaced");
-        assert_eq!(status.state, Phase::Running);
+        assert_eq!(status.state, Phase::Starting);
         let error = status.last_error.expect("the stop failure is reported");
         assert!(error.contains("jail -R web-1"), "{error}");
         assert!(error.contains("nginx -s quit: failed"), "{error}");

@@ -207,6 +207,7 @@ fn list_reads_jls_and_counts_processes_once() {
             jid,
             path: path.into(),
             running,
+            exit_status: None,
         };
         assert_eq!(
             listed,

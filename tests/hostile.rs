@@ -603,6 +603,10 @@ fn the_agent_refuses_hostile_requests_on_both_listeners_and_changes_nothing() {
         200,
         "a signed request is served on TCP"
     );
+    // Past Starting: the state must not move on its own during the attack.
+    crate::util::poll_until("keep seen running", || {
+        agent_host(&agent).jails[0]["state"] == "Running"
+    });
     let before = agent_host(&agent);
 
     let slow_open = Arc::new(AtomicBool::new(true));

@@ -180,7 +180,9 @@ fn both_daemons_serve_documented_checked_metrics_on_a_plain_listener() {
             "keel_proxy_bytes_total{service=\"echo\",direction=\"to_client\"}",
         )?;
         let jail_ready = value(&text, "keel_jail_ready{jail=\"echo-0\"}")?;
-        (relayed >= answer.len() as f64 && jail_ready == 1.0).then_some(text)
+        // Ready from its start; Running once seen up past its first second.
+        let running = value(&text, "keel_jail_state{jail=\"echo-0\",state=\"Running\"}")?;
+        (relayed >= answer.len() as f64 && jail_ready == 1.0 && running == 1.0).then_some(text)
     });
     for (series, want) in [
         ("keel_jail_state{jail=\"echo-0\",state=\"Running\"}", 1.0),

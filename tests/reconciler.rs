@@ -182,7 +182,7 @@ fn provision_runs_clone_volumes_mounts_epair_limits_jail_in_that_order() {
     let host = Host::new();
     let mut agent = host.agent();
     let status = agent.apply(jail_with_volumes("db"), None).expect("applied");
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting);
     assert_eq!(
         host.take(),
         [
@@ -419,7 +419,7 @@ fn one_broken_jail_never_blocks_the_others_and_is_retried_after_its_delay() {
     assert!(report.failures.is_empty(), "{report:?}");
     assert_eq!(host.take()[0], "zfs.clone_rootfs a");
     assert!(host.jails.is_running("a"));
-    assert_eq!(agent.get("a").map(|s| s.state), Some(Phase::Running));
+    assert_eq!(agent.get("a").map(|s| s.state), Some(Phase::Starting));
 }
 
 /// Crashes `web`, then checks: nothing before the backoff `delay`, a restart
@@ -429,7 +429,14 @@ fn crash_and_expect_restart_after(host: &Host, agent: &mut Agent, delay: Duratio
     let report = agent.reconcile();
     assert!(report.restarted.is_empty() && report.failures.is_empty());
     let status = agent.get("web").expect("desired");
-    assert_eq!(status.state, Phase::CrashLoop);
+    // One crash after a stable run is Restarting; one right after a
+    // restart (a longer delay) is a crash loop.
+    let crashed = if delay == Duration::from_secs(1) {
+        Phase::Restarting
+    } else {
+        Phase::CrashLoop
+    };
+    assert_eq!(status.state, crashed);
     assert_eq!(status.retry_in_secs, Some(delay.as_secs()));
     host.clock.advance(delay - Duration::from_millis(1));
     assert!(agent.reconcile().restarted.is_empty());
@@ -453,7 +460,7 @@ fn crash_and_expect_restart_after(host: &Host, agent: &mut Agent, delay: Duratio
     );
     assert!(host.jails.is_running("web"));
     let status = agent.get("web").expect("desired");
-    assert_eq!((status.state, status.restarts), (Phase::Running, restarts));
+    assert_eq!((status.state, status.restarts), (Phase::Starting, restarts));
     assert_eq!(agent.record("web").map(|r| r.restarts), Some(restarts));
 }
 
@@ -727,7 +734,10 @@ fn re_applying_the_same_spec_changes_nothing() {
     host.take();
     let jids = host.jids();
     let status = agent.apply(jail_with_volumes("db"), None).expect("again");
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting, "not up a second yet");
+    host.clock.advance(keel::agentd::reconciler::START_SETTLE);
+    let status = agent.apply(jail_with_volumes("db"), None).expect("again");
+    assert_eq!(status.state, Phase::Running, "seen running past its start");
     assert!(host.take().is_empty());
     assert_eq!(host.jids(), jids);
 }
@@ -1314,7 +1324,7 @@ fn a_failing_exec_stop_is_forced_through_and_reported() {
             "jail.create web"
         ]
     );
-    assert_eq!(status.state, Phase::Running);
+    assert_eq!(status.state, Phase::Starting);
     let error = status.last_error.expect("the stop failure is reported");
     assert!(error.contains("jail -R web"), "{error}");
     assert!(error.contains("failed"), "{error}");
@@ -1353,7 +1363,7 @@ fn deleting_a_crashed_jail_runs_no_exec_stop() {
     agent.apply(jail("web"), None).expect("applied");
     host.jails.crash("web");
     agent.reconcile();
-    assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::CrashLoop));
+    assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::Restarting));
     host.take();
     agent.delete("web").expect("deleted");
     let done = host.take();
@@ -1406,7 +1416,7 @@ fn a_jail_with_health_is_ready_only_after_its_probe_passed_and_restarts_through_
         "no health: running is ready"
     );
     let web = agent.get("web").expect("web");
-    assert_eq!((web.state, web.ready), (Phase::Running, false));
+    assert_eq!((web.state, web.ready), (Phase::Starting, false));
 
     let targets = agent.health_targets();
     assert_eq!(
@@ -1424,7 +1434,7 @@ fn a_jail_with_health_is_ready_only_after_its_probe_passed_and_restarts_through_
     assert!(agent.get("web").expect("web").ready);
     agent.set_readiness("web", first, false, Some("connection refused".into()));
     let web = agent.get("web").expect("web");
-    assert!(!web.ready && web.state == Phase::Running, "{web:?}");
+    assert!(!web.ready && web.state == Phase::Starting, "{web:?}");
     assert!(
         web.last_error
             .unwrap_or_default()
@@ -1444,7 +1454,7 @@ fn a_jail_with_health_is_ready_only_after_its_probe_passed_and_restarts_through_
     let web = agent.get("web").expect("web");
     assert_eq!(
         (web.state, web.restarts, web.ready),
-        (Phase::CrashLoop, 1, false)
+        (Phase::Restarting, 1, false)
     );
     assert_eq!(web.retry_in_secs, Some(1));
     assert!(
@@ -1462,7 +1472,7 @@ fn a_jail_with_health_is_ready_only_after_its_probe_passed_and_restarts_through_
     let web = agent.get("web").expect("web");
     assert_eq!(
         (web.state, web.ready, web.restarts),
-        (Phase::Running, false, 1)
+        (Phase::Starting, false, 1)
     );
     assert!(
         web.last_error
@@ -1479,6 +1489,74 @@ fn a_jail_with_health_is_ready_only_after_its_probe_passed_and_restarts_through_
     );
     assert!(agent.set_readiness("web", second, true, None));
     assert!(agent.get("web").expect("web").ready);
+}
+
+/// A started workload is Starting until a pass sees it up past
+/// `START_SETTLE`; its first exit is Restarting with its status, a second
+/// one right after the restart CrashLoop; both are told as events.
+#[test]
+fn an_exited_workload_is_restarting_then_crash_looping_with_its_last_exit() {
+    use keel::agentd::reconciler::START_SETTLE;
+    let host = Host::new();
+    let mut agent = host.agent();
+    let events = keel::common::events::EventLog::in_memory("n1");
+    agent.set_events(events.clone());
+    let status = agent.apply(jail("web"), None).expect("applied");
+    assert_eq!((status.state, status.last_exit), (Phase::Starting, None));
+    agent.reconcile();
+    assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::Starting));
+    host.clock.advance(START_SETTLE);
+    agent.reconcile();
+    assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::Running));
+
+    host.jails.exit("web", 3);
+    agent.reconcile();
+    let web = agent.get("web").expect("web");
+    assert_eq!(web.state, Phase::Restarting, "{web:?}");
+    assert_eq!(web.last_exit.and_then(|e| e.status), Some(3));
+    assert_eq!(web.retry_in_secs, Some(1));
+    assert!(
+        web.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("exited with status 3")),
+        "{web:?}"
+    );
+
+    host.clock.advance(Duration::from_secs(1));
+    agent.reconcile();
+    assert_eq!(agent.get("web").map(|s| s.state), Some(Phase::Starting));
+    host.jails.exit("web", 1);
+    agent.reconcile();
+    let web = agent.get("web").expect("web");
+    assert_eq!(
+        (
+            web.state,
+            web.last_exit.and_then(|e| e.status),
+            web.retry_in_secs
+        ),
+        (Phase::CrashLoop, Some(1), Some(2))
+    );
+    let reasons: Vec<String> = events
+        .since(None, None)
+        .0
+        .into_iter()
+        .map(|e| e.reason)
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "Created",
+            "Started",
+            // It ran past its first second before it exited.
+            "Running",
+            "Exited",
+            "BackOff",
+            "Restarted",
+            "Started",
+            "Exited",
+            "BackOff"
+        ]
+    );
 }
 
 // -------------------------------------------------------------- dry runs

@@ -492,7 +492,11 @@ fn destroying_a_rootfs_never_follows_a_leftover_link() {
     let s = Sim::new();
     let volume = s.host.zfs.create_volume("data", None).expect("volume");
     std::fs::write(volume.join("precious"), "x").expect("write");
-    let rootfs = s.host.zfs.clone_rootfs("any", "web").expect("rootfs");
+    let rootfs = s
+        .host
+        .zfs
+        .clone_rootfs("14.2-RELEASE", "web")
+        .expect("rootfs");
     std::fs::create_dir_all(rootfs.join("srv")).expect("mkdir");
     // A link no mount registered (say, from a crash): removal must unlink it,
     // not descend into it.
@@ -608,7 +612,11 @@ fn mounts_survive_a_restart_and_unmount_removes_only_the_link() {
     let s = Sim::new();
     let volume = s.host.zfs.create_volume("data", None).expect("volume");
     std::fs::write(volume.join("file"), "x").expect("write");
-    let rootfs = s.host.zfs.clone_rootfs("any", "web").expect("rootfs");
+    let rootfs = s
+        .host
+        .zfs
+        .clone_rootfs("14.2-RELEASE", "web")
+        .expect("rootfs");
     let target = rootfs.join("srv/data");
     std::fs::create_dir_all(&target).expect("an empty mount point");
     s.host
@@ -658,7 +666,11 @@ fn mounts_survive_a_restart_and_unmount_removes_only_the_link() {
 fn mounting_over_a_non_empty_directory_is_refused() {
     let s = Sim::new();
     let volume = s.host.zfs.create_volume("data", None).expect("volume");
-    let rootfs = s.host.zfs.clone_rootfs("any", "web").expect("rootfs");
+    let rootfs = s
+        .host
+        .zfs
+        .clone_rootfs("14.2-RELEASE", "web")
+        .expect("rootfs");
     let target = rootfs.join("srv");
     std::fs::create_dir_all(&target).expect("mkdir");
     std::fs::write(target.join("existing"), "x").expect("write");

@@ -4,7 +4,9 @@
 //! (`/jails/{name}/document`), what a `PUT /jails/{name}` of the same body
 //! would do (`POST /jails/{name}/dry-run`, with the FreeBSD commands, and
 //! `POST /jails/{name}/diff`, without; both change nothing: see the
-//! reconciler's `dry_run`), volumes (`agentd::volumes`), ingresses, bases
+//! reconciler's `dry_run`), events (`GET /events`: read from the ring the
+//! reconciler records in, never through the worker, so a watch waits there),
+//! volumes (`agentd::volumes`), ingresses, bases
 //! (`agentd::bases`: `GET /bases`, `GET /bases/{release}`, and `PUT
 //! /bases/{release}`, which starts a fetch and answers 202 at once, or 200
 //! when the base is already there), the proxy's table, health and metrics.
@@ -212,6 +214,8 @@ impl AgentApi {
             },
             ("GET", ["version"]) => Response::json(200, &VersionInfo::of("keel-agentd")),
             ("GET", ["jails"]) => Response::json(200, &self.worker.list()?),
+            // From the ring, never the worker: a watch waits there.
+            ("GET", ["events"]) => self.worker.events().respond(req.query.as_deref()),
             ("GET", ["proxy"]) => self.proxy_table(),
             ("GET", ["proxy", "replicas"]) => self.proxy_replicas(),
             ("GET", ["jails", name, "log"]) => match check_name(name) {
@@ -298,6 +302,7 @@ impl AgentApi {
             | (_, ["metrics"])
             | (_, ["version"])
             | (_, ["jails"])
+            | (_, ["events"])
             | (_, ["volumes"])
             | (_, ["ingresses"])
             | (_, ["proxy"])
@@ -562,6 +567,7 @@ pub fn error_response(e: &ReconcileError) -> Response {
     let message = e.to_string();
     match e {
         ReconcileError::Invalid { field, .. } => Response::error(400, &message, Some(field)),
+        ReconcileError::BaseMissing { .. } => Response::error(400, &message, Some("spec.base")),
         ReconcileError::Conflict { field, .. } => Response::error(409, &message, Some(field)),
         ReconcileError::AddressesExhausted(_) => {
             Response::error(409, &message, Some("spec.network.address"))
@@ -644,5 +650,50 @@ mod tests {
         );
         let without = AgentApi::new(worker).handle(request("GET", "/bases"));
         assert_eq!(without.status, 503);
+    }
+
+    #[test]
+    fn events_are_served_from_the_ring_even_with_the_worker_gone_and_bad_queries_name_the_parameter()
+     {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let net = FakeNet::new(CallLog::new(), Faults::default());
+        let mut reconciler = fake_reconciler(dir.path(), net);
+        let events = crate::common::events::EventLog::in_memory("n1");
+        reconciler.set_events(events.clone());
+        let (worker, thread) = worker::spawn(reconciler).expect("worker");
+        let api = AgentApi::new(worker.clone());
+        worker.shutdown();
+        thread.join().expect("worker ends");
+        events.normal(
+            crate::common::wire::ObjectKind::Jail,
+            "web",
+            "Started",
+            String::new(),
+        );
+
+        let mut get = request("GET", "/events");
+        get.query = Some("after=0&for=jail/web".into());
+        let answer = api.handle(get);
+        assert_eq!(answer.status, 200, "{}", body(&answer));
+        let listed: crate::common::wire::EventsAnswer =
+            serde_json::from_str(&body(&answer)).expect("an events answer");
+        assert_eq!(
+            (
+                listed.events.len(),
+                listed.last_seq,
+                listed.events[0].node.as_str()
+            ),
+            (1, 1, "n1")
+        );
+        let mut bad = request("GET", "/events");
+        bad.query = Some("after=soon".into());
+        let refused = api.handle(bad);
+        assert_eq!(refused.status, 400);
+        assert!(
+            body(&refused).contains("\"field\":\"after\""),
+            "{}",
+            body(&refused)
+        );
+        assert_eq!(api.handle(request("POST", "/events")).status, 405);
     }
 }

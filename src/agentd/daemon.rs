@@ -53,6 +53,7 @@ use crate::common::auth::{Signer, Verifier};
 use crate::common::backoff::SystemClock;
 use crate::common::cmd::SystemRunner;
 use crate::common::config::{Config, ConfigSource, DevfsRuleset};
+use crate::common::events::EventLog;
 use crate::common::faults;
 use crate::common::http::{
     Handler, HttpError, Server, ServerLimits, ShutdownSignal, bind_unix_socket,
@@ -518,7 +519,7 @@ fn check_nesting(
 }
 
 fn serve<J, Z, N, M>(
-    reconciler: Reconciler<J, Z, N, M>,
+    mut reconciler: Reconciler<J, Z, N, M>,
     cfg: &Config,
     source: &ConfigSource,
     group: Option<&str>,
@@ -535,6 +536,13 @@ where
     let socket = &cfg.agent.socket;
     // Bound before the socket, so a taken port leaves nothing behind.
     let (membership, verifier) = cluster.unzip();
+    // Events name the node they happen on: the cluster's id for it, else
+    // what the id would be (a standalone agent's hostname).
+    let node = match &membership {
+        Some(m) => m.node_id.clone(),
+        None => identity::node_id(cfg.agent.node_id.as_deref()).unwrap_or_default(),
+    };
+    reconciler.set_events(EventLog::open(&cfg.agent.state_dir, &node).map_err(RunError::Store)?);
     let tcp = match &membership {
         Some(m) => {
             Some(

@@ -32,12 +32,14 @@ use crate::common::wire::{JailStatus, Phase};
 const PASS_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0];
 
 /// Every phase, for `keel_jail_state` (one series per phase and jail).
-const PHASES: [Phase; 5] = [
+const PHASES: [Phase; 7] = [
     Phase::Pending,
     Phase::Running,
     Phase::CrashLoop,
     Phase::Failed,
     Phase::Deleting,
+    Phase::Starting,
+    Phase::Restarting,
 ];
 
 /// Counters and the pass histogram.
@@ -93,7 +95,7 @@ pub fn render(
     proxy: Option<&[(String, ServiceSample)]>,
 ) -> String {
     let mut exp = Exposition::new();
-    let running = jails.iter().filter(|s| s.state == Phase::Running).count();
+    let running = jails.iter().filter(|s| s.state.runs()).count();
     exp.single(
         "keel_jails_desired",
         Kind::Gauge,
@@ -306,6 +308,7 @@ mod tests {
             epoch: None,
             cpu: Some(0.5),
             memory: None,
+            last_exit: None,
         }
     }
 

@@ -19,6 +19,21 @@
 //!   jail, crashed or never provisioned, waits for its per-jail [`Backoff`]
 //!   (1 s doubling to 5 min, reset after 60 s up).
 //!
+//! Phases (`JailStatus::state`): a workload this agent started is Starting
+//! until a pass sees it running at least [`START_SETTLE`] after its start,
+//! then Running; where the runtime can tell without a command
+//! ([`JailRuntime::exited_at_start`], the simulated host), an apply looks
+//! once more right after the start, so one that exited at once is answered
+//! as such. A workload found gone is Restarting after a first crash (its
+//! delay is the backoff's first) and CrashLoop after repeated ones, with its
+//! exit status (when the runtime knows it) as the last exit and the last
+//! error. What happens to a jail is also recorded as events
+//! ([`Reconciler::set_events`]).
+//!
+//! A new jail on a base the node does not have (the clone finds no base
+//! snapshot) is refused naming `spec.base` and not kept, instead of being
+//! recorded and failing every pass.
+//!
 //! A steady-state pass runs only the observation commands and writes nothing:
 //! an agent restarted while its jails run restarts nothing and recreates
 //! nothing.
@@ -72,9 +87,11 @@ pub use crate::agentd::health::Target as HealthTarget;
 use crate::common::backoff::{Backoff, Clock, Policy, Snapshot};
 use crate::common::cidr::Ipv4Net;
 use crate::common::cmd::CmdOutput;
+use crate::common::events::EventLog;
 use crate::common::spec::{Jail, JailSpec, Resources};
 use crate::common::store::{Store, StoreError};
-pub use crate::common::wire::{JailStatus, Phase};
+use crate::common::wire::ObjectKind;
+pub use crate::common::wire::{JailStatus, LastExit, Phase};
 use crate::host::jail::{JailError, JailNetwork, JailParams, Limits, ObservedJail, Removal};
 use crate::host::mount::MountError;
 use crate::host::net::NetError;
@@ -310,6 +327,16 @@ pub enum ReconcileError {
     },
     /// No free address left in the node subnet (HTTP 409).
     AddressesExhausted(Ipv4Net),
+    /// A new jail's base is not on this node (its clone found no base
+    /// snapshot): refused naming `spec.base` (HTTP 400) and not kept.
+    BaseMissing {
+        /// The jail.
+        jail: String,
+        /// Its `spec.base`.
+        base: String,
+        /// Why the clone failed, with the fetch command to run.
+        error: String,
+    },
 }
 
 impl fmt::Display for ReconcileError {
@@ -333,6 +360,10 @@ impl fmt::Display for ReconcileError {
             ReconcileError::AddressesExhausted(net) => write!(
                 f,
                 "no free address left in the node subnet {net}; delete a jail or use a larger subnet"
+            ),
+            ReconcileError::BaseMissing { jail, base, error } => write!(
+                f,
+                "spec.base: base {base} is not on this node, so jail {jail} was not kept: {error}"
             ),
         }
     }
@@ -384,7 +415,18 @@ struct Runtime {
     /// error (after anything newer) so a jail back in rotation still says why
     /// it restarted.
     health_restart: Option<String>,
+    /// How the workload last exited (LAST EXIT).
+    last_exit: Option<LastExit>,
+    /// When this agent last started the workload (`None`: it found it
+    /// running), for [`START_SETTLE`].
+    started_at: Option<Instant>,
 }
+
+/// How long a workload this agent started must have been up when a pass
+/// sees it running before it is shown Running rather than Starting: a
+/// workload that exits within its first second is never shown Running,
+/// whatever the pass timing.
+pub const START_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The reconciler; see the module docs.
 pub struct Reconciler<J, Z, N, M> {
@@ -406,6 +448,9 @@ pub struct Reconciler<J, Z, N, M> {
     seeds: BTreeMap<String, RootSeed>,
     /// The last incarnation handed out (see `Runtime::incarnation`).
     incarnations: u64,
+    /// Where what happened to a jail is told ([`Reconciler::set_events`]);
+    /// the reconciler records and never learns who reads.
+    events: EventLog,
     /// The host setup a dry run copies ([`Reconciler::dry_run`]).
     dry_host: DryRunHost,
 }
@@ -453,8 +498,21 @@ where
             runtime: BTreeMap::new(),
             seeds: BTreeMap::new(),
             incarnations: 0,
+            events: EventLog::in_memory(""),
             dry_host: DryRunHost::default(),
         }
+    }
+
+    /// Records what happens to jails (created, started, exited, restarted,
+    /// backing off, failed, deleted) in `events` from now on; until then
+    /// they go to a ring nobody reads.
+    pub fn set_events(&mut self, events: EventLog) {
+        self.events = events;
+    }
+
+    /// Where this reconciler records its events.
+    pub fn events(&self) -> &EventLog {
+        &self.events
     }
 
     /// Registers `seed` for jail `name` (replacing an earlier one): every
@@ -566,6 +624,19 @@ where
         next.jails.insert(name.clone(), record);
         if next != self.state {
             self.commit(next)?;
+            let what = match (&previous, changed) {
+                (None, _) => Some("Created"),
+                (Some(_), true) => Some("Updated"),
+                (Some(_), false) => None,
+            };
+            if let Some(reason) = what {
+                self.events.normal(
+                    ObjectKind::Jail,
+                    &name,
+                    reason,
+                    format!("recorded with address {address}"),
+                );
+            }
         }
         if changed {
             // A new spec is a new workload: it does not inherit the old
@@ -577,10 +648,19 @@ where
         let result = observed
             .and_then(|obs| self.ensure_bridge(&obs).map(|()| obs))
             .and_then(|obs| self.converge(&name, &obs, true));
+        let base = spec_base(&self.state, &name);
+        let base_missing = |e: &HostError| {
+            matches!(e, HostError::Zfs(ZfsError::NotFound(missing))
+                if *missing == self.zfs.layout().base_snapshot(&base))
+        };
         if let Err(error) = result {
+            if previous.is_none() && base_missing(&error) {
+                return Err(self.refuse_missing_base(name, base, error));
+            }
             self.note_failure(&name, &error);
             return Err(ReconcileError::Host { jail: name, error });
         }
+        self.settle_after_start(&name);
         if let Err(e) = self.save_bookkeeping() {
             return Err(ReconcileError::Host {
                 jail: name,
@@ -609,7 +689,17 @@ where
         next.jails.remove(name);
         next.deleting.insert(name.to_string(), spec);
         self.commit(next)?;
-        let crashed = self.runtime.get(name).and_then(|r| r.phase) == Some(Phase::CrashLoop);
+        self.events.normal(
+            ObjectKind::Jail,
+            name,
+            "Deleting",
+            "delete recorded; the jail is being removed".into(),
+        );
+        let crashed = self
+            .runtime
+            .get(name)
+            .and_then(|r| r.phase)
+            .is_some_and(Phase::crashed);
         self.finish_delete(name, crashed).map_err(|error| {
             self.note_failure(name, &error);
             ReconcileError::Host {
@@ -713,6 +803,7 @@ where
                 epoch: None,
                 cpu: spec.spec.resources.cpu,
                 memory: spec.spec.resources.memory,
+                last_exit: self.runtime.get(name).and_then(|r| r.last_exit),
             });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -899,7 +990,7 @@ where
         let now = self.clock.now();
         let key = name.to_string();
         let phase = self.runtime.get(name).and_then(|r| r.phase);
-        let waiting = matches!(phase, Some(Phase::Failed) | Some(Phase::CrashLoop));
+        let waiting = phase.is_some_and(|p| p == Phase::Failed || p.crashed());
         if !force && waiting && !self.backoff.ready(&key, now) {
             // The last attempt failed, or the workload crashed or was
             // restarted for failing its health check: the next start waits
@@ -930,11 +1021,9 @@ where
                 // The jail exists but its workload is gone (or its epair
                 // vanished): a crash. Count it once, then restart when the
                 // backoff allows.
-                let rt = self.runtime.entry(key.clone()).or_default();
-                if !rt.crash_counted {
-                    rt.crash_counted = true;
-                    rt.phase = Some(Phase::CrashLoop);
-                    self.backoff.record_failure(&key, now);
+                let counted = self.runtime.get(name).is_some_and(|r| r.crash_counted);
+                if !counted {
+                    self.note_exit(name, j.running, j.exit_status, now, !force);
                 }
                 if !force && !self.backoff.ready(&key, now) {
                     return Ok(());
@@ -943,6 +1032,13 @@ where
                 if let Some(r) = self.state.jails.get_mut(name) {
                     r.restarts += 1;
                     self.dirty = true;
+                    let restarts = r.restarts;
+                    self.events.normal(
+                        ObjectKind::Jail,
+                        name,
+                        "Restarted",
+                        format!("restarting the workload (restart {restarts})"),
+                    );
                 }
                 epair_ready = self.epair_on_host(name)?;
             }
@@ -1022,14 +1118,40 @@ where
             self.set_deployed(name, rec, Some(resources.clone()));
         }
         let key = name.to_string();
-        let first_sight = self.runtime.get(name).and_then(|r| r.phase) != Some(Phase::Running);
+        // Starting is the same workload, now seen running past its start.
+        let first_sight = !self
+            .runtime
+            .get(name)
+            .and_then(|r| r.phase)
+            .is_some_and(Phase::runs);
         if first_sight {
             self.new_incarnation(name);
         }
         let rt = self.runtime.entry(key.clone()).or_default();
-        rt.phase = Some(Phase::Running);
+        let settled = rt
+            .started_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= START_SETTLE);
+        let was_starting = rt.phase == Some(Phase::Starting);
+        rt.phase = Some(if was_starting && !settled {
+            Phase::Starting
+        } else {
+            Phase::Running
+        });
         rt.last_error = None;
         rt.crash_counted = false;
+        if was_starting && settled {
+            // The state change a watch (`keelctl get jails -w`) shows:
+            // every change of a jail's state is an event.
+            self.events.normal(
+                ObjectKind::Jail,
+                name,
+                "Running",
+                format!(
+                    "the workload still runs {} s after its start",
+                    START_SETTLE.as_secs()
+                ),
+            );
+        }
         if first_sight {
             // First sight of it running (e.g. after an agent restart): its
             // stable-uptime clock starts now.
@@ -1149,12 +1271,22 @@ where
         self.set_deployed(name, rec, Some(spec.resources.clone()));
         let params = self.jail_params(name, rec, &root);
         self.jails.create(&params)?;
+        self.events.normal(
+            ObjectKind::Jail,
+            name,
+            "Started",
+            format!("started {}", params.exec_start.join(" ")),
+        );
 
         let key = name.to_string();
-        self.backoff.record_started(&key, self.clock.now());
+        let started = self.clock.now();
+        self.backoff.record_started(&key, started);
         self.new_incarnation(name);
         let rt = self.runtime.entry(key).or_default();
-        rt.phase = Some(Phase::Running);
+        rt.started_at = Some(started);
+        // Running once a later observation still sees it (`keep_running`):
+        // a workload that exits at once is never shown Running.
+        rt.phase = Some(Phase::Starting);
         rt.last_error = None;
         rt.crash_counted = false;
         Ok(())
@@ -1228,6 +1360,12 @@ where
         self.commit(next)
             .map_err(|e| HostError::Store(e.to_string()))?;
         self.runtime.remove(name);
+        self.events.normal(
+            ObjectKind::Jail,
+            name,
+            "Deleted",
+            "the jail and its root filesystem are gone".into(),
+        );
         Ok(())
     }
 
@@ -1313,6 +1451,8 @@ where
         if !deleting {
             self.backoff.record_failure(&key, now);
         }
+        self.events
+            .warning(ObjectKind::Jail, name, "Failed", error.to_string());
     }
 
     fn status_of(&self, name: &str) -> JailStatus {
@@ -1320,7 +1460,7 @@ where
         let rt = self.runtime.get(name).cloned().unwrap_or_default();
         let now = self.clock.now();
         let retry_in_secs = match rt.phase {
-            Some(Phase::CrashLoop) | Some(Phase::Failed) => self
+            Some(p) if p == Phase::Failed || p.crashed() => self
                 .backoff
                 .next_attempt(&name.to_string())
                 .map(|at: Instant| at.saturating_duration_since(now).as_secs()),
@@ -1331,7 +1471,7 @@ where
             state: rt.phase.unwrap_or(Phase::Pending),
             address: rec.address,
             restarts: rec.restarts,
-            ready: rt.phase == Some(Phase::Running)
+            ready: rt.phase.is_some_and(Phase::runs)
                 && (rec.spec.spec.health.is_none() || rt.probe_passed),
             created_unix: rec.created_unix,
             last_error: rt
@@ -1343,6 +1483,97 @@ where
             epoch: rec.epoch,
             cpu: rec.spec.spec.resources.cpu,
             memory: rec.spec.spec.resources.memory,
+            last_exit: rt.last_exit,
+        }
+    }
+
+    /// The workload of `name` is gone (it has no process, or, `running`, its
+    /// epair vanished): counted once against the backoff, Restarting after
+    /// a first crash and CrashLoop after repeated ones, its exit status kept
+    /// as LAST EXIT and the last error, and told as events. `waits`: the
+    /// restart will wait for the backoff (a pass, not an apply).
+    fn note_exit(
+        &mut self,
+        name: &str,
+        running: bool,
+        exit_status: Option<i32>,
+        now: Instant,
+        waits: bool,
+    ) {
+        let key = name.to_string();
+        let delay = self.backoff.record_failure(&key, now);
+        let first = delay <= self.backoff.policy().initial;
+        let how = match (running, exit_status) {
+            (true, _) => "its epair is gone".to_string(),
+            (false, Some(status)) => format!("the workload exited with status {status}"),
+            (false, None) => "the workload exited (no process is left in the jail)".to_string(),
+        };
+        let rt = self.runtime.entry(key).or_default();
+        rt.crash_counted = true;
+        rt.phase = Some(if first {
+            Phase::Restarting
+        } else {
+            Phase::CrashLoop
+        });
+        rt.last_error = Some(how.clone());
+        if !running {
+            rt.last_exit = Some(LastExit {
+                status: exit_status,
+                time_unix: unix_now(),
+            });
+        }
+        self.events.warning(ObjectKind::Jail, name, "Exited", how);
+        if waits {
+            self.events.warning(
+                ObjectKind::Jail,
+                name,
+                "BackOff",
+                format!("back-off {}s before restarting it", delay.as_secs()),
+            );
+        }
+    }
+
+    /// A new jail whose base this node does not have: refused, and not
+    /// kept (nothing of it was built, the clone being the first step),
+    /// rather than recorded and failing every pass.
+    fn refuse_missing_base(
+        &mut self,
+        name: String,
+        base: String,
+        error: HostError,
+    ) -> ReconcileError {
+        let mut next = self.state.clone();
+        next.jails.remove(&name);
+        if let Err(e) = self.commit(next) {
+            return e;
+        }
+        self.backoff.forget(&name);
+        self.runtime.remove(&name);
+        self.events.warning(
+            ObjectKind::Jail,
+            &name,
+            "Refused",
+            format!("base {base} is not on this node; the jail is not kept: {error}"),
+        );
+        ReconcileError::BaseMissing {
+            jail: name,
+            base,
+            error: error.to_string(),
+        }
+    }
+
+    /// Right after an apply started `name`'s workload: one more look at it
+    /// where the runtime can take one without a host command
+    /// ([`JailRuntime::exited_at_start`]), so that one which already exited
+    /// is answered as such, not as Starting. Otherwise it stays Starting
+    /// until the next pass sees it.
+    fn settle_after_start(&mut self, name: &str) {
+        if self.runtime.get(name).and_then(|r| r.phase) != Some(Phase::Starting) {
+            return;
+        }
+        if let Some(status) = self.jails.exited_at_start(name) {
+            let now = self.clock.now();
+            self.note_exit(name, false, status, now, true);
         }
     }
 }
@@ -1392,6 +1623,15 @@ fn identity(name: &str, spec: &JailSpec, address: Ipv4Addr) -> (JailSpec, Ipv4Ad
 /// `root` joined with an absolute mount path (validated: normalised, no `..`).
 fn under_root(root: &Path, mount_path: &Path) -> PathBuf {
     root.join(mount_path.strip_prefix("/").unwrap_or(mount_path))
+}
+
+/// The `spec.base` of desired jail `name` in `state` (empty when unknown).
+fn spec_base(state: &AgentState, name: &str) -> String {
+    state
+        .jails
+        .get(name)
+        .map(|r| r.spec.spec.base.clone())
+        .unwrap_or_default()
 }
 
 fn unix_now() -> u64 {
@@ -1509,7 +1749,7 @@ where
             .filter_map(|(name, rec)| {
                 let rt = self.runtime.get(name)?;
                 let health = rec.spec.spec.health.clone()?;
-                (rt.phase == Some(Phase::Running)).then(|| HealthTarget {
+                rt.phase.is_some_and(Phase::runs).then(|| HealthTarget {
                     name: name.clone(),
                     incarnation: rt.incarnation,
                     address: rec.address,
@@ -1531,7 +1771,22 @@ where
         let Some(rt) = self.current_incarnation(name, incarnation) else {
             return false;
         };
+        let was_ready = rt.probe_passed;
         rt.probe_passed = ready;
+        if was_ready && !ready {
+            let why = reason
+                .clone()
+                .unwrap_or_else(|| "its health check failed".into());
+            self.events.warning(
+                ObjectKind::Jail,
+                name,
+                "Unhealthy",
+                format!("not ready: {why}"),
+            );
+        }
+        let Some(rt) = self.runtime.get_mut(name) else {
+            return true;
+        };
         rt.health_failure = match (ready, reason) {
             (true, _) => None,
             (false, Some(why)) => Some(format!("not ready: {why}")),
@@ -1568,11 +1823,22 @@ where
             r.restarts += 1;
             self.dirty = true;
         }
+        self.events.warning(
+            ObjectKind::Jail,
+            name,
+            "Unhealthy",
+            format!("stopped for failing its health check, restarts with backoff: {reason}"),
+        );
         let now = self.clock.now();
         let key = name.to_string();
-        self.backoff.record_failure(&key, now);
+        let delay = self.backoff.record_failure(&key, now);
+        let first = delay <= self.backoff.policy().initial;
         let rt = self.runtime.entry(key).or_default();
-        rt.phase = Some(Phase::CrashLoop);
+        rt.phase = Some(if first {
+            Phase::Restarting
+        } else {
+            Phase::CrashLoop
+        });
         rt.probe_passed = false;
         rt.forced_removal = stop_failure.map(|e| e.to_string());
         rt.health_failure = None;
@@ -1584,6 +1850,6 @@ where
     fn current_incarnation(&mut self, name: &str, incarnation: u64) -> Option<&mut Runtime> {
         self.runtime
             .get_mut(name)
-            .filter(|rt| rt.incarnation == incarnation && rt.phase == Some(Phase::Running))
+            .filter(|rt| rt.incarnation == incarnation && rt.phase.is_some_and(Phase::runs))
     }
 }

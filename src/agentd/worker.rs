@@ -18,6 +18,11 @@
 //! never the node's liveness or a scrape. The snapshot is at most
 //! one command behind (the one in progress), and it closes when the worker
 //! thread ends, panicking or not.
+//!
+//! Events are read without a command too: the reconciler records them in a
+//! ring ([`crate::common::events`]) that [`WorkerHandle::events`] reads and
+//! `GET /events` watches wait on; the worker writes the ring to its file
+//! once after each command that recorded any.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -35,6 +40,7 @@ use crate::agentd::routes::{self, HeartbeatOutcome};
 use crate::agentd::snapshot::{self, Publisher, Snapshot};
 use crate::agentd::volumes::{self, VolumeError};
 use crate::common::cidr::Ipv4Net;
+use crate::common::events::EventLog;
 use crate::common::spec::{Ingress, Jail};
 use crate::common::supervise::{self, WorkerHealth};
 use crate::common::wire::{DryRunReport, IngressStatus, Peer, PlacedJail, VolumeStatus};
@@ -245,6 +251,7 @@ pub struct WorkerHandle {
     jails: Snapshot<Vec<JailStatus>>,
     health_targets: Snapshot<Vec<HealthTarget>>,
     metrics: Snapshot<WorkerMetrics>,
+    events: EventLog,
 }
 
 impl WorkerHandle {
@@ -342,6 +349,12 @@ impl WorkerHandle {
     /// for the worker (`agentd::metrics`).
     pub fn published_metrics(&self) -> Result<Arc<WorkerMetrics>, WorkerGone> {
         self.metrics.latest().ok_or(WorkerGone)
+    }
+
+    /// The ring the reconciler records its events in, read without waiting
+    /// for the worker (`GET /events`).
+    pub fn events(&self) -> &EventLog {
+        &self.events
     }
 
     /// The running jails with a health probe, as the worker published them
@@ -502,6 +515,7 @@ where
         desired: reconciler.state().jails.len(),
         ..WorkerMetrics::default()
     });
+    let events = reconciler.events().clone();
     let published = Published {
         jails: publisher,
         health_targets: targets_publisher,
@@ -516,6 +530,7 @@ where
             jails,
             health_targets,
             metrics,
+            events,
         },
         handle,
     ))
@@ -696,6 +711,11 @@ fn run<J, Z, N, M>(
         // After every command, read-only ones too: cheaper than knowing
         // which ones changed a status (the list is built from memory).
         published.publish(&reconciler, &metrics, ingress.as_ref());
+        // One write for all the events of the command, not one per event
+        // (common::events); the next command retries a failed one.
+        if let Err(e) = reconciler.events().flush() {
+            log::warn!("events are not saved: {e}");
+        }
     }
 }
 

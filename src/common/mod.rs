@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod cidr;
 pub mod cmd;
 pub mod config;
+pub mod events;
 pub mod faults;
 pub mod http;
 pub mod journal;

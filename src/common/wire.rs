@@ -10,18 +10,48 @@ use std::net::Ipv4Addr;
 use serde::{Deserialize, Serialize};
 
 /// Where a jail stands, as last seen by the reconciler.
+///
+/// Variants are only ever added. A phase this build does not know (sent by
+/// a newer daemon) reads as [`Phase::Unknown`] instead of failing the whole
+/// answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     /// Recorded, not provisioned yet.
     Pending,
-    /// The workload runs.
+    /// The workload runs, and was seen running after its start settled (a
+    /// pass after the one that started it).
     Running,
-    /// The workload exited; waiting for its backoff delay before restarting.
+    /// The workload exited again after a restart (repeated crashes); waiting
+    /// for its backoff delay before restarting.
     CrashLoop,
     /// The last provisioning or restart attempt failed.
     Failed,
     /// A delete is in progress.
     Deleting,
+    /// The workload was started and has not been seen running by a later
+    /// observation yet: the next pass says Running, or that it exited.
+    Starting,
+    /// The workload exited once (after running, or at its start); waiting
+    /// for the backoff delay before its restart.
+    Restarting,
+    /// A phase a newer daemon sent that this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Phase {
+    /// True while the workload was started and not seen gone: Starting or
+    /// Running. Such a jail serves (when it has no health check, or passes
+    /// it) and counts as running for the control plane.
+    pub fn runs(self) -> bool {
+        matches!(self, Phase::Running | Phase::Starting)
+    }
+
+    /// True while the workload exited and waits for its restart:
+    /// Restarting or CrashLoop.
+    pub fn crashed(self) -> bool {
+        matches!(self, Phase::Restarting | Phase::CrashLoop)
+    }
 }
 
 impl fmt::Display for Phase {
@@ -32,6 +62,9 @@ impl fmt::Display for Phase {
             Phase::CrashLoop => "CrashLoop",
             Phase::Failed => "Failed",
             Phase::Deleting => "Deleting",
+            Phase::Starting => "Starting",
+            Phase::Restarting => "Restarting",
+            Phase::Unknown => "Unknown",
         })
     }
 }
@@ -64,6 +97,20 @@ pub struct JailStatus {
     pub cpu: Option<f64>,
     /// memory bytes requested.
     pub memory: Option<u64>,
+    /// How the workload last exited, when it did since the agent started
+    /// (absent from older agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<LastExit>,
+}
+
+/// How a jail's workload last exited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastExit {
+    /// Its exit status, when the host knows it (the simulated host reaps
+    /// the workload; a FreeBSD jail only shows it has no process left).
+    pub status: Option<i32>,
+    /// When the agent saw it gone (Unix seconds).
+    pub time_unix: u64,
 }
 
 /// The JSON body of every error response (`common::http::Response::error`
@@ -168,6 +215,11 @@ pub struct HeartbeatRequest {
     /// service. `None`: always send the table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints_held: Option<EndpointsStamp>,
+    /// The newest number of the agent's event ring: the control plane
+    /// wakes event watches when it grows and asks only the nodes whose
+    /// events a watcher has not seen. `None` from an agent without events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_seq: Option<u64>,
 }
 
 /// One endpoint table's identity: the control-plane process that numbered
@@ -357,6 +409,10 @@ pub struct NodeStatus {
     /// Cordoned: nothing new is placed on it (`keelctl cordon`).
     #[serde(default)]
     pub cordoned: bool,
+    /// The newest event number its last heartbeat reported
+    /// ([`HeartbeatRequest::events_seq`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_seq: Option<u64>,
 }
 
 /// `PUT /services/{name}` as keelctl sends it. The control plane never parses
@@ -728,6 +784,122 @@ pub struct BaseStatus {
     pub error: Option<String>,
 }
 
+/// What an [`Event`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ObjectKind {
+    /// A jail (on an agent, or placed by the control plane).
+    Jail,
+    /// A Service (control plane).
+    Service,
+    /// A node of the cluster.
+    Node,
+    /// A volume.
+    Volume,
+    /// An Ingress.
+    Ingress,
+}
+
+impl ObjectKind {
+    /// Every kind, in the order `--for` lists them.
+    pub const ALL: [ObjectKind; 5] = [
+        ObjectKind::Jail,
+        ObjectKind::Service,
+        ObjectKind::Node,
+        ObjectKind::Volume,
+        ObjectKind::Ingress,
+    ];
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ObjectKind::Jail => "jail",
+            ObjectKind::Service => "service",
+            ObjectKind::Node => "node",
+            ObjectKind::Volume => "volume",
+            ObjectKind::Ingress => "ingress",
+        })
+    }
+}
+
+/// Whether an [`Event`] is routine or needs a look, as kubectl shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventType {
+    /// Something went as it should (a start, a placement).
+    Normal,
+    /// Something went wrong or was lost (an exit, a dead node).
+    Warning,
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        })
+    }
+}
+
+/// One thing a daemon did or saw, as `GET /events` answers it
+/// (`common::events` keeps them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Numbered by the daemon that recorded it, one up per event, and kept
+    /// across its restarts: `GET /events?after=SEQ` answers the newer ones.
+    pub seq: u64,
+    /// When (Unix seconds).
+    pub time_unix: u64,
+    /// What it is about.
+    pub kind: ObjectKind,
+    /// The object's name.
+    pub name: String,
+    /// A short CamelCase word (Started, Exited, NodeDead, Rescheduled, ...).
+    pub reason: String,
+    /// For people; an exit names its status when known.
+    pub message: String,
+    /// The node it happened on or is about; empty when none (a Service).
+    pub node: String,
+    /// Normal or Warning.
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    /// Which daemon recorded it: `controlplane`, or the node id of the agent
+    /// the control plane had it from; absent in an agent's own answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// A node whose events the control plane could not have.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnreachedNode {
+    /// The node id.
+    pub node: String,
+    /// Why (Dead, or what its agent answered).
+    pub error: String,
+}
+
+/// The answer of `GET /events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventsAnswer {
+    /// The events asked for, oldest first.
+    pub events: Vec<Event>,
+    /// The newest sequence number the answering daemon handed out: the next
+    /// `after` of a watch.
+    pub last_seq: u64,
+    /// Through the control plane: the nodes whose events are missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreached: Vec<UnreachedNode>,
+    /// Through the control plane: for each node asked, the newest number of
+    /// its ring, the `nodes=` cursor of a watch's next request (agents
+    /// number their own events, so one `after` cannot cover them).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub node_seqs: std::collections::BTreeMap<String, u64>,
+}
+
+/// Longest wait of `GET /events?wait=1` for a newer event before the daemon
+/// answers with none; keelctl's read timeout on that request is longer.
+pub const EVENTS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 #[cfg(test)]
 mod volume_query_tests {
     use super::*;
@@ -890,4 +1062,28 @@ pub struct DryRunReport {
     /// are listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+}
+#[cfg(test)]
+mod phase_tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_from_a_newer_daemon_reads_as_unknown_and_known_ones_round_trip() {
+        let read: Vec<Phase> =
+            serde_json::from_str(r#"["Starting","Restarting","Running","Hibernating"]"#)
+                .expect("decodes");
+        assert_eq!(
+            read,
+            [
+                Phase::Starting,
+                Phase::Restarting,
+                Phase::Running,
+                Phase::Unknown
+            ]
+        );
+        assert_eq!(
+            serde_json::to_string(&Phase::Restarting).expect("encodes"),
+            r#""Restarting""#
+        );
+    }
 }

@@ -22,6 +22,7 @@
 //! | `GET/DELETE /volumes/{name}` | operator | forwarded to the node the volume registry names |
 //! | `PUT/GET/DELETE /services/{name}`, `GET /services` | operator | replica sets behind VIPs; a new template rolls out |
 //! | `POST /services/{name}/scale`, `POST /services/{name}/undo`, `GET /services/{name}/revisions`, `GET /services/{name}/document` | operator | the desired count; back to an earlier template; the templates kept; the current document |
+//! | `GET /events?after=SEQ&for=KIND/NAME&wait=1&nodes=N:SEQ,...` | operator | the control plane's events (numbered by it: `after` applies to them) merged with every node's that is not Dead (those above its `nodes` cursor; a node with none newer is not asked), sorted by time, with the nodes it could not ask; the wait ends on a new event of the control plane or of a node |
 //! | `GET /metrics` | operator | Prometheus text |
 //! | `GET /version` | operator | the control plane's program and version |
 //! | `GET /healthz` | none | liveness of the control plane itself: its worker answers within [`HEALTH_WAIT`], else 503 |
@@ -73,14 +74,15 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::common::auth::{self, Keyring, Role, Signer, Verifier};
+use crate::common::events::EventQuery;
 use crate::common::http::server::DEFAULT_MAX_CONNECTIONS;
 use crate::common::http::{Client, Endpoint, Handler, OutgoingRequest, Request, Response};
 use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    AppliedDocument, COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer,
-    HeartbeatRequest, RegisterRequest, ServiceApply, VersionInfo, VolumeStatus, parse_committed,
-    parse_volumes_query,
+    AppliedDocument, COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, EventsAnswer,
+    HeartbeatRequest, Liveness, RegisterRequest, ServiceApply, UnreachedNode, VersionInfo,
+    VolumeStatus, parse_committed, parse_volumes_query,
 };
 use crate::controlplane::endpoint_board::EndpointBoard;
 use crate::controlplane::heal::heal;
@@ -94,6 +96,12 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How often a service delete asks whether its replicas drained.
 const DRAIN_POLL: Duration = Duration::from_millis(100);
+
+/// Most agents `GET /events` asks at once.
+const EVENT_FAN_OUT: usize = 16;
+
+/// The `source` of the control plane's own events in `GET /events`.
+pub const CONTROLPLANE_SOURCE: &str = "controlplane";
 
 /// Most endpoint long polls waiting at once: a quarter of the listener's
 /// connections, so heartbeats always find a slot (see the module docs).
@@ -245,6 +253,7 @@ impl ControlPlaneApi {
                 Ok(removal) => Response::json(200, &removal),
             },
             ("GET", ["metrics"]) => self.metrics()?,
+            ("GET", ["events"]) => self.events(req)?,
             ("GET", ["nodes", id, "jails"]) => match self.worker.resolve_node(id)? {
                 Err(r) => refused(&r),
                 Ok(addr) => self.forwarder.forward(id, addr, req, "/jails", None),
@@ -382,9 +391,11 @@ impl ControlPlaneApi {
             (_, ["nodes", _, "endpoints"]) => method_not_allowed("GET"),
             (_, ["nodes", _]) => method_not_allowed("DELETE"),
             (_, ["nodes", _, "cordon" | "uncordon"]) => method_not_allowed("POST"),
-            (_, ["nodes"]) | (_, ["metrics"]) | (_, ["version"]) | (_, ["nodes", _, "jails"]) => {
-                method_not_allowed("GET")
-            }
+            (_, ["nodes"])
+            | (_, ["metrics"])
+            | (_, ["version"])
+            | (_, ["events"])
+            | (_, ["nodes", _, "jails"]) => method_not_allowed("GET"),
             (_, ["jails", _])
             | (_, ["nodes", _, "jails", _])
             | (_, ["nodes", _, "ingresses", _])
@@ -725,6 +736,108 @@ impl ControlPlaneApi {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name).then(a.node.cmp(&b.node)));
         Ok(Response::json(200, &out))
+    }
+
+    /// `GET /events`: this process's events, after the wait a watch asks
+    /// for (on the ring the worker records in, never on the worker; a
+    /// heartbeat reporting new events of its node pokes that ring, so the
+    /// wait ends for them too), then the events of every node that is not
+    /// Dead, asked concurrently ([`EVENT_FAN_OUT`] at a time). Agents
+    /// number their events on their own: the `nodes=` cursor says, per node,
+    /// the newest the reader has, and a node whose heartbeat reported no
+    /// newer one is not asked at all, so a watch costs one request per node
+    /// that has something new. The answer's `node_seqs` is the next cursor.
+    /// A Dead node, or one whose agent did not answer, is named in
+    /// `unreached`.
+    fn events(&self, req: &Request) -> Result<Response, WorkerGone> {
+        let query = match EventQuery::parse(req.query.as_deref()) {
+            Ok(q) => q,
+            Err((why, field)) => return Ok(Response::error(400, &why, Some(field))),
+        };
+        let mut answer = match self.worker.events().answer(&query) {
+            Ok(answer) => answer,
+            Err(busy) => return Ok(Response::error(503, &busy.to_string(), None)),
+        };
+        for event in &mut answer.events {
+            event.source = Some(CONTROLPLANE_SOURCE.to_string());
+        }
+        let mut asks = Vec::new();
+        for node in self.worker.nodes()? {
+            let id = node.node_id;
+            if node.status == Liveness::Dead {
+                answer.unreached.push(UnreachedNode {
+                    node: id,
+                    error: "the node is Dead".into(),
+                });
+                continue;
+            }
+            let had = query.nodes.get(&id).copied();
+            match (had, node.events_seq) {
+                // Nothing newer reported: the reader has all of it.
+                (Some(had), Some(seq)) if seq == had => {
+                    answer.node_seqs.insert(id, had);
+                }
+                // A number below the reader's: the node's ring was lost,
+                // so everything it holds now is new.
+                (Some(had), Some(seq)) if seq < had => asks.push((id, node.address, None)),
+                (had, _) => asks.push((id, node.address, had)),
+            }
+        }
+        let object = query.object.clone();
+        let ask = |(id, addr, after): &(String, SocketAddr, Option<u64>)| {
+            let path = match (EventQuery {
+                after: *after,
+                object: object.clone(),
+                ..EventQuery::default()
+            })
+            .to_query()
+            {
+                q if q.is_empty() => "/events".to_string(),
+                q => format!("/events?{q}"),
+            };
+            let r = self.forwarder.send(id, *addr, "GET", &path, b"", None);
+            if (200..300).contains(&r.status) {
+                serde_json::from_slice::<EventsAnswer>(&r.body)
+                    .map_err(|e| format!("its agent answered an unreadable list: {e}"))
+            } else {
+                Err(format!(
+                    "its agent answered HTTP {}: {}",
+                    r.status,
+                    String::from_utf8_lossy(&r.body)
+                ))
+            }
+        };
+        for chunk in asks.chunks(EVENT_FAN_OUT) {
+            let results: Vec<_> = std::thread::scope(|scope| {
+                let running: Vec<_> = chunk.iter().map(|a| scope.spawn(move || ask(a))).collect();
+                running
+                    .into_iter()
+                    .map(|t| {
+                        t.join()
+                            .unwrap_or_else(|_| Err("asking it panicked".to_string()))
+                    })
+                    .collect()
+            });
+            for ((id, _, _), listed) in chunk.iter().zip(results) {
+                match listed {
+                    Ok(theirs) => {
+                        answer.node_seqs.insert(id.clone(), theirs.last_seq);
+                        answer.events.extend(theirs.events.into_iter().map(|mut e| {
+                            e.source = Some(id.clone());
+                            e
+                        }));
+                    }
+                    Err(error) => answer.unreached.push(UnreachedNode {
+                        node: id.clone(),
+                        error,
+                    }),
+                }
+            }
+        }
+        answer
+            .events
+            .sort_by(|a, b| (a.time_unix, &a.source, a.seq).cmp(&(b.time_unix, &b.source, b.seq)));
+        Ok(Response::json(200, &answer))
     }
 
     fn metrics(&self) -> Result<Response, WorkerGone> {

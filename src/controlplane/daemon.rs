@@ -20,6 +20,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use crate::common::auth::{self, AuthError, KeyFilePolicy, Keyring, Signer, Verifier};
+use crate::common::events::EventLog;
 use crate::common::faults;
 use crate::common::http::{HttpError, Server, ServerLimits, ShutdownSignal};
 use crate::common::journal::JournalError;
@@ -156,7 +157,12 @@ pub fn run(options: Options) -> Result<(), RunError> {
         state.placements.len(),
         c.state_dir.display()
     );
-    let cluster = Cluster::new(state, c.cluster_cidr, c.service_cidr, c.dead_after.0);
+    let mut cluster = Cluster::new(state, c.cluster_cidr, c.service_cidr, c.dead_after.0);
+    // Its own file, not the journal: events are no part of the cluster
+    // model, and losing the last batch's in a crash is acceptable.
+    let events = EventLog::open(&c.state_dir, "")
+        .map_err(|e| RunError::Setup(format!("the event log: {e}")))?;
+    cluster.set_events(events);
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
     let mut signals = SignalLoop::new().map_err(setup)?;
     let (worker, worker_thread) = Worker::new(cluster, journal, c.state_dir.clone())

@@ -77,6 +77,7 @@ pub fn route_pattern(segments: &[&str]) -> &'static str {
         ["nodes", _, "jails", _, "dry-run"] => "/nodes/{id}/jails/{name}/dry-run",
         ["nodes", _, "jails", _, "diff"] => "/nodes/{id}/jails/{name}/diff",
         ["services", _, "diff"] => "/services/{name}/diff",
+        ["events"] => "/events",
         _ => "other",
     }
 }
@@ -338,6 +339,7 @@ mod tests {
             jails: 1,
             last_seen_secs: Some(1),
             cordoned: false,
+            events_seq: None,
         }
     }
 

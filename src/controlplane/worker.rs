@@ -22,6 +22,13 @@
 //! [`EndpointBoard`], where the API's long polls read it without asking
 //! this thread.
 //!
+//! Events: the registry records its decisions in a ring
+//! ([`crate::common::events`]) that the API reads through
+//! [`WorkerHandle::events`] without asking this thread; the worker writes
+//! the ring to its file once per batch that recorded any, and on every wake
+//! notices leases that ran out ([`Cluster::notice_deaths`]), so a NodeDead
+//! is told when it happens rather than at the next read.
+//!
 //! Stalls: when this thread could not run for longer than half of
 //! `dead_after` (a slow batch, a stopped process), the heartbeats it missed
 //! prove nothing, so every lease still running restarts
@@ -33,6 +40,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::common::events::EventLog;
 use crate::common::journal::{Journal, JournalError};
 use crate::common::metrics::Unavailable;
 use crate::common::supervise::{self, WorkerHealth};
@@ -196,9 +204,16 @@ impl std::error::Error for WorkerGone {}
 pub struct WorkerHandle {
     tx: Sender<Command>,
     board: Arc<EndpointBoard>,
+    events: EventLog,
 }
 
 impl WorkerHandle {
+    /// The ring the registry records its decisions in, read without asking
+    /// the worker (`GET /events`).
+    pub fn events(&self) -> &EventLog {
+        &self.events
+    }
+
     /// The endpoint table the worker publishes, read without asking it.
     pub fn endpoint_board(&self) -> &Arc<EndpointBoard> {
         &self.board
@@ -555,10 +570,11 @@ impl Worker {
             self.node_ids(),
         ));
         let published = Arc::clone(&board);
+        let events = self.cluster.events().clone();
         let handle = std::thread::Builder::new()
             .name("keel-cp-worker".into())
             .spawn(move || self.run(rx, &published))?;
-        Ok((WorkerHandle { tx, board }, handle))
+        Ok((WorkerHandle { tx, board, events }, handle))
     }
 
     fn node_ids(&self) -> std::collections::BTreeSet<String> {
@@ -588,11 +604,13 @@ impl Worker {
                 self.cluster.observation_gap(previous, now);
             }
             previous = now;
+            self.cluster.notice_deaths(now);
             let first = match received {
                 Ok(cmd) => cmd,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     self.publish_endpoints(board, now);
                     refreshed = now;
+                    self.flush_events();
                     continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -635,9 +653,18 @@ impl Worker {
             for reply in deferred {
                 reply(outcome.clone());
             }
+            self.flush_events();
             if stop {
                 break;
             }
+        }
+    }
+
+    /// One write for the events of a batch, not one per event
+    /// (`common::events`); the next batch retries a failed one.
+    fn flush_events(&self) {
+        if let Err(e) = self.cluster.events().flush() {
+            log::warn!("events are not saved: {e}");
         }
     }
 

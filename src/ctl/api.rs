@@ -29,12 +29,13 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 use crate::common::auth::{self, AuthError, Signer};
+use crate::common::events::EventQuery;
 use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
-    AppliedDocument, BaseStatus, DryRunReport, ErrorBody, IngressStatus, JailStatus, NodeRemoval,
-    NodeStatus, RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus, VersionInfo,
-    VolumeStatus, volumes_query,
+    AppliedDocument, BaseStatus, DryRunReport, ErrorBody, EventsAnswer, IngressStatus, JailStatus,
+    NodeRemoval, NodeStatus, RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus,
+    VersionInfo, VolumeStatus, volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -250,6 +251,19 @@ impl Api {
     /// it, use [`Api::list_nodes`] and [`Api::list_jails_on`].
     pub fn list_jails(&self) -> Result<Vec<JailStatus>, ApiError> {
         decode(self.call("GET", "/jails", &[], b"")?, &self.client)
+    }
+
+    /// `GET /events?QUERY`, on an agent (its own) or the control plane (its
+    /// own and every Alive node's, with the nodes it could not ask). A
+    /// watch (`wait=1`) may be held up to [`crate::common::wire::EVENTS_WAIT`].
+    pub fn events(&self, query: &EventQuery) -> Result<EventsAnswer, ApiError> {
+        let query = query.to_query();
+        let path = if query.is_empty() {
+            "/events".to_string()
+        } else {
+            format!("/events?{query}")
+        };
+        decode(self.call("GET", &path, &[], b"")?, &self.client)
     }
 
     /// `GET /nodes/{id}/jails` on the control plane.

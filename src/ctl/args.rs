@@ -15,6 +15,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::common::events::ObjectRef;
 use crate::common::spec;
 
 /// What a flag is, independent of its spelling.
@@ -58,6 +59,10 @@ pub enum FlagId {
     Version,
     /// `--dry-run` (`apply`).
     DryRun,
+    /// `--for KIND/NAME` (`get events`).
+    For,
+    /// `-w, --watch` (`get events`).
+    Watch,
 }
 
 /// One keelctl flag, as `--help` shows it and the parser recognises it.
@@ -89,7 +94,7 @@ pub const FLAGS: &[Flag] = &[
         short: Some('o'),
         long: "output",
         value: Some("FORMAT"),
-        help: "table (default), json or yaml (get; diff and apply --dry-run: text or json)",
+        help: "table (default), json or yaml (get; diff and apply --dry-run: text or json); wide (get jails)",
     },
     Flag {
         id: FlagId::Socket,
@@ -190,6 +195,20 @@ pub const FLAGS: &[Flag] = &[
         help: "do not ask for confirmation on a terminal (delete-volume)",
     },
     Flag {
+        id: FlagId::For,
+        short: None,
+        long: "for",
+        value: Some("KIND/NAME"),
+        help: "only the events about this object, e.g. jail/web or node/n1 (get events)",
+    },
+    Flag {
+        id: FlagId::Watch,
+        short: Some('w'),
+        long: "watch",
+        value: None,
+        help: "after what there is, print changes as they happen until interrupted (get events, jails, services, nodes)",
+    },
+    Flag {
         id: FlagId::Help,
         short: Some('h'),
         long: "help",
@@ -250,6 +269,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
     (
         "describe jail|service|node|volume|ingress NAME",
         "one object in detail: status, conditions, the spec it was applied with",
+    ),
+    (
+        "get events [--for KIND/NAME] [-w]",
+        "what the daemons did and saw, oldest first (with --controlplane: its own and those of every node not Dead)",
     ),
     ("delete jail NAME...", "delete jails by name"),
     (
@@ -393,6 +416,7 @@ fn applies_to(id: FlagId, verb: &str) -> bool {
         }
         FlagId::Help => true,
         FlagId::Version => false,
+        FlagId::For | FlagId::Watch => verb == "get",
     }
 }
 
@@ -435,6 +459,8 @@ pub enum OutputFormat {
     Json,
     /// The same values as YAML.
     Yaml,
+    /// The table with more columns (`get jails`: ADDRESS and EPOCH).
+    Wide,
 }
 
 impl fmt::Display for OutputFormat {
@@ -443,6 +469,7 @@ impl fmt::Display for OutputFormat {
             OutputFormat::Table => "table",
             OutputFormat::Json => "json",
             OutputFormat::Yaml => "yaml",
+            OutputFormat::Wide => "wide",
         })
     }
 }
@@ -513,6 +540,16 @@ pub enum Command {
     },
     /// `get jails|services|volumes|ingresses|nodes|bases [NAME] [-o FORMAT]`.
     Get {
+        /// What to list.
+        resource: Resource,
+        /// One object instead of all.
+        name: Option<String>,
+        /// How to print.
+        output: OutputFormat,
+    },
+    /// `get jails|services|nodes [NAME] -w`: the listing, then a row for
+    /// each object an event names as it happens.
+    Watch {
         /// What to list.
         resource: Resource,
         /// One object instead of all.
@@ -646,6 +683,15 @@ pub enum Command {
         /// Text ([`OutputFormat::Table`]) or JSON.
         output: OutputFormat,
     },
+    /// `get events [--for KIND/NAME] [-w] [-o FORMAT]`.
+    GetEvents {
+        /// `--for`: only the events about this object.
+        object: Option<ObjectRef>,
+        /// `-w, --watch`: keep printing new events.
+        watch: bool,
+        /// How to print.
+        output: OutputFormat,
+    },
 }
 
 /// A parsed command line that runs something.
@@ -772,6 +818,8 @@ struct Seen {
     follow: bool,
     client: bool,
     dry_run: bool,
+    object: Option<String>,
+    watch: bool,
     global: GlobalOptions,
 }
 
@@ -897,6 +945,17 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, Us
             FlagId::ToRevision => {
                 let v = utf8_value(&mut parser, flag)?;
                 if seen.to_revision.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::For => {
+                let v = utf8_value(&mut parser, flag)?;
+                if seen.object.replace(v).is_some() {
+                    return Err(twice());
+                }
+            }
+            FlagId::Watch => {
+                if std::mem::replace(&mut seen.watch, true) {
                     return Err(twice());
                 }
             }
@@ -1052,6 +1111,26 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
     if client && verb != "version" {
         return Err(not_for("--client"));
     }
+    let object = seen.object.take();
+    let watch = std::mem::take(&mut seen.watch);
+    let events = verb == "get"
+        && matches!(
+            rest.first().map(String::as_str),
+            Some("events" | "event" | "ev")
+        );
+    if !events && object.is_some() {
+        return Err(usage("--for applies to `get events` only"));
+    }
+    let watchable = verb == "get"
+        && matches!(
+            rest.first().map(|k| resource(k)),
+            Some(Ok(Resource::Jails | Resource::Services | Resource::Nodes))
+        );
+    if !events && !watchable && watch {
+        return Err(usage(
+            "--watch applies to `get events`, `get jails`, `get services` and `get nodes`",
+        ));
+    }
     let extra = |word: &String| usage(format!("unexpected argument {word:?} for `{verb}`"));
     let file_only = |filename: Option<OsString>| -> Result<Input, UsageError> {
         if let Some(word) = rest.first() {
@@ -1086,6 +1165,39 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     "`get` needs what to list: get jails [NAME], get services [NAME], get volumes [NAME], get ingresses [NAME], get bases [RELEASE] or get nodes",
                 ));
             };
+            let output = match output.as_deref() {
+                None | Some("table") => OutputFormat::Table,
+                Some("json") => OutputFormat::Json,
+                Some("yaml") => OutputFormat::Yaml,
+                Some("wide") if !events && matches!(resource(kind), Ok(Resource::Jails)) => {
+                    OutputFormat::Wide
+                }
+                Some("wide") => {
+                    return Err(usage(
+                        "--output wide applies to `get jails` only; use table, json or yaml",
+                    ));
+                }
+                Some(other) => {
+                    return Err(usage(format!(
+                        "--output {other:?} is not a format; use table, json, yaml or (get jails) wide"
+                    )));
+                }
+            };
+            if events {
+                if let Some(word) = names.first() {
+                    return Err(usage(format!(
+                        "unexpected argument {word:?} for `get events`; name the object with --for KIND/NAME"
+                    )));
+                }
+                let object = object
+                    .map(|o| ObjectRef::parse(&o).map_err(|why| usage(format!("--for: {why}"))))
+                    .transpose()?;
+                return Ok(Command::GetEvents {
+                    object,
+                    watch,
+                    output,
+                });
+            }
             let resource = resource(kind)?;
             if let Some(word) = names.get(1) {
                 return Err(extra(word));
@@ -1121,16 +1233,13 @@ fn command(words: &[String], seen: &mut Seen) -> Result<Command, UsageError> {
                     names.first().map(|n| object_name("node", n)).transpose()?
                 }
             };
-            let output = match output.as_deref() {
-                None | Some("table") => OutputFormat::Table,
-                Some("json") => OutputFormat::Json,
-                Some("yaml") => OutputFormat::Yaml,
-                Some(other) => {
-                    return Err(usage(format!(
-                        "--output {other:?} is not a format; use table, json or yaml"
-                    )));
-                }
-            };
+            if watch {
+                return Ok(Command::Watch {
+                    resource,
+                    name,
+                    output,
+                });
+            }
             Ok(Command::Get {
                 resource,
                 name,
@@ -1561,7 +1670,7 @@ fn resource(word: &str) -> Result<Resource, UsageError> {
         "ingresses" | "ingress" | "ing" => Ok(Resource::Ingresses),
         "bases" | "base" => Ok(Resource::Bases),
         other => Err(usage(format!(
-            "unknown resource {other:?}; keelctl knows jails, services, nodes, volumes, ingresses and bases"
+            "unknown resource {other:?}; keelctl knows jails, services, nodes, volumes, ingresses, bases and events"
         ))),
     }
 }
@@ -1687,7 +1796,16 @@ mod tests {
         );
         assert!(err(&["get"]).contains("get jails"));
         assert!(err(&["get", "disks"]).contains("unknown resource \"disks\""));
-        assert!(err(&["get", "jails", "-o", "wide"]).contains("use table, json or yaml"));
+        assert!(err(&["get", "jails", "-o", "xml"]).contains("use table, json, yaml"));
+        assert!(err(&["get", "nodes", "-o", "wide"]).contains("applies to `get jails` only"));
+        assert_eq!(
+            cmd(&["get", "jails", "-o", "wide"]),
+            Command::Get {
+                resource: Resource::Jails,
+                name: None,
+                output: OutputFormat::Wide,
+            }
+        );
         assert!(err(&["get", "jails", "a", "b"]).contains("\"b\""));
         assert!(err(&["get", "jails", "-f", "x"]).contains("--filename does not apply"));
     }
@@ -2209,7 +2327,7 @@ mod tests {
     fn unknown_commands_and_flags_are_usage_errors() {
         assert!(err(&[]).contains("no command given"));
         assert!(err(&["create"]).contains("unknown command \"create\""));
-        assert!(err(&["get", "jails", "--watch"]).contains("--watch"));
+        assert!(err(&["get", "bases", "--watch"]).contains("--watch"));
         assert!(err(&["apply", "-f"]).contains("-f"));
     }
 
@@ -2284,6 +2402,42 @@ mod tests {
     }
 
     #[test]
+    fn get_events_takes_for_and_watch_and_nothing_else_does() {
+        assert_eq!(
+            cmd(&["get", "events", "--for", "node/n1", "-w", "-o", "json"]),
+            Command::GetEvents {
+                object: Some(ObjectRef {
+                    kind: crate::common::wire::ObjectKind::Node,
+                    name: "n1".into()
+                }),
+                watch: true,
+                output: OutputFormat::Json,
+            }
+        );
+        assert_eq!(
+            cmd(&["get", "ev"]),
+            Command::GetEvents {
+                object: None,
+                watch: false,
+                output: OutputFormat::Table,
+            }
+        );
+        assert!(err(&["get", "events", "--for", "web"]).contains("KIND/NAME"));
+        assert!(err(&["get", "events", "--for", "pod/web"]).contains("unknown kind"));
+        assert!(err(&["get", "events", "web"]).contains("--for KIND/NAME"));
+        assert!(err(&["get", "volumes", "-w"]).contains("--watch applies to `get events`"));
+        assert_eq!(
+            cmd(&["get", "svc", "web", "-w"]),
+            Command::Watch {
+                resource: Resource::Services,
+                name: Some("web".into()),
+                output: OutputFormat::Table
+            }
+        );
+        assert!(err(&["logs", "web", "--for", "jail/web"]).contains("--for applies"));
+    }
+
+    #[test]
     fn every_flag_in_the_table_parses() {
         for flag in FLAGS {
             let mut args = vec![format!("--{}", flag.long)];
@@ -2291,6 +2445,7 @@ mod tests {
                 args.push(
                     match flag.id {
                         FlagId::Output => "json",
+                        FlagId::For => "jail/web",
                         FlagId::Tail | FlagId::Replicas | FlagId::ToRevision => "5",
                         FlagId::Timeout => "90s",
                         _ => "x",
@@ -2329,6 +2484,8 @@ mod tests {
                 args.extend(["rollout", "status", "service", "web"].map(String::from));
             } else if flag.id == FlagId::ToRevision {
                 args.extend(["rollout", "undo", "service", "web"].map(String::from));
+            } else if matches!(flag.id, FlagId::For | FlagId::Watch) {
+                args.extend(["get", "events"].map(String::from));
             } else {
                 args.extend(["get".to_string(), "jails".to_string()]);
             }

@@ -49,9 +49,11 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::auth::{self, KeyFilePolicy, Signer};
+use crate::common::events::{EventQuery, ObjectRef};
 use crate::common::http::Endpoint;
+use crate::common::names::replica_of;
 use crate::common::spec::{self, Document, Ingress, Jail, Service};
-use crate::common::wire::{BaseState, Liveness, VolumeStatus};
+use crate::common::wire::{BaseState, Event, EventsAnswer, Liveness, ObjectKind, VolumeStatus};
 
 use super::api::ApiError;
 use super::api::{Api, Route};
@@ -141,8 +143,32 @@ pub fn execute(
 ) -> Result<(), CtlError> {
     let resolve = || connect(&target(&invocation.global, env)?);
     match &invocation.command {
+        Command::Watch {
+            resource,
+            name,
+            output: format,
+        } => {
+            // The listing as `get` prints it, then the changes.
+            let listing = Invocation {
+                global: invocation.global.clone(),
+                command: Command::Get {
+                    resource: *resource,
+                    name: name.clone(),
+                    output: *format,
+                },
+            };
+            execute(&listing, env, stdin, out, stderr)?;
+            let api = match resource {
+                Resource::Services => controlplane_only(invocation, env, "`get services -w`")?,
+                Resource::Nodes => controlplane_only(invocation, env, "`get nodes -w`")?,
+                _ => resolve()?,
+            };
+            watch_objects(&api, *resource, name.as_deref(), *format, out, stderr)?;
+        }
         Command::Describe { resource, name } => {
-            out.print(&describe_one(invocation, env, *resource, name)?.render());
+            let description = describe_one(invocation, env, *resource, name)?;
+            let events = describe_events(invocation, env, *resource, name, stderr);
+            out.print(&description.section("Events", events).render());
         }
         Command::Completion { shell } => out.print(&completion::script(*shell)),
         Command::Config(config) => run_config(config, &invocation.global, env, out, stderr)?,
@@ -298,24 +324,25 @@ pub fn execute(
             output: format,
         } => {
             let api = resolve()?;
+            let wide = *format == OutputFormat::Wide;
             let failed = |error| CtlError::Request {
                 action: "get jails".into(),
                 error,
             };
             if *api.route() == Route::Agent {
                 let jails = api.list_jails().map_err(failed)?;
-                if *format == OutputFormat::Table && jails.is_empty() {
+                if matches!(format, OutputFormat::Table | OutputFormat::Wide) && jails.is_empty() {
                     // kubectl's convention: the note on stderr, stdout empty.
                     let _ = writeln!(stderr, "No jails found.");
                 } else {
                     show(out, *format, &jails, || {
-                        output::jail_table(&jails, now_unix())
+                        output::jail_table(&jails, now_unix(), wide)
                     })?;
                 }
             } else {
                 let jails = per_node(&api, "jails", Api::list_jails_on)?;
                 show_gathered(out, stderr, *format, jails, |listed| {
-                    output::cluster_jail_table(listed, now_unix())
+                    output::cluster_jail_table(listed, now_unix(), wide)
                 })?;
             }
         }
@@ -325,6 +352,7 @@ pub fn execute(
             output: format,
         } => {
             let api = resolve()?;
+            let wide = *format == OutputFormat::Wide;
             let found = api.get_jail(name).map_err(|error| CtlError::Request {
                 action: format!("get jail/{name}"),
                 error,
@@ -335,7 +363,7 @@ pub fn execute(
             }
             if *api.route() == Route::Agent {
                 show(out, *format, &found.status, || {
-                    output::jail_table(std::slice::from_ref(&found.status), now_unix())
+                    output::jail_table(std::slice::from_ref(&found.status), now_unix(), wide)
                 })?;
             } else {
                 let jail = NodeJail {
@@ -343,7 +371,7 @@ pub fn execute(
                     status: found.status,
                 };
                 show(out, *format, &jail, || {
-                    output::cluster_jail_table(std::slice::from_ref(&jail), now_unix())
+                    output::cluster_jail_table(std::slice::from_ref(&jail), now_unix(), wide)
                 })?;
             }
         }
@@ -445,6 +473,14 @@ pub fn execute(
                     })?;
                 }
             }
+        }
+        Command::GetEvents {
+            object,
+            watch,
+            output: format,
+        } => {
+            let api = resolve()?;
+            get_events(&api, object.clone(), *watch, *format, out, stderr)?;
         }
         Command::BaseFetch { release } => {
             let api = node_api(invocation, env, "`base fetch`", BASES_ON_A_NODE)?;
@@ -986,7 +1022,7 @@ fn show_gathered<T: serde::Serialize>(
         listed,
         unreached,
     } = gathered;
-    if format == OutputFormat::Table && listed.is_empty() {
+    if matches!(format, OutputFormat::Table | OutputFormat::Wide) && listed.is_empty() {
         if unreached.is_empty() {
             let _ = writeln!(stderr, "No {what} found.");
         }
@@ -1019,6 +1055,266 @@ fn unreached_volume_nodes(volumes: &[VolumeStatus]) -> Vec<Unreached> {
         unreached.push(Unreached { node, why });
     }
     unreached
+}
+
+/// `get events`: the events so far, then with `watch` each newer one as the
+/// daemon's long poll answers it (the daemon waits, keelctl never sleeps)
+/// until interrupted or stdout goes away. Through the control plane the
+/// answer merges its events with every Alive node's; each event is printed
+/// once (by its daemon and number), and with `--node` only that node's.
+/// Nodes the control plane could not ask make the listing fail as
+/// [`CtlError::Incomplete`]; a watch says so on stderr and goes on.
+fn get_events(
+    api: &Api,
+    object: Option<ObjectRef>,
+    watch: bool,
+    format: OutputFormat,
+    out: &mut Out<'_>,
+    stderr: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let failed = |error| CtlError::Request {
+        action: "get events".into(),
+        error,
+    };
+    let only_node = match api.route() {
+        Route::Node(id) => Some(id.clone()),
+        _ => None,
+    };
+    // The daemon answers only what is newer than the cursor the query
+    // carries (its own number, and through the control plane each node's),
+    // so nothing is printed twice and keelctl keeps no set of what it saw.
+    let fresh = |answer: &EventsAnswer| -> Vec<Event> {
+        answer
+            .events
+            .iter()
+            .filter(|e| only_node.as_ref().is_none_or(|n| &e.node == n))
+            .cloned()
+            .collect()
+    };
+    let mut query = EventQuery {
+        object,
+        ..EventQuery::default()
+    };
+    let mut answer = api.events(&query).map_err(failed)?;
+    let first = fresh(&answer);
+    let unreached: Vec<Unreached> = answer
+        .unreached
+        .iter()
+        .map(|u| Unreached {
+            node: output::one_line(&u.node),
+            why: format!("could not be asked ({})", output::one_line(&u.error)),
+        })
+        .collect();
+    if !watch {
+        if format == OutputFormat::Table && first.is_empty() {
+            if unreached.is_empty() {
+                let _ = writeln!(stderr, "No events found.");
+            }
+        } else {
+            show(out, format, &first, || {
+                output::event_table(&first, now_unix(), true)
+            })?;
+        }
+        if unreached.is_empty() {
+            return Ok(());
+        }
+        return Err(CtlError::Incomplete {
+            action: "get events".into(),
+            unreached,
+        });
+    }
+    let mut header = true;
+    let mut missing: Vec<String> = Vec::new();
+    let mut batch = first;
+    loop {
+        let now_missing: Vec<String> = answer.unreached.iter().map(|u| u.node.clone()).collect();
+        if now_missing != missing {
+            for u in &answer.unreached {
+                let _ = writeln!(
+                    stderr,
+                    "keelctl: the events of node {} are missing: {}",
+                    output::one_line(&u.node),
+                    output::one_line(&u.error)
+                );
+            }
+            missing = now_missing;
+        }
+        if !batch.is_empty() {
+            out.print(&watched_events(&batch, format, header)?);
+            header = false;
+        }
+        if !out.flush() {
+            return Ok(());
+        }
+        query.after = Some(answer.last_seq);
+        // A node left out of this answer keeps its cursor.
+        query.nodes.append(&mut answer.node_seqs);
+        query.wait = true;
+        answer = api.events(&query).map_err(failed)?;
+        batch = fresh(&answer);
+    }
+}
+
+/// `get jails|services|nodes -w` after the listing: the daemon's event long
+/// poll says which objects changed (an event about a jail, a service or one
+/// of its replicas, a node), and each is asked for again and printed as a
+/// row of its table, or encoded; one that is gone prints `KIND/NAME
+/// deleted`. The daemon does the waiting, keelctl never sleeps. Events are
+/// the stream because every change of state the daemons make is one: a
+/// start, an exit, a restart, a reschedule, a node's death.
+fn watch_objects(
+    api: &Api,
+    resource: Resource,
+    only: Option<&str>,
+    format: OutputFormat,
+    out: &mut Out<'_>,
+    stderr: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let failed = |error| CtlError::Request {
+        action: "watch".into(),
+        error,
+    };
+    // Start from now: the listing already showed the current state.
+    let mut answer = api.events(&EventQuery::default()).map_err(failed)?;
+    let mut query = EventQuery::default();
+    loop {
+        if !out.flush() {
+            return Ok(());
+        }
+        query.after = Some(answer.last_seq);
+        query.nodes.append(&mut answer.node_seqs);
+        query.wait = true;
+        answer = api.events(&query).map_err(failed)?;
+        let mut changed = std::collections::BTreeSet::new();
+        for event in &answer.events {
+            let name = match (resource, event.kind) {
+                (Resource::Jails, ObjectKind::Jail) => event.name.as_str(),
+                (Resource::Services, ObjectKind::Service) => event.name.as_str(),
+                (Resource::Services, ObjectKind::Jail) => match replica_of(&event.name) {
+                    Some((service, _)) => service,
+                    None => continue,
+                },
+                (Resource::Nodes, ObjectKind::Node) => event.name.as_str(),
+                _ => continue,
+            };
+            if only.is_none_or(|o| o == name) {
+                changed.insert(name.to_string());
+            }
+        }
+        for name in changed {
+            out.print(&watched_row(api, resource, &name, format, stderr)?);
+        }
+    }
+}
+
+/// One changed object as a watch prints it (see [`watch_objects`]).
+fn watched_row(
+    api: &Api,
+    resource: Resource,
+    name: &str,
+    format: OutputFormat,
+    stderr: &mut dyn Write,
+) -> Result<String, CtlError> {
+    let gone = |error: &ApiError| matches!(error, ApiError::Refused { status: 404, .. });
+    let (kind, found) = match resource {
+        Resource::Jails => (
+            "jail",
+            api.get_jail(name).map(|found| {
+                if *api.route() == Route::Agent {
+                    encoded_or(format, &found.status, || {
+                        output::jail_table(
+                            std::slice::from_ref(&found.status),
+                            now_unix(),
+                            format == OutputFormat::Wide,
+                        )
+                    })
+                } else {
+                    let jail = NodeJail {
+                        node: found.node,
+                        status: found.status,
+                    };
+                    encoded_or(format, &jail, || {
+                        output::cluster_jail_table(
+                            std::slice::from_ref(&jail),
+                            now_unix(),
+                            format == OutputFormat::Wide,
+                        )
+                    })
+                }
+            }),
+        ),
+        Resource::Services => (
+            "service",
+            api.get_service(name).map(|s| {
+                encoded_or(format, &s, || {
+                    output::service_table(std::slice::from_ref(&s))
+                })
+            }),
+        ),
+        Resource::Nodes => (
+            "node",
+            api.get_node(name)
+                .map(|n| encoded_or(format, &n, || output::node_table(std::slice::from_ref(&n)))),
+        ),
+        _ => return Ok(String::new()),
+    };
+    match found {
+        Ok(text) => text,
+        Err(e) if gone(&e) => Ok(
+            if matches!(format, OutputFormat::Table | OutputFormat::Wide) {
+                format!("{kind}/{} deleted\n", output::one_line(name))
+            } else {
+                String::new()
+            },
+        ),
+        // A failed look at one object is said and the watch goes on.
+        Err(e) => {
+            let _ = writeln!(stderr, "keelctl: get {kind}/{name} failed: {e}");
+            Ok(String::new())
+        }
+    }
+}
+
+/// A table's rows without its header line, or `value` encoded.
+fn encoded_or<T: serde::Serialize>(
+    format: OutputFormat,
+    value: &T,
+    table: impl FnOnce() -> String,
+) -> Result<String, CtlError> {
+    match format {
+        OutputFormat::Table | OutputFormat::Wide => {
+            let text = table();
+            Ok(text
+                .split_once('\n')
+                .map_or(String::new(), |(_, rows)| rows.to_string()))
+        }
+        _ => output::encode(format, value).map_err(|reason| CtlError::Encode {
+            format: format.to_string(),
+            reason,
+        }),
+    }
+}
+
+/// What a watch prints for a batch of new events: table rows (under the
+/// headers for its first batch), or each event encoded on its own.
+fn watched_events(
+    events: &[Event],
+    format: OutputFormat,
+    header: bool,
+) -> Result<String, CtlError> {
+    if format == OutputFormat::Table {
+        return Ok(output::event_table(events, now_unix(), header));
+    }
+    let mut text = String::new();
+    for event in events {
+        text.push_str(
+            &output::encode(format, event).map_err(|reason| CtlError::Encode {
+                format: format.to_string(),
+                reason,
+            })?,
+        );
+    }
+    Ok(text)
 }
 
 /// `key generate PATH` without `--id`: the file's name without `.key`.
@@ -1103,7 +1399,7 @@ fn show<T: serde::Serialize>(
     table: impl FnOnce() -> String,
 ) -> Result<(), CtlError> {
     let text = match format {
-        OutputFormat::Table => table(),
+        OutputFormat::Table | OutputFormat::Wide => table(),
         _ => output::encode(format, value).map_err(|reason| CtlError::Encode {
             format: format.to_string(),
             reason,
@@ -1171,6 +1467,54 @@ fn describe_one(
         }
     })
 }
+
+/// The Events section of `describe`: the last [`DESCRIBE_EVENTS`] events
+/// about the object (through the control plane, its own and every node's).
+/// Events that cannot be had are said on stderr; the description stands.
+fn describe_events(
+    invocation: &Invocation,
+    env: &Env,
+    resource: Resource,
+    name: &str,
+    stderr: &mut dyn Write,
+) -> String {
+    let kind = match resource {
+        Resource::Jails => ObjectKind::Jail,
+        Resource::Services => ObjectKind::Service,
+        Resource::Nodes => ObjectKind::Node,
+        Resource::Volumes => ObjectKind::Volume,
+        Resource::Ingresses => ObjectKind::Ingress,
+        Resource::Bases => return String::new(),
+    };
+    let query = EventQuery {
+        object: Some(ObjectRef {
+            kind,
+            name: name.to_string(),
+        }),
+        ..EventQuery::default()
+    };
+    let answer = target(&invocation.global, env)
+        .and_then(|t| connect(&t))
+        .and_then(|api| {
+            api.events(&query).map_err(|error| CtlError::Request {
+                action: "get events".into(),
+                error,
+            })
+        });
+    match answer {
+        Ok(answer) => {
+            let skip = answer.events.len().saturating_sub(DESCRIBE_EVENTS);
+            output::event_table(&answer.events[skip..], now_unix(), true)
+        }
+        Err(e) => {
+            let _ = writeln!(stderr, "keelctl: the events are missing: {e}");
+            String::new()
+        }
+    }
+}
+
+/// How many events `describe` shows, the newest.
+const DESCRIBE_EVENTS: usize = 10;
 
 /// `config ...`: reads and replaces the contexts file; sends nothing.
 fn run_config(

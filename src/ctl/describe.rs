@@ -8,7 +8,9 @@
 
 use crate::common::wire::{IngressStatus, JailStatus, NodeStatus, ServiceStatus, VolumeStatus};
 
-use super::output::{approx_size, cores, format_secs, one_line, table, utc_datetime};
+use super::output::{
+    approx_size, cores, format_secs, last_exit_cell, one_line, table, utc_datetime,
+};
 
 /// An object being described: fields, then sections.
 #[derive(Default)]
@@ -108,12 +110,17 @@ pub fn jail(
             memory.map_or_else(|| "unlimited".into(), approx_size)
         ),
     };
-    let running = matches!(status.state, crate::common::wire::Phase::Running);
+    // Starting runs too: started, not yet seen up past its first second.
+    let running = status.state.runs();
     d = d
         .field("Status", status.state.to_string())
         .field("Ready", if status.ready { "True" } else { "False" })
         .field("Address", status.address.to_string())
         .field("Restarts", status.restarts.to_string())
+        .field(
+            "Last Exit",
+            last_exit_cell(status.last_exit.as_ref(), now_unix),
+        )
         .field(
             "Retry In",
             status.retry_in_secs.map_or_else(|| "-".into(), format_secs),
@@ -342,6 +349,7 @@ mod tests {
             epoch: Some(7),
             cpu: Some(0.5),
             memory: Some(512 << 20),
+            last_exit: None,
         }
     }
 

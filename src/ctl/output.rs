@@ -21,8 +21,8 @@ use std::collections::BTreeSet;
 
 use crate::common::cmd::render_argv;
 use crate::common::wire::{
-    BaseStatus, ChangeKind, DryRunAction, DryRunReport, IngressStatus, JailStatus, NodeRemoval,
-    NodeStatus, ServiceRevision, ServiceStatus, VersionInfo, VolumeStatus,
+    BaseStatus, ChangeKind, DryRunAction, DryRunReport, Event, IngressStatus, JailStatus, LastExit,
+    NodeRemoval, NodeStatus, ServiceRevision, ServiceStatus, VersionInfo, VolumeStatus,
 };
 
 use super::args::OutputFormat;
@@ -31,28 +31,21 @@ use super::contexts::Contexts;
 /// Spaces between two columns.
 const COLUMN_GAP: usize = 3;
 
-/// Column headers of `get jails`.
-pub const JAIL_COLUMNS: [&str; 7] = [
+/// Column headers of `get jails`; through the control plane NODE follows
+/// NAME, and `-o wide` adds [`WIDE_JAIL_COLUMNS`] before LAST ERROR.
+pub const JAIL_COLUMNS: [&str; 8] = [
     "NAME",
-    "STATE",
     "READY",
-    "ADDRESS",
+    "STATUS",
     "RESTARTS",
+    "LAST EXIT",
+    "RETRY IN",
     "AGE",
     "LAST ERROR",
 ];
 
-/// Column headers of `get jails` through the control plane: NODE follows NAME.
-pub const CLUSTER_JAIL_COLUMNS: [&str; 8] = [
-    "NAME",
-    "NODE",
-    "STATE",
-    "READY",
-    "ADDRESS",
-    "RESTARTS",
-    "AGE",
-    "LAST ERROR",
-];
+/// What `get jails -o wide` adds.
+pub const WIDE_JAIL_COLUMNS: [&str; 2] = ["ADDRESS", "EPOCH"];
 
 /// Column headers of `get nodes`.
 pub const NODE_COLUMNS: [&str; 8] = [
@@ -181,42 +174,110 @@ pub fn one_line(text: &str) -> String {
 }
 
 /// The `get jails` table, or `""` when there is no jail.
-pub fn jail_table(jails: &[JailStatus], now_unix: u64) -> String {
+pub fn jail_table(jails: &[JailStatus], now_unix: u64, wide: bool) -> String {
     if jails.is_empty() {
         return String::new();
     }
-    let mut rows = vec![JAIL_COLUMNS.iter().map(|h| h.to_string()).collect()];
-    rows.extend(jails.iter().map(|j| jail_row(j, None, now_unix)));
+    let mut rows = vec![jail_header(false, wide)];
+    rows.extend(jails.iter().map(|j| jail_row(j, None, now_unix, wide)));
     table(&rows)
+}
+
+fn jail_header(node: bool, wide: bool) -> Vec<String> {
+    let (last, first) = JAIL_COLUMNS.split_last().unwrap_or((&"", &[]));
+    let mut header: Vec<String> = Vec::new();
+    for (i, h) in first.iter().enumerate() {
+        header.push(h.to_string());
+        if i == 0 && node {
+            header.push("NODE".to_string());
+        }
+    }
+    if wide {
+        header.extend(WIDE_JAIL_COLUMNS.iter().map(|h| h.to_string()));
+    }
+    header.push(last.to_string());
+    header
+}
+
+/// LAST EXIT: the status and how long ago (`1 (12s ago)`), `?` for a
+/// status the host does not report; `-` when it never exited.
+pub fn last_exit_cell(exit: Option<&LastExit>, now_unix: u64) -> String {
+    match exit {
+        None => "-".to_string(),
+        Some(e) => format!(
+            "{} ({} ago)",
+            e.status.map_or("?".to_string(), |s| s.to_string()),
+            format_age(e.time_unix, now_unix)
+        ),
+    }
 }
 
 /// The `get jails` table through the control plane (a NODE column, `-` where
 /// the node is not known), or `""` when there is no jail.
-pub fn cluster_jail_table(jails: &[NodeJail], now_unix: u64) -> String {
+pub fn cluster_jail_table(jails: &[NodeJail], now_unix: u64, wide: bool) -> String {
     if jails.is_empty() {
         return String::new();
     }
-    let mut rows = vec![CLUSTER_JAIL_COLUMNS.iter().map(|h| h.to_string()).collect()];
-    rows.extend(
-        jails
-            .iter()
-            .map(|j| jail_row(&j.status, Some(j.node.as_deref().unwrap_or("-")), now_unix)),
-    );
+    let mut rows = vec![jail_header(true, wide)];
+    rows.extend(jails.iter().map(|j| {
+        jail_row(
+            &j.status,
+            Some(j.node.as_deref().unwrap_or("-")),
+            now_unix,
+            wide,
+        )
+    }));
     table(&rows)
 }
 
-fn jail_row(j: &JailStatus, node: Option<&str>, now_unix: u64) -> Vec<String> {
+fn jail_row(j: &JailStatus, node: Option<&str>, now_unix: u64, wide: bool) -> Vec<String> {
     let mut row = vec![one_line(&j.name)];
     row.extend(node.map(one_line));
     row.extend([
-        j.state.to_string(),
         if j.ready { "yes" } else { "no" }.to_string(),
-        j.address.to_string(),
+        j.state.to_string(),
         j.restarts.to_string(),
+        last_exit_cell(j.last_exit.as_ref(), now_unix),
+        j.retry_in_secs.map_or("-".to_string(), format_secs),
         format_age(j.created_unix, now_unix),
-        j.last_error.as_deref().map(one_line).unwrap_or_default(),
     ]);
+    if wide {
+        row.push(j.address.to_string());
+        row.push(j.epoch.map_or("-".to_string(), |e| e.to_string()));
+    }
+    row.push(j.last_error.as_deref().map(one_line).unwrap_or_default());
     row
+}
+
+/// Column headers of `get events`.
+pub const EVENT_COLUMNS: [&str; 6] = ["LAST SEEN", "TYPE", "REASON", "OBJECT", "NODE", "MESSAGE"];
+
+/// The `get events` rows, oldest first, under the column headers when
+/// `header` (a watch prints them once, above its first rows), or `""`
+/// without events. NODE is `-` for an event about no node.
+pub fn event_table(events: &[Event], now_unix: u64, header: bool) -> String {
+    if events.is_empty() {
+        return String::new();
+    }
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    if header {
+        rows.push(EVENT_COLUMNS.iter().map(|h| h.to_string()).collect());
+    }
+    rows.extend(events.iter().map(|e| {
+        vec![
+            format_age(e.time_unix, now_unix),
+            e.event_type.to_string(),
+            one_line(&e.reason),
+            one_line(&format!("{}/{}", e.kind, e.name)),
+            if e.node.is_empty() {
+                "-".to_string()
+            } else {
+                one_line(&e.node)
+            },
+            one_line(&e.message),
+        ]
+    }));
+    table(&rows)
 }
 
 /// The `get nodes` table, or `""` when there is no node. CPU and MEM are
@@ -759,7 +820,7 @@ pub fn encode(format: OutputFormat, value: &impl Serialize) -> Result<String, St
             .map(|s| s + "\n")
             .map_err(|e| e.to_string()),
         OutputFormat::Yaml => serde_yaml::to_string(value).map_err(|e| e.to_string()),
-        OutputFormat::Table => Err("a table is not an encoding".into()),
+        OutputFormat::Table | OutputFormat::Wide => Err("a table is not an encoding".into()),
     }
 }
 
@@ -861,6 +922,48 @@ mod tests {
     }
     use crate::common::wire::{IngressPhase, Liveness, Phase, ReplicaStatus, Resources};
 
+    #[test]
+    fn the_event_table_has_its_columns_ages_and_a_dash_for_no_node() {
+        use crate::common::wire::{EventType, ObjectKind};
+        let event = |seq, kind, name: &str, reason: &str, node: &str, event_type| Event {
+            seq,
+            time_unix: 1_000 - seq * 30,
+            kind,
+            name: name.into(),
+            reason: reason.into(),
+            message: format!("{reason}\nof {name}"),
+            node: node.into(),
+            event_type,
+            source: None,
+        };
+        let events = [
+            event(
+                2,
+                ObjectKind::Jail,
+                "web",
+                "Exited",
+                "n1",
+                EventType::Warning,
+            ),
+            event(
+                1,
+                ObjectKind::Service,
+                "api",
+                "RolloutComplete",
+                "",
+                EventType::Normal,
+            ),
+        ];
+        assert_eq!(
+            event_table(&events, 1_000, true),
+            "LAST SEEN   TYPE      REASON            OBJECT        NODE   MESSAGE\n\
+             1m          Warning   Exited            jail/web      n1     Exited of web\n\
+             30s         Normal    RolloutComplete   service/api   -      RolloutComplete of api\n"
+        );
+        assert!(!event_table(&events, 1_000, false).contains("LAST SEEN"));
+        assert_eq!(event_table(&[], 1_000, true), "");
+    }
+
     fn status(name: &str, state: Phase, addr: [u8; 4], restarts: u32, created: u64) -> JailStatus {
         JailStatus {
             name: name.into(),
@@ -874,6 +977,7 @@ mod tests {
             epoch: None,
             cpu: None,
             memory: None,
+            last_exit: None,
         }
     }
 
@@ -915,17 +1019,36 @@ mod tests {
             now - 7200,
         );
         crashing.last_error = Some("jail -c failed:\n  exit 1\tbad".into());
+        crashing.retry_in_secs = Some(90);
+        crashing.epoch = Some(7);
+        crashing.last_exit = Some(LastExit {
+            status: Some(3),
+            time_unix: now - 12,
+        });
+        let mut gone = status("api", Phase::Restarting, [10, 20, 0, 3], 1, now - 60);
+        gone.last_exit = Some(LastExit {
+            status: None,
+            time_unix: now - 2,
+        });
         let jails = [
             status("web-1", Phase::Running, [10, 20, 0, 2], 0, now - 45),
             crashing,
+            gone,
         ];
-        let got = jail_table(&jails, now);
         let want = "\
-NAME               STATE       READY   ADDRESS      RESTARTS   AGE   LAST ERROR
-web-1              Running     yes     10.20.0.2    0          45s
-database-primary   CrashLoop   no      10.20.0.12   12         2h    jail -c failed: exit 1 bad
+NAME               READY   STATUS       RESTARTS   LAST EXIT     RETRY IN   AGE   LAST ERROR
+web-1              yes     Running      0          -             -          45s
+database-primary   no      CrashLoop    12         3 (12s ago)   1m         2h    jail -c failed: exit 1 bad
+api                no      Restarting   1          ? (2s ago)    -          1m
 ";
-        assert_eq!(got, want);
+        assert_eq!(jail_table(&jails, now, false), want);
+        let wide = "\
+NAME               READY   STATUS       RESTARTS   LAST EXIT     RETRY IN   AGE   ADDRESS      EPOCH   LAST ERROR
+web-1              yes     Running      0          -             -          45s   10.20.0.2    -
+database-primary   no      CrashLoop    12         3 (12s ago)   1m         2h    10.20.0.12   7       jail -c failed: exit 1 bad
+api                no      Restarting   1          ? (2s ago)    -          1m    10.20.0.3    -
+";
+        assert_eq!(jail_table(&jails, now, true), wide);
     }
 
     #[test]
@@ -940,7 +1063,7 @@ database-primary   CrashLoop   no      10.20.0.12   12         2h    jail -c fai
 
     #[test]
     fn an_empty_list_prints_no_table() {
-        assert_eq!(jail_table(&[], 0), "");
+        assert_eq!(jail_table(&[], 0, false), "");
     }
 
     #[test]
@@ -987,6 +1110,7 @@ database-primary   CrashLoop   no      10.20.0.12   12         2h    jail -c fai
             jails: 2,
             last_seen_secs: last_seen,
             cordoned: false,
+            events_seq: None,
         }
     }
 
@@ -1163,11 +1287,11 @@ blog   blog.example.com   web       -                      BackingOff   DNS-01 c
             },
         ];
         let want = "\
-NAME   NODE   STATE     READY   ADDRESS      RESTARTS   AGE   LAST ERROR
-a      n2     Running   yes     127.64.7.2   0          5s
-bb     -      Pending   no      127.64.9.2   1          0s
+NAME   NODE   READY   STATUS    RESTARTS   LAST EXIT   RETRY IN   AGE   LAST ERROR
+a      n2     yes     Running   0          -           -          5s
+bb     -      no      Pending   1          -           -          0s
 ";
-        assert_eq!(cluster_jail_table(&jails, now), want);
+        assert_eq!(cluster_jail_table(&jails, now, false), want);
         let json = encode(OutputFormat::Json, &jails).expect("json");
         let back: Vec<NodeJail> = serde_json::from_str(&json).expect("parses");
         assert_eq!(back, jails);

@@ -100,6 +100,10 @@ pub struct ObservedJail {
     pub path: PathBuf,
     /// True while at least one process runs inside the jail.
     pub running: bool,
+    /// How exec.start exited, when the runtime knows (the simulated host
+    /// reaps it); `None` while it runs, and always on FreeBSD, where a jail
+    /// whose workload is gone only shows no process.
+    pub exit_status: Option<i32>,
 }
 
 /// How [`JailRuntime::remove`] takes a jail down.
@@ -238,6 +242,14 @@ pub trait JailRuntime: Send {
     /// `root` is the jail's root filesystem. Empty when it printed nothing
     /// yet. Never follows a symbolic link the jail may have planted.
     fn workload_log(&self, name: &str, root: &Path, max_bytes: u64) -> Result<Vec<u8>, JailError>;
+    /// Whether the workload of jail `name`, just created, already exited,
+    /// when the runtime can tell without running a command: `Some` with its
+    /// exit status (when known). `None` when it runs, or when telling would
+    /// take host commands (FreeBSD: the next pass's jls and ps tell).
+    fn exited_at_start(&self, name: &str) -> Option<Option<i32>> {
+        let _ = name;
+        None
+    }
 }
 
 /// How long `jail -c` and `jail -r` may run: they run exec.start and exec.stop,
@@ -732,6 +744,7 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
             .into_iter()
             .map(|(name, jid, path)| ObservedJail {
                 running: processes.get(&jid).is_some_and(|n| *n > 0),
+                exit_status: None,
                 name,
                 jid,
                 path,
@@ -883,6 +896,7 @@ struct FakeJail {
     params: JailParams,
     jid: u32,
     running: bool,
+    exit_status: Option<i32>,
 }
 
 impl FakeJails {
@@ -899,6 +913,15 @@ impl FakeJails {
     pub fn crash(&self, name: &str) {
         if let Some(j) = lock(&self.state).jails.get_mut(name) {
             j.running = false;
+        }
+    }
+
+    /// [`FakeJails::crash`], the workload exiting with `status` (as the
+    /// simulated host reports it).
+    pub fn exit(&self, name: &str, status: i32) {
+        if let Some(j) = lock(&self.state).jails.get_mut(name) {
+            j.running = false;
+            j.exit_status = Some(status);
         }
     }
 
@@ -962,6 +985,7 @@ impl JailRuntime for FakeJails {
                 jid: j.jid,
                 path: j.params.path.clone(),
                 running: j.running,
+                exit_status: j.exit_status,
             })
             .collect())
     }
@@ -984,6 +1008,7 @@ impl JailRuntime for FakeJails {
             params: params.clone(),
             jid: st.last_jid,
             running: !params.exec_start.is_empty(),
+            exit_status: None,
         };
         st.jails.insert(name.clone(), jail);
         Ok(())
@@ -1084,6 +1109,12 @@ impl JailRuntime for FakeJails {
             .len()
             .saturating_sub(usize::try_from(max_bytes).unwrap_or(usize::MAX));
         Ok(log[from..].to_vec())
+    }
+
+    fn exited_at_start(&self, name: &str) -> Option<Option<i32>> {
+        let st = lock(&self.state);
+        let j = st.jails.get(name)?;
+        (!j.running).then_some(j.exit_status)
     }
 }
 

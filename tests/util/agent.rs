@@ -23,8 +23,13 @@ use keel::host::JailRuntime;
 use keel::host::jail::Removal;
 use keel::host::sim::SimJails;
 
+use super::cluster::{Run, run};
+
 /// The agent binary under test.
 pub const AGENTD: &str = env!("CARGO_BIN_EXE_keel-agentd");
+
+/// The keelctl binary under test.
+const KEELCTL: &str = env!("CARGO_BIN_EXE_keelctl");
 
 /// How long the agent gets to start, or to stop after SIGTERM.
 const STARTUP: Duration = Duration::from_secs(20);
@@ -87,6 +92,16 @@ impl Agent {
     /// `{state_dir}/sim/sim-jails.json`.
     pub fn jail_pids(&self) -> BTreeMap<String, u32> {
         sim_jail_pids(&self.state_dir())
+    }
+
+    /// The real keelctl against this agent (`$KEEL_SOCKET`, run in its
+    /// directory), fed `stdin` if given.
+    pub fn keelctl(&self, args: &[&str], stdin: Option<&str>) -> Run {
+        let mut cmd = Command::new(KEELCTL);
+        cmd.args(args)
+            .current_dir(self.dir())
+            .env("KEEL_SOCKET", self.socket());
+        run(cmd, stdin)
     }
 
     /// One request to the agent's API.

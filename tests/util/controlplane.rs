@@ -336,6 +336,7 @@ impl FakeAgent {
             endpoints_held: None,
             endpoints_generation: None,
             connections: Vec::new(),
+            events_seq: None,
             committed: Resources {
                 cpu: 0.0,
                 memory: 0,

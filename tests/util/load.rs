@@ -342,6 +342,7 @@ impl PacedLoad {
                     endpoints_held: None,
                     endpoints_generation: None,
                     connections: Vec::new(),
+                    events_seq: None,
                     committed: Resources {
                         cpu: jails as f64 * JAIL_CPU,
                         memory: jails * JAIL_MEMORY,

@@ -35,7 +35,7 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
             Some(PlacedJail {
                 name: s.name.clone(),
                 epoch: s.epoch?,
-                running: s.state == Phase::Running,
+                running: s.state.runs(),
                 ready: Some(s.ready),
                 address: Some(s.address),
             })
@@ -50,6 +50,7 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         connections: Vec::new(),
         peer_changes: true,
         endpoints_held: None,
+        events_seq: None,
     }
 }
 
@@ -206,6 +207,7 @@ mod tests {
             epoch,
             cpu: Some(cpu),
             memory: Some(mem),
+            last_exit: None,
         }
     }
 

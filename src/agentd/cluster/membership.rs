@@ -9,7 +9,9 @@
 //! the placed jails the next heartbeat would report (running, ready,
 //! address, epoch) with those the last one reported, and sends at once when
 //! they differ: a health check that flipped, a replica whose process
-//! started or exited. The endpoint watcher ([`super::watch`]) pokes it too
+//! started or exited. It sends at once too when the agent recorded an event
+//! since the last heartbeat, whose `events_seq` tells the control plane to
+//! wake the event watches waiting on it. The endpoint watcher ([`super::watch`]) pokes it too
 //! when a pushed table needs VIP aliases only the heartbeat path adds.
 //! Bursts are coalesced: after the first poke the thread waits
 //! [`COALESCE`] for more before it sends, and since this one thread sends
@@ -403,11 +405,12 @@ fn reported(request: &HeartbeatRequest) -> &[PlacedJail] {
 }
 
 /// Waits for the next heartbeat: its tick, or a change the control plane
-/// routes by (see the module docs). True when the thread must stop.
+/// routes by (see the module docs), or a new event, which event watches
+/// through the control plane wait for. True when the thread must stop.
 fn wait_for_next(
     wake: &Wake,
     worker: &WorkerHandle,
-    last_sent: &[PlacedJail],
+    last_sent: &HeartbeatRequest,
     tick: Instant,
 ) -> Result<bool, WorkerGone> {
     loop {
@@ -418,9 +421,9 @@ fn wait_for_next(
         if woken == Woken::default() {
             return Ok(false);
         }
-        let changed = woken.asked || {
+        let changed = woken.asked || last_sent.events_seq != Some(worker.events().last_seq()) || {
             let jails = worker.published_jails()?;
-            reported(&heartbeat_request(&jails)) != last_sent
+            reported(&heartbeat_request(&jails)) != reported(last_sent)
         };
         if changed {
             // Coalesce: what else changes within COALESCE rides along.
@@ -513,6 +516,7 @@ fn run(
             let mut request = heartbeat_request(&worker.published_jails()?);
             request.peers_version = peers.version();
             request.endpoints_held = endpoints.held();
+            request.events_seq = Some(worker.events().last_seq());
             // The counts back a drain's end, so a proxy that does not
             // answer at once claims nothing: no applied generation, and the
             // control plane waits for the next heartbeat or the drain
@@ -582,7 +586,7 @@ fn run(
                 last_problem = problem;
             }
             let tick = Instant::now() + m.heartbeat_interval;
-            if wait_for_next(wake, worker, reported(&request), tick)? {
+            if wait_for_next(wake, worker, &request, tick)? {
                 return Ok(());
             }
         }

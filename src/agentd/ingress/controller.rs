@@ -52,9 +52,10 @@ use crate::agentd::ingress::pf::{INGRESS_ANCHOR, ingress_rules};
 use crate::agentd::ingress::{CertManager, CertStatus};
 use crate::agentd::reconciler::{Phase, Reconciler};
 use crate::common::backoff::Backoff;
+use crate::common::events::EventLog;
 use crate::common::spec::{ExecSpec, Ingress, Jail, JailSpec, Metadata, NetworkSpec, Resources};
 use crate::common::store::{Store, StoreError};
-use crate::common::wire::{IngressPhase, IngressStatus};
+use crate::common::wire::{IngressPhase, IngressStatus, ObjectKind};
 use crate::host::beneath::{self, PathBeneath};
 use crate::host::pf::Firewall;
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
@@ -422,7 +423,46 @@ impl IngressController {
                 }
             }
         }
+        self.tell_certificates(reconciler.events(), &observed);
         self.observed = observed;
+    }
+
+    /// Records a CertificateIssued event for each Ingress whose certificate
+    /// expiry moved (a new certificate is in place), and a
+    /// CertificateFailed one for each whose certificate error is new.
+    fn tell_certificates(&self, events: &EventLog, observed: &BTreeMap<String, Observed>) {
+        for (name, now) in observed {
+            let before = self.observed.get(name);
+            let host = self
+                .state
+                .ingresses
+                .get(name)
+                .map(|i| i.spec.host.as_str())
+                .unwrap_or("?");
+            if let Some(expires) = now.expires
+                && before.and_then(|b| b.expires) != Some(expires)
+            {
+                events.normal(
+                    ObjectKind::Ingress,
+                    name,
+                    "CertificateIssued",
+                    format!(
+                        "a certificate for {host} is in place, valid until {expires} (Unix seconds)"
+                    ),
+                );
+            }
+            if now.phase == IngressPhase::BackingOff
+                && let Some(error) = &now.error
+                && before.and_then(|b| b.error.as_ref()) != Some(error)
+            {
+                events.warning(
+                    ObjectKind::Ingress,
+                    name,
+                    "CertificateFailed",
+                    format!("no certificate for {host} yet: {error}"),
+                );
+            }
+        }
     }
 
     /// Writes `conf` next to the live file, checks it with `nginx -t` in the
@@ -476,7 +516,7 @@ impl IngressController {
         // signal, and the restart reads the live file.
         if reconciler
             .get(INGRESS_JAIL)
-            .is_some_and(|j| j.state == Phase::CrashLoop)
+            .is_some_and(|j| j.state.crashed())
         {
             return Ok(());
         }
@@ -1110,7 +1150,7 @@ mod tests {
         );
         assert_eq!(
             w.reconciler.get(INGRESS_JAIL).map(|j| j.state),
-            Some(Phase::Running)
+            Some(Phase::Starting)
         );
         assert_eq!(
             w.reconciler
@@ -1186,6 +1226,19 @@ mod tests {
         let before = w.log.matching("jail.exec").len();
         w.pass();
         assert_eq!(w.log.matching("jail.exec").len(), before);
+        let issued: Vec<_> = w
+            .reconciler
+            .events()
+            .since(None, None)
+            .0
+            .into_iter()
+            .filter(|e| e.reason == "CertificateIssued")
+            .collect();
+        assert_eq!(issued.len(), 1, "told once, not at every pass: {issued:?}");
+        assert_eq!(
+            (issued[0].kind, issued[0].name.as_str()),
+            (crate::common::wire::ObjectKind::Ingress, "web")
+        );
     }
 
     /// While nginx waits for a crash-loop restart there is no nginx to
@@ -1200,7 +1253,7 @@ mod tests {
         w.reconciler.reconcile();
         assert_eq!(
             w.reconciler.get(INGRESS_JAIL).map(|j| j.state),
-            Some(Phase::CrashLoop)
+            Some(Phase::Restarting)
         );
         let before = w.log.matching("jail.exec").len();
         w.install_certificate(HOST);

@@ -148,6 +148,9 @@ where
             Err(ReconcileError::Host { error, .. }) => Some(format!(
                 "the apply would stop at the last command listed: {error}"
             )),
+            Err(ReconcileError::BaseMissing { error, .. }) => Some(format!(
+                "the apply would stop at the last command listed: {error}"
+            )),
             Err(refused) => return Err(refused),
         };
         let address = dry

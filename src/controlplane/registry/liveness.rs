@@ -31,7 +31,7 @@
 use std::time::Instant;
 
 use super::{Cluster, Live};
-use crate::common::wire::Liveness;
+use crate::common::wire::{EventType, Liveness, ObjectKind};
 use crate::controlplane::scheduler::Candidate;
 
 /// A node's headroom as the scheduler orders it: most first, NaN where
@@ -62,8 +62,10 @@ impl Ord for Rank {
 
 impl Cluster {
     /// Pops, from the running leases, those that ran out by `now`: each such
-    /// node is Dead from now on, which changes the peer list.
-    pub(super) fn notice_deaths(&mut self, now: Instant) {
+    /// node is Dead from now on, which changes the peer list. Every read
+    /// does this first; the worker also does it when it wakes, so a death
+    /// is told (its NodeDead event) when it happens, not at the next read.
+    pub fn notice_deaths(&mut self, now: Instant) {
         while let Some((t, _)) = self.leases.first() {
             if now.saturating_duration_since(*t) < self.dead_after {
                 break;
@@ -72,6 +74,17 @@ impl Cluster {
                 if let Some(live) = self.live.get_mut(&id) {
                     live.lease_from = None;
                 }
+                self.events.record(
+                    ObjectKind::Node,
+                    &id,
+                    "NodeDead",
+                    EventType::Warning,
+                    format!(
+                        "no heartbeat for {}s: the node is Dead; its stateless replicas are placed elsewhere",
+                        self.dead_after.as_secs()
+                    ),
+                    Some(&id),
+                );
                 self.rank(&id, false);
                 self.peer_changed(&id, now);
                 self.mark_every_service();
@@ -83,6 +96,8 @@ impl Cluster {
     pub(super) fn heard_from(&mut self, id: &str, now: Instant) {
         self.notice_deaths(now);
         let before = self.liveness(id, now);
+        // A node registering for the first time reads as Dead too.
+        let known = self.live.contains_key(id);
         let live = self.live.entry(id.to_string()).or_default();
         live.last_heartbeat = Some(now);
         if let Some(t) = live.lease_from.replace(now) {
@@ -91,6 +106,18 @@ impl Cluster {
         self.leases.insert((now, id.to_string()));
         self.rank(id, true);
         if before != Some(Liveness::Alive) {
+            let message = match (before, known) {
+                (Some(Liveness::Dead), true) => "heartbeating again after it was Dead",
+                _ => "heartbeating",
+            };
+            self.events.record(
+                ObjectKind::Node,
+                id,
+                "NodeAlive",
+                EventType::Normal,
+                message.to_string(),
+                Some(id),
+            );
             self.peer_changed(id, now);
             self.mark_every_service();
         }

@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::cidr::Ipv4Net;
+use crate::common::events::EventLog;
 use crate::common::wire::Resources;
 use crate::controlplane::state::{ClusterState, Op};
 
@@ -119,6 +120,8 @@ struct Live {
     /// Connections its proxy has open to each replica, as its last
     /// heartbeat said.
     connections: BTreeMap<SocketAddrV4, u32>,
+    /// The newest number of its event ring, as its last heartbeat said.
+    events_seq: Option<u64>,
 }
 
 /// See the module docs.
@@ -157,6 +160,11 @@ pub struct Cluster {
     published: PublishedEndpoints,
     /// Services whose heal or endpoint entry is due (see [`dirty`]).
     dirty: dirty::Dirty,
+    /// Where the cluster's decisions are told ([`Cluster::set_events`]).
+    events: EventLog,
+    /// Stale copies already told as Fenced (node, jail, epoch), so a node
+    /// reporting one at every heartbeat until it is gone is told once.
+    fenced: BTreeSet<(String, String, u64)>,
 }
 
 impl Cluster {
@@ -217,6 +225,8 @@ impl Cluster {
             ranked: BTreeSet::new(),
             published: PublishedEndpoints::default(),
             dirty: dirty::Dirty::default(),
+            events: EventLog::in_memory(""),
+            fenced: BTreeSet::new(),
         };
         cluster.encode_every_peer(now);
         // A rollout in progress gets a whole deadline from this start: the
@@ -224,6 +234,18 @@ impl Cluster {
         cluster.restart_rollout_clocks(now);
         cluster.start_endpoints(now);
         cluster
+    }
+
+    /// Records the cluster's decisions (node deaths and returns, placements,
+    /// reschedules, fencing, rollout steps and outcomes) in `events` from
+    /// now on; until then they go to a ring nobody reads.
+    pub fn set_events(&mut self, events: EventLog) {
+        self.events = events;
+    }
+
+    /// Where the cluster records its events.
+    pub fn events(&self) -> &EventLog {
+        &self.events
     }
 
     /// The persisted part.

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use super::{Cluster, HeartbeatAnswer, Refusal, Reported};
 use crate::common::cidr::{Ipv4Net, derive_pod_cidr};
 use crate::common::wire::{
-    EndpointsStamp, HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, NodeStatus,
-    RegisterRequest, Resources,
+    EndpointsStamp, EventType, HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval,
+    NodeStatus, ObjectKind, RegisterRequest, Resources,
 };
 use crate::controlplane::state::{NodeRecord, Op};
 
@@ -118,6 +118,15 @@ impl Cluster {
             gone.chain(differ).cloned().collect()
         };
         live.endpoints_applied = req.endpoints_generation;
+        // A node's new events wake the watches waiting on this control
+        // plane's ring, which then ask that node for them.
+        if req
+            .events_seq
+            .is_some_and(|seq| live.events_seq.is_none_or(|had| seq > had))
+        {
+            self.events.poke();
+        }
+        live.events_seq = req.events_seq;
         live.connections = req
             .connections
             .iter()
@@ -129,12 +138,30 @@ impl Cluster {
         }
         // After the committed resources, so the node is ranked by them.
         self.heard_from(id, now);
-        let stale = req
+        let stale: Vec<String> = req
             .placed
             .iter()
             .filter(|j| !self.holds(id, &j.name, j.epoch))
             .map(|j| j.name.clone())
             .collect();
+        for j in req.placed.iter().filter(|j| stale.contains(&j.name)) {
+            if self
+                .fenced
+                .insert((id.to_string(), j.name.clone(), j.epoch))
+            {
+                self.events.record(
+                    ObjectKind::Jail,
+                    &j.name,
+                    "Fenced",
+                    EventType::Warning,
+                    format!(
+                        "node {id} holds a copy under epoch {} whose placement moved; the node removes it",
+                        j.epoch
+                    ),
+                    Some(id),
+                );
+            }
+        }
         let unchanged = req.peers_version == Some(self.peers_version);
         let changes = match req.peers_version {
             Some(held) if req.peer_changes && !unchanged => self.peer_changes_since(held, id),
@@ -191,6 +218,7 @@ impl Cluster {
                         .last_heartbeat
                         .map(|t| now.saturating_duration_since(t).as_secs()),
                     cordoned: n.cordoned,
+                    events_seq: live.events_seq,
                 }
             })
             .collect()

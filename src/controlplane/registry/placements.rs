@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use super::{Cluster, Refusal, Target};
 use crate::common::names::replica_of;
-use crate::common::wire::HeartbeatRequest;
+use crate::common::wire::{EventType, HeartbeatRequest, ObjectKind};
 use crate::controlplane::state::{Op, Placement};
 
 #[derive(Debug, Clone)]
@@ -266,6 +266,20 @@ impl Cluster {
         // applied after a DELETE that did not finish.
         if !succeeded || (already && !self.state.deleting.contains(name)) {
             return ops;
+        }
+        // A service replica was told when the heal planned it.
+        if placement.template.is_none() && !already {
+            self.events.record(
+                ObjectKind::Jail,
+                name,
+                "Scheduled",
+                EventType::Normal,
+                format!(
+                    "placed on node {} (epoch {})",
+                    placement.node, placement.epoch
+                ),
+                Some(&placement.node),
+            );
         }
         let mut ops = ops;
         ops.extend(self.apply(vec![Op::PutPlacement {

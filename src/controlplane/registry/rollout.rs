@@ -35,7 +35,7 @@ use super::drain::DrainThen;
 use super::services::HealAction;
 use super::{Cluster, Refusal};
 use crate::common::names::{MAX_NAME_LEN, MAX_REPLICAS, replica_name, replica_of, validate_name};
-use crate::common::wire::{Liveness, RolloutStatus, ServiceRevision};
+use crate::common::wire::{EventType, Liveness, ObjectKind, RolloutStatus, ServiceRevision};
 use crate::controlplane::state::{
     MAX_REVISIONS, Op, RevisionRecord, RolloutOutcome, RolloutRecord, ServiceRecord,
 };
@@ -178,10 +178,16 @@ impl Cluster {
                 if was_ready {
                     ready -= 1;
                 }
-                log::info!(
-                    "service {name}: rolling replica {replica} on {} to revision {}",
-                    p.node,
-                    rec.revision
+                self.events.record(
+                    ObjectKind::Service,
+                    name,
+                    "RolloutStep",
+                    EventType::Normal,
+                    format!(
+                        "rolling replica {replica} on node {} to revision {}",
+                        p.node, rec.revision
+                    ),
+                    Some(&p.node),
                 );
             }
             if self.drained(&replica, &p, DrainThen::Replace, drain_timeout, now)
@@ -221,9 +227,11 @@ impl Cluster {
                     .iter()
                     .any(|r| replica_of(&r.name).is_some_and(|(_, i)| i >= n));
             let outcome = if updated_ready == n && settled {
-                log::info!(
-                    "service {name}: rollout of revision {} complete",
-                    rec.revision
+                self.events.normal(
+                    ObjectKind::Service,
+                    &name,
+                    "RolloutComplete",
+                    format!("rollout of revision {} complete", rec.revision),
                 );
                 Some(RolloutOutcome::Complete)
             } else {
@@ -235,7 +243,12 @@ impl Cluster {
                     let deadline = Duration::from_millis(rec.applied.policy.progress_deadline_ms);
                     (now.saturating_duration_since(since) > deadline).then(|| {
                         let reason = stop_reason(&view, n, rec.revision, deadline, updated_ready);
-                        log::warn!("service {name}: rollout stopped: {reason}");
+                        self.events.warning(
+                            ObjectKind::Service,
+                            &name,
+                            "RolloutStopped",
+                            format!("rollout stopped: {reason}"),
+                        );
                         RolloutOutcome::Stopped { reason }
                     })
                 }

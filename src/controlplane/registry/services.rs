@@ -15,7 +15,9 @@ use super::rollout::rollout_status;
 use super::{Cluster, Refusal, Target};
 use crate::common::cidr::derive_service_vip;
 use crate::common::names::{replica_name, replica_of, replica_volume_name, reserved_for_replicas};
-use crate::common::wire::{Liveness, ReplicaStatus, ServiceApply, ServiceEndpoints, ServiceStatus};
+use crate::common::wire::{
+    EventType, Liveness, ObjectKind, ReplicaStatus, ServiceApply, ServiceEndpoints, ServiceStatus,
+};
 use crate::controlplane::scheduler::pick_node_spread;
 use crate::controlplane::state::{Op, Placement, ServiceRecord};
 
@@ -439,8 +441,33 @@ impl Cluster {
                         continue;
                     }
                 };
+                let lost = self.state.placements.get(&replica).map(|p| p.node.clone());
                 match self.place_replica(&name, &rec, &replica, &node, now) {
                     Some(action) => {
+                        let (reason, event_type, message) = match &lost {
+                            Some(dead) => (
+                                "Rescheduled",
+                                EventType::Warning,
+                                format!(
+                                    "replica {replica} of service {name} was on node {dead}, which is Dead; placed on node {node}"
+                                ),
+                            ),
+                            None => (
+                                "Scheduled",
+                                EventType::Normal,
+                                format!(
+                                    "replica {replica} of service {name} placed on node {node}"
+                                ),
+                            ),
+                        };
+                        self.events.record(
+                            ObjectKind::Jail,
+                            &replica,
+                            reason,
+                            event_type,
+                            message,
+                            Some(&node),
+                        );
                         occupied.insert(node);
                         service_actions.push(action);
                     }

@@ -68,6 +68,7 @@ fn beat(
         &HeartbeatRequest {
             endpoints_generation: None,
             connections: Vec::new(),
+            events_seq: None,
             committed: Resources { cpu, memory: 0 },
             ..placed_req(placed)
         },
@@ -92,6 +93,7 @@ fn beat_with(c: &mut Cluster, id: &str, version: Option<u64>, now: Instant) -> H
             endpoints_held: None,
             endpoints_generation: None,
             connections: Vec::new(),
+            events_seq: None,
             committed: Resources::default(),
             jails: 0,
             placed: Vec::new(),
@@ -456,6 +458,7 @@ fn placed_req(placed: &[(&str, u64)]) -> HeartbeatRequest {
         endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
         committed: Resources::default(),
         jails: placed.len() as u32,
         placed: placed
@@ -663,6 +666,7 @@ proptest! {
                         endpoints_held: None,
                         endpoints_generation: None,
                         connections: Vec::new(),
+                        events_seq: None,
                         committed: Resources {
                             cpu: f64::from(cpu) / 2.0,
                             memory: u64::from(mem) << 29,
@@ -1272,6 +1276,7 @@ fn reported_by(c: &Cluster, node: &str) -> HeartbeatRequest {
         endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
         committed: Resources::default(),
         jails: 0,
         placed,
@@ -1463,6 +1468,7 @@ fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
         endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
+        events_seq: None,
         committed: Resources::default(),
         jails: 1,
         placed: vec![PlacedJail {
@@ -2256,4 +2262,64 @@ fn a_service_waiting_for_a_node_is_planned_again_until_one_comes() {
     assert!(c.plan_heal(None, t0).is_empty());
     register(&mut c, "a", 1, t0);
     assert_eq!(placed_names(&c.plan_heal(None, t0)), ["web-0"]);
+}
+
+/// The registry's decisions are events: a placement, a copy fenced (told
+/// once however many heartbeats report it), a node seen dead and back.
+#[test]
+fn decisions_are_recorded_as_events_and_a_fenced_copy_is_told_once() {
+    use crate::common::events::EventLog;
+    use crate::common::wire::{EventType, ObjectKind};
+    let t0 = Instant::now();
+    let mut c = cluster_from_at(ClusterState::default(), t0);
+    let events = EventLog::in_memory("");
+    c.set_events(events.clone());
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    beat(&mut c, "a", 0.0, &[], t0);
+    beat(&mut c, "b", 0.0, &[], t0);
+    let t = c.begin_apply("web", Some("b"), t0).expect("web on b");
+    c.finish_apply("web", &t, true);
+    for _ in 0..3 {
+        beat(&mut c, "a", 0.0, &[("web", t.epoch - 1)], t0);
+    }
+    let later = t0 + DEAD_AFTER + Duration::from_secs(1);
+    beat(&mut c, "a", 0.0, &[], later);
+    beat(
+        &mut c,
+        "b",
+        0.0,
+        &[("web", t.epoch)],
+        later + Duration::from_secs(1),
+    );
+
+    let told: Vec<(String, String, EventType)> = events
+        .since(None, None)
+        .0
+        .into_iter()
+        .filter(|e| e.reason != "NodeAlive" || e.message.contains("Dead"))
+        .map(|e| (e.reason, format!("{}/{}", e.kind, e.name), e.event_type))
+        .collect();
+    assert_eq!(
+        told,
+        [
+            (
+                "Scheduled".to_string(),
+                "jail/web".to_string(),
+                EventType::Normal
+            ),
+            ("Fenced".into(), "jail/web".into(), EventType::Warning),
+            // Both leases ran out by `later`; each node is back at its beat.
+            ("NodeDead".into(), "node/a".into(), EventType::Warning),
+            ("NodeDead".into(), "node/b".into(), EventType::Warning),
+            ("NodeAlive".into(), "node/a".into(), EventType::Normal),
+            ("NodeAlive".into(), "node/b".into(), EventType::Normal),
+        ]
+    );
+    let fenced = events.since(None, None).0;
+    let fenced = fenced
+        .iter()
+        .find(|e| e.reason == "Fenced")
+        .expect("fenced");
+    assert_eq!((fenced.node.as_str(), fenced.kind), ("a", ObjectKind::Jail));
 }

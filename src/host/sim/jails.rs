@@ -95,6 +95,8 @@ struct Jail {
     reaped: bool,
     /// The end of exec.start was written to the jail's log.
     end_logged: bool,
+    /// exec.start's exit status, once this agent reaped it.
+    exit_status: Option<i32>,
 }
 
 #[derive(Debug, Default)]
@@ -150,6 +152,7 @@ impl SimJails {
                         child: None,
                         reaped: false,
                         end_logged: false,
+                        exit_status: None,
                     };
                     (name, jail)
                 })
@@ -261,6 +264,7 @@ impl SimJails {
                         &format!("exec.start exited with status {}", exit_code(status)),
                     );
                     jail.end_logged = true;
+                    jail.exit_status = Some(exit_code(status));
                 }
                 // ECHILD: reaped behind our back; the pid is free either way.
                 Err(_) => {}
@@ -380,6 +384,7 @@ impl JailRuntime for SimJails {
                 jid: jail.record.pid,
                 path: jail.record.path.clone(),
                 running,
+                exit_status: jail.exit_status,
             });
         }
         Ok(out)
@@ -458,6 +463,7 @@ impl JailRuntime for SimJails {
             child: Some(child),
             reaped: false,
             end_logged: false,
+            exit_status: None,
         };
         table.jails.insert(name.clone(), jail);
         table.starting.remove(name);
@@ -543,5 +549,15 @@ impl JailRuntime for SimJails {
                 reason: e.to_string(),
             }
         })
+    }
+
+    /// Reaps exec.start when it has exited (the same check as [`list`]
+    /// makes, for one jail and without touching the others).
+    ///
+    /// [`list`]: JailRuntime::list
+    fn exited_at_start(&self, name: &str) -> Option<Option<i32>> {
+        let mut table = lock(&self.table);
+        let jail = table.jails.get_mut(name)?;
+        (self.leader(name, jail) != Leader::Running).then_some(jail.exit_status)
     }
 }

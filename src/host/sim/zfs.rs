@@ -3,8 +3,11 @@
 //! recorded (not enforced) in `{volumes_dir}/.keel-quotas.json`, and `used` is
 //! the sum of the regular files' sizes below the directory.
 //!
-//! There are no base images in simulate mode: every base snapshot "exists"
-//! and a clone is an empty directory (workloads run host binaries).
+//! There are no base images in simulate mode: a clone is an empty directory
+//! (workloads run host binaries), and the base snapshot of every FreeBSD
+//! release name "exists" ([`is_release_name`]). A base that names no
+//! release (a typo, `99.9-NOPE`) is refused as FreeBSD refuses a base
+//! never fetched: [`ZfsError::NotFound`] naming its snapshot.
 //!
 //! This file never deletes through a symlink and never destroys a directory
 //! that a registered simulated mount still points into or out of: that is how
@@ -226,10 +229,14 @@ impl ZfsManager for SimZfs {
         Ok(found)
     }
 
-    /// Creates an empty `{jails_dir}/{jail}`; `base` is not checked (no base
-    /// images here). An existing rootfs is success, as with `zfs clone -p`.
+    /// Creates an empty `{jails_dir}/{jail}`; `base` must name a FreeBSD
+    /// release (see the module docs). An existing rootfs is success, as with
+    /// `zfs clone -p`.
     fn clone_rootfs(&self, base: &str, jail: &str) -> Result<PathBuf, ZfsError> {
         crate::common::faults::inject("sim.zfs.clone");
+        if !is_release_name(base) {
+            return Err(ZfsError::NotFound(self.layout.base_snapshot(base)));
+        }
         let dataset = self.layout.rootfs_dataset(jail);
         let path = self.dataset_path(&self.layout.jails_dir, jail, &dataset)?;
         let what = format!("zfs clone {} {dataset}", self.layout.base_snapshot(base));
@@ -333,5 +340,56 @@ impl ZfsManager for SimZfs {
         })?;
         drop(mounts);
         self.set_quota(volume, None)
+    }
+}
+
+/// True for a base named after a FreeBSD release: `MAJOR.MINOR-` then
+/// `RELEASE`, `STABLE`, `CURRENT`, `ALPHAn`, `BETAn` or `RCn`, optionally
+/// followed by `-` and anything (a patch level `-p3`, or a base Keel
+/// derives from the release, such as the ingress jail's `-nginx`).
+pub fn is_release_name(base: &str) -> bool {
+    let Some((version, rest)) = base.split_once('-') else {
+        return false;
+    };
+    let numbered = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let version_ok = version
+        .split_once('.')
+        .is_some_and(|(major, minor)| numbered(major) && numbered(minor));
+    let branch = rest.split_once('-').map_or(rest, |(branch, _)| branch);
+    let branch_ok = matches!(branch, "RELEASE" | "STABLE" | "CURRENT")
+        || ["ALPHA", "BETA", "RC"]
+            .iter()
+            .any(|p| branch.strip_prefix(p).is_some_and(numbered));
+    version_ok && branch_ok
+}
+
+#[cfg(test)]
+mod release_name_tests {
+    use super::is_release_name;
+
+    #[test]
+    fn release_names_are_recognised_and_typos_are_not() {
+        for good in [
+            "14.2-RELEASE",
+            "13.4-RELEASE-p3",
+            "15.0-CURRENT",
+            "14.3-STABLE",
+            "15.0-BETA2",
+            "14.2-RC1",
+            "14.5-RELEASE-nginx",
+        ] {
+            assert!(is_release_name(good), "{good}");
+        }
+        for bad in [
+            "99.9-NOPE",
+            "14.2",
+            "14-RELEASE",
+            "14.2-release",
+            "14.2-RC",
+            "14.2-NOPE-RELEASE",
+            "base",
+        ] {
+            assert!(!is_release_name(bad), "{bad}");
+        }
     }
 }
