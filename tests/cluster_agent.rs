@@ -88,6 +88,9 @@ impl FakeControlPlane {
                     Response::json(
                         200,
                         &HeartbeatResponse {
+                            peers_changed: None,
+                            peers_removed: vec![],
+                            endpoints_unchanged: false,
                             endpoints_generation: None,
                             endpoints_origin: None,
                             peers: if unchanged { vec![] } else { st.peers.clone() },

@@ -177,6 +177,8 @@ fn register(cp: &ControlPlane, node: &Signer, id: &str, addr: SocketAddr, cpu: f
 
 fn heartbeat(cp: &ControlPlane, node: &Signer, id: &str, cpu: f64) -> HeartbeatResponse {
     let body = json(&HeartbeatRequest {
+        peer_changes: false,
+        endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
         events_seq: None,
@@ -549,6 +551,8 @@ fn the_endpoint_long_poll_answers_the_next_generation() {
             .expect("the apply carried an epoch")
     };
     let body = json(&HeartbeatRequest {
+        peer_changes: false,
+        endpoints_held: None,
         committed: Resources::default(),
         jails: 1,
         placed: vec![PlacedJail {

@@ -488,6 +488,9 @@ impl AcceptingControlPlane {
                     Response::json(
                         200,
                         &HeartbeatResponse {
+                            peers_changed: None,
+                            peers_removed: vec![],
+                            endpoints_unchanged: false,
                             endpoints_generation: None,
                             endpoints_origin: None,
                             peers: vec![],

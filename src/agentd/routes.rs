@@ -11,6 +11,21 @@
 //! (`AgentState::service_vips`) are ever removed. Fencing deletes only jails
 //! the control plane placed, and only while they still carry the epoch the
 //! heartbeat reported. It never talks to the control plane.
+//!
+//! Route changes cost one process each, and only per changed peer. route(8)
+//! takes one change per invocation (`route add DEST GATEWAY`, `route delete
+//! DEST`; it has no batch mode, and `route -n monitor` only watches), so
+//! batching on FreeBSD means running it only for what differs: each answer
+//! is diffed against one `netstat -rn` listing ([`plan_routes`]), and a peer
+//! that joins, dies or moves costs every other node one `route` process,
+//! never one per peer. Heartbeat answers carry only the peers that changed
+//! (`agentd::cluster::heartbeat::PeerCache` applies them to the list it
+//! holds), but the diff still runs on the whole list, so a route an
+//! administrator removed by hand is put back on the next answer. A node
+//! that joins a cluster of N nodes has N routes to add and runs N `route`
+//! processes once; the alternative, writing to a routing socket, would be
+//! host code outside the `common::cmd` seam that every FreeBSD command goes
+//! through.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;

@@ -202,11 +202,34 @@ pub struct HeartbeatRequest {
     /// only draining).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<ReplicaConnections>,
+    /// This agent applies peer changes: when the control plane still keeps
+    /// the changes since `peers_version`, it answers only those
+    /// ([`HeartbeatResponse::peers_changed`]). False (an older agent): the
+    /// answer is the whole list or "unchanged", as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub peer_changes: bool,
+    /// The endpoint table this agent's heartbeats last received, when it
+    /// came from the control plane that answered the previous heartbeat:
+    /// while it is current the answer says
+    /// [`HeartbeatResponse::endpoints_unchanged`] instead of resending every
+    /// service. `None`: always send the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints_held: Option<EndpointsStamp>,
     /// The newest number of the agent's event ring: the control plane
     /// wakes event watches when it grows and asks only the nodes whose
     /// events a watcher has not seen. `None` from an agent without events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub events_seq: Option<u64>,
+}
+
+/// One endpoint table's identity: the control-plane process that numbered
+/// it and its generation ([`EndpointsAnswer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointsStamp {
+    /// [`EndpointsAnswer::origin`].
+    pub origin: u64,
+    /// [`EndpointsAnswer::generation`].
+    pub generation: u64,
 }
 
 /// Connections one node's proxy has open to one replica
@@ -324,6 +347,20 @@ pub struct HeartbeatResponse {
     /// ([`EndpointsAnswer::origin`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints_origin: Option<u64>,
+    /// Set when the answer carries only the peer changes since this
+    /// version (the request's `peers_version`, for a request with
+    /// `peer_changes`): `peers` then holds the peers added or changed since,
+    /// `peers_removed` the ids of those gone, and the agent applies them to
+    /// the list of that version to get the list of `peers_version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers_changed: Option<u64>,
+    /// Ids of the peers gone since `peers_changed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers_removed: Vec<String>,
+    /// True when the request's `endpoints_held` is the current table:
+    /// `services` is then empty and the agent keeps the table it has.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub endpoints_unchanged: bool,
 }
 
 /// Liveness of a node, computed on read from its last heartbeat.

@@ -332,6 +332,8 @@ impl FakeAgent {
             })
             .collect();
         let body = serde_json::to_vec(&HeartbeatRequest {
+            peer_changes: false,
+            endpoints_held: None,
             endpoints_generation: None,
             connections: Vec::new(),
             events_seq: None,

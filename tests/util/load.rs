@@ -338,6 +338,8 @@ impl PacedLoad {
             Paced::Heartbeat => {
                 let jails = self.placed[i].load(Ordering::Relaxed);
                 let body = serde_json::to_vec(&HeartbeatRequest {
+                    peer_changes: false,
+                    endpoints_held: None,
                     endpoints_generation: None,
                     connections: Vec::new(),
                     events_seq: None,

@@ -1,6 +1,7 @@
 //! What a heartbeat says and how its answer is read, as pure functions: the
 //! request body from the jail statuses ([`heartbeat_request`]), the peer list
-//! held between answers ([`PeerCache`]) and the stale names turned into the
+//! and endpoint table held between answers ([`PeerCache`], [`EndpointCache`])
+//! and the stale names turned into the
 //! fence list ([`stale_placed`]), and the proxy's open connections as the
 //! heartbeat reports them ([`connections`]). It never touches the host or
 //! the network.
@@ -11,8 +12,8 @@ use std::net::SocketAddrV4;
 use crate::agentd::proxy::ServiceLoads;
 use crate::agentd::reconciler::Phase;
 use crate::common::wire::{
-    HeartbeatRequest, HeartbeatResponse, JailStatus, Peer, PlacedJail, ReplicaConnections,
-    Resources,
+    EndpointsStamp, HeartbeatRequest, HeartbeatResponse, JailStatus, Peer, PlacedJail,
+    ReplicaConnections, Resources, ServiceEndpoints,
 };
 
 /// The heartbeat body from the worker's jail list: committed resources and
@@ -47,6 +48,8 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         peers_version: None,
         endpoints_generation: None,
         connections: Vec::new(),
+        peer_changes: true,
+        endpoints_held: None,
         events_seq: None,
     }
 }
@@ -67,12 +70,14 @@ pub fn connections(loads: &[ServiceLoads]) -> Vec<ReplicaConnections> {
         .collect()
 }
 
-/// The last peer list the control plane sent in full, and its version, so a
-/// heartbeat can ask for the list only when it changed (see
-/// [`HeartbeatRequest::peers_version`]).
+/// The peer list as of the last answer, and its version, so a heartbeat can
+/// ask only for what changed since (see [`HeartbeatRequest::peers_version`]
+/// and [`HeartbeatRequest::peer_changes`]): an answer is the whole list, or
+/// "unchanged", or the peers changed and gone since the version held, which
+/// this cache applies as a delta.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PeerCache {
-    held: Option<(u64, Vec<Peer>)>,
+    held: Option<(u64, BTreeMap<String, Peer>)>,
 }
 
 impl PeerCache {
@@ -82,22 +87,85 @@ impl PeerCache {
     }
 
     /// Takes in a heartbeat answer and returns the peer list to route by, or
-    /// `None` when the answer says "unchanged" about a list this cache does
-    /// not hold (a confused control plane): routes are then left as they are
-    /// and the next heartbeat asks for the full list.
+    /// `None` when the answer is "unchanged" about, or changes to, a list
+    /// this cache does not hold (a confused control plane): routes are then
+    /// left as they are and the next heartbeat asks for the full list.
     pub fn absorb(&mut self, resp: &mut HeartbeatResponse) -> Option<Vec<Peer>> {
         let peers = std::mem::take(&mut resp.peers);
         if resp.peers_unchanged {
             return match &self.held {
-                Some((v, held)) if Some(*v) == resp.peers_version => Some(held.clone()),
+                Some((v, held)) if Some(*v) == resp.peers_version => {
+                    Some(held.values().cloned().collect())
+                }
                 _ => {
                     self.held = None;
                     None
                 }
             };
         }
-        self.held = resp.peers_version.map(|v| (v, peers.clone()));
+        if let Some(since) = resp.peers_changed {
+            let (Some((v, held)), Some(version)) = (self.held.as_mut(), resp.peers_version) else {
+                self.held = None;
+                return None;
+            };
+            if *v != since {
+                self.held = None;
+                return None;
+            }
+            for gone in &resp.peers_removed {
+                held.remove(gone);
+            }
+            for peer in peers {
+                held.insert(peer.node_id.clone(), peer);
+            }
+            *v = version;
+            return Some(held.values().cloned().collect());
+        }
+        self.held = resp.peers_version.map(|v| {
+            let by_id = peers.iter().map(|p| (p.node_id.clone(), p.clone()));
+            (v, by_id.collect())
+        });
         Some(peers)
+    }
+}
+
+/// The endpoint table the last heartbeat answer carried, so the next one
+/// can say it holds it ([`HeartbeatRequest::endpoints_held`]) and be
+/// answered "unchanged" instead of every service again.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EndpointCache {
+    held: Option<(EndpointsStamp, Vec<ServiceEndpoints>)>,
+}
+
+impl EndpointCache {
+    /// What to send as [`HeartbeatRequest::endpoints_held`].
+    pub fn held(&self) -> Option<EndpointsStamp> {
+        self.held.as_ref().map(|(stamp, _)| *stamp)
+    }
+
+    /// Takes in a heartbeat answer and leaves in `resp.services` the table
+    /// it stands for: the held one when the answer says it is unchanged.
+    /// False when it says so of a table this cache does not hold; the
+    /// services are then empty, and the next heartbeat asks for the table.
+    pub fn absorb(&mut self, resp: &mut HeartbeatResponse) -> bool {
+        let stamp = resp
+            .endpoints_origin
+            .zip(resp.endpoints_generation)
+            .map(|(origin, generation)| EndpointsStamp { origin, generation });
+        if resp.endpoints_unchanged {
+            return match &self.held {
+                Some((held, services)) if Some(*held) == stamp => {
+                    resp.services = services.clone();
+                    true
+                }
+                _ => {
+                    self.held = None;
+                    false
+                }
+            };
+        }
+        self.held = stamp.map(|s| (s, resp.services.clone()));
+        true
     }
 }
 
@@ -175,6 +243,9 @@ mod tests {
             peers_unchanged: unchanged,
             endpoints_generation: None,
             endpoints_origin: None,
+            peers_changed: None,
+            peers_removed: Vec::new(),
+            endpoints_unchanged: false,
         }
     }
 
@@ -245,5 +316,69 @@ mod tests {
         let empty = cache.absorb(&mut answer(Vec::new(), None, false));
         assert_eq!(empty, Some(Vec::new()));
         assert_eq!(cache.version(), None);
+    }
+
+    #[test]
+    fn the_peer_cache_applies_changes_to_the_list_it_holds() {
+        let b = peer("n2", [10, 0, 0, 2], "10.20.7.0/24", true);
+        let c = peer("n3", [10, 0, 0, 3], "10.20.8.0/24", true);
+        let mut cache = PeerCache::default();
+        cache.absorb(&mut answer(vec![b.clone(), c.clone()], Some(7), false));
+        let dead_b = peer("n2", [10, 0, 0, 2], "10.20.7.0/24", false);
+        let d = peer("n4", [10, 0, 0, 4], "10.20.9.0/24", true);
+        let mut delta = answer(vec![d.clone(), dead_b.clone()], Some(9), false);
+        delta.peers_changed = Some(7);
+        delta.peers_removed = vec!["n3".into()];
+        assert_eq!(
+            cache.absorb(&mut delta),
+            Some(vec![dead_b.clone(), d.clone()])
+        );
+        assert_eq!(cache.version(), Some(9));
+        // Changes to a version this cache does not hold are never applied.
+        let mut skipped = answer(vec![c], Some(12), false);
+        skipped.peers_changed = Some(10);
+        assert_eq!(cache.absorb(&mut skipped), None);
+        assert_eq!(
+            cache.version(),
+            None,
+            "the next heartbeat asks for the list"
+        );
+        let mut orphan = answer(Vec::new(), Some(13), false);
+        orphan.peers_changed = Some(12);
+        assert_eq!(cache.absorb(&mut orphan), None);
+    }
+
+    #[test]
+    fn the_endpoint_cache_stands_in_for_an_unchanged_table() {
+        let web = ServiceEndpoints {
+            name: "web".into(),
+            vip: Ipv4Addr::new(10, 96, 0, 1),
+            port: 80,
+            replicas: Vec::new(),
+            unsettled: false,
+        };
+        let stamped = |generation: u64, services: Vec<ServiceEndpoints>, unchanged: bool| {
+            let mut a = answer(Vec::new(), None, false);
+            a.endpoints_origin = Some(5);
+            a.endpoints_generation = Some(generation);
+            a.services = services;
+            a.endpoints_unchanged = unchanged;
+            a
+        };
+        let mut cache = EndpointCache::default();
+        assert_eq!(cache.held(), None);
+        assert!(cache.absorb(&mut stamped(3, vec![web.clone()], false)));
+        let held = EndpointsStamp {
+            origin: 5,
+            generation: 3,
+        };
+        assert_eq!(cache.held(), Some(held));
+        let mut same = stamped(3, Vec::new(), true);
+        assert!(cache.absorb(&mut same));
+        assert_eq!(same.services, vec![web]);
+        // "Unchanged" about a generation it does not hold: nothing to apply.
+        let mut confused = stamped(4, Vec::new(), true);
+        assert!(!cache.absorb(&mut confused));
+        assert_eq!(cache.held(), None);
     }
 }

@@ -39,7 +39,9 @@ use serde::de::DeserializeOwned;
 
 use crate::agentd::cluster::applier::{Answer, Applier, Job};
 use crate::agentd::cluster::error::ClusterError;
-use crate::agentd::cluster::heartbeat::{PeerCache, connections, heartbeat_request, stale_placed};
+use crate::agentd::cluster::heartbeat::{
+    EndpointCache, PeerCache, connections, heartbeat_request, stale_placed,
+};
 use crate::agentd::cluster::watch::{self, ClusterCounters, ProxyTable, Stamp};
 use crate::agentd::proxy::Proxy;
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
@@ -506,12 +508,14 @@ fn run(
         // Heartbeat until the control plane forgets the node.
         let mut last_problem: Option<String> = None;
         let mut peers = PeerCache::default();
+        let mut endpoints = EndpointCache::default();
         // The control plane that answered last numbers the generation the
         // heartbeat reports.
         let mut origin: Option<u64> = None;
         loop {
             let mut request = heartbeat_request(&worker.published_jails()?);
             request.peers_version = peers.version();
+            request.endpoints_held = endpoints.held();
             request.events_seq = Some(worker.events().last_seq());
             // The counts back a drain's end, so a proxy that does not
             // answer at once claims nothing: no applied generation, and the
@@ -532,8 +536,12 @@ fn run(
             }
             m.counters.heartbeats.fetch_add(1, Ordering::Relaxed);
             let problem = match cp.heartbeat(&request) {
-                Ok(mut resp) => match peers.absorb(&mut resp) {
-                    Some(list) => {
+                Ok(mut resp) => match (peers.absorb(&mut resp), endpoints.absorb(&mut resp)) {
+                    (_, false) => Some(format!(
+                        "{} answered that the endpoint table is unchanged but named one this node does not hold; keeping routes and the proxy's table, asking for the table next time",
+                        m.controlplane
+                    )),
+                    (Some(list), true) => {
                         let vips = if m.alias_vips {
                             resp.services.iter().map(|s| s.vip).collect()
                         } else {
@@ -554,8 +562,8 @@ fn run(
                         })));
                         None
                     }
-                    None => Some(format!(
-                        "{} answered that the peer list is unchanged but sent a version this node does not hold; keeping routes, asking for the full list next time",
+                    (None, true) => Some(format!(
+                        "{} answered that the peer list is unchanged, or changes to it, but named a version this node does not hold; keeping routes, asking for the full list next time",
                         m.controlplane
                     )),
                 },

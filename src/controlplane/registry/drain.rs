@@ -60,6 +60,7 @@ impl Cluster {
         if !self.draining.contains_key(replica) {
             // Out of the table from this generation on (a replica that was
             // not in it leaves it unchanged, and the current one will do).
+            self.mark_replica(replica);
             self.draining.insert(
                 replica.to_string(),
                 Drain {
@@ -115,12 +116,15 @@ impl Cluster {
     pub(super) fn cancel_drain(&mut self, replica: &str, then: DrainThen) {
         if self.draining.get(replica).is_some_and(|d| d.then == then) {
             self.draining.remove(replica);
+            self.mark_replica(replica);
         }
     }
 
     /// Forgets `replica`'s drain: it was removed or replaced.
     pub(super) fn forget_drain(&mut self, replica: &str) {
-        self.draining.remove(replica);
+        if self.draining.remove(replica).is_some() {
+            self.mark_replica(replica);
+        }
     }
 
     /// `DELETE /services/{name}`, first half: every replica of the service
@@ -132,6 +136,7 @@ impl Cluster {
             return Err(Refusal::new(404, format!("no service named {name}")));
         }
         self.retiring.insert(name.to_string());
+        self.mark_service(name);
         self.service_drained(name, now);
         Ok(())
     }

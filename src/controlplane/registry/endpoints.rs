@@ -19,15 +19,21 @@
 //! the node's record and answers the two questions connection draining
 //! asks ([`Cluster::open_connections`], [`Cluster::endpoints_caught_up`]).
 //!
+//! Only the entries of services whose inputs changed are rebuilt (see
+//! [`super::dirty`]): the table is kept by service name as well, and a
+//! recomputation with nothing marked costs nothing.
+//!
 //! This file must never compute the table itself (that is
 //! [`super::services`], through [`Cluster::endpoints`]) nor decide liveness
 //! (that is [`super::liveness`]); it only compares, numbers and remembers.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::Cluster;
+use super::dirty::Marked;
 use super::peers::first_peers_version;
 use crate::common::wire::{Liveness, ServiceEndpoints};
 
@@ -40,6 +46,9 @@ pub(super) struct PublishedEndpoints {
     origin: u64,
     /// The table of `generation`.
     services: Arc<Vec<ServiceEndpoints>>,
+    /// The same entries by service name, the ones a recomputation rebuilds
+    /// (see [`super::dirty`]).
+    by_name: BTreeMap<String, ServiceEndpoints>,
     /// The generation [`Cluster::refresh_endpoints`] last handed out.
     announced: u64,
 }
@@ -51,20 +60,52 @@ impl Cluster {
         self.published = PublishedEndpoints {
             generation: 1,
             origin: first_peers_version(),
+            by_name: services
+                .iter()
+                .map(|s| (s.name.clone(), s.clone()))
+                .collect(),
             services: Arc::new(services),
             announced: 0,
         };
+        // Built from scratch just now.
+        self.take_endpoint_marks();
     }
 
-    /// Recomputes the table; a new generation when it differs from the
+    /// Recomputes the entries of the services whose inputs changed (see
+    /// [`super::dirty`]); a new generation when the table differs from the
     /// published one. True when it changed.
     pub(super) fn recompute_endpoints(&mut self, now: Instant) -> bool {
-        let services = self.endpoints(now);
-        if *self.published.services == services {
+        // A node that died by the clock alone marks what it concerns.
+        self.notice_deaths(now);
+        let Some(marked) = self.take_endpoint_marks() else {
+            return false;
+        };
+        let names: Vec<String> = match marked {
+            Marked::All => {
+                let mut all: BTreeSet<String> = self.state.services.keys().cloned().collect();
+                all.extend(self.published.by_name.keys().cloned());
+                all.into_iter().collect()
+            }
+            Marked::Only(names) => names.into_iter().collect(),
+        };
+        let mut changed = false;
+        for name in names {
+            self.dirty.work.endpoints_rebuilt += 1;
+            let entry = self.service_endpoints(&name, now);
+            if self.published.by_name.get(&name) == entry.as_ref() {
+                continue;
+            }
+            changed = true;
+            match entry {
+                Some(entry) => self.published.by_name.insert(name, entry),
+                None => self.published.by_name.remove(&name),
+            };
+        }
+        if !changed {
             return false;
         }
         self.published.generation += 1;
-        self.published.services = Arc::new(services);
+        self.published.services = Arc::new(self.published.by_name.values().cloned().collect());
         true
     }
 
@@ -85,11 +126,11 @@ impl Cluster {
 
     /// The current table and its generation, recomputed first (a heartbeat
     /// answer carries them).
-    pub(super) fn current_endpoints(&mut self, now: Instant) -> (u64, Vec<ServiceEndpoints>) {
+    pub(super) fn current_endpoints(&mut self, now: Instant) -> (u64, Arc<Vec<ServiceEndpoints>>) {
         self.recompute_endpoints(now);
         (
             self.published.generation,
-            self.published.services.as_ref().clone(),
+            Arc::clone(&self.published.services),
         )
     }
 

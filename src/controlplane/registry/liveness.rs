@@ -87,6 +87,7 @@ impl Cluster {
                 );
                 self.rank(&id, false);
                 self.peer_changed(&id, now);
+                self.mark_every_service();
             }
         }
     }
@@ -118,6 +119,7 @@ impl Cluster {
                 Some(id),
             );
             self.peer_changed(id, now);
+            self.mark_every_service();
         }
     }
 

@@ -15,7 +15,10 @@
 //! - [`drain`]: replicas leaving the rotation before they are stopped.
 //! - [`endpoints`]: the published endpoint table and its generation, and
 //!   what each node's proxy applied and still relays.
+//! - [`dirty`]: which services' inputs changed, so a heartbeat heals and
+//!   rebuilds only those.
 
+pub mod dirty;
 pub mod drain;
 pub mod endpoints;
 pub mod liveness;
@@ -37,10 +40,11 @@ use crate::common::events::EventLog;
 use crate::common::wire::Resources;
 use crate::controlplane::state::{ClusterState, Op};
 
+pub use dirty::HealWork;
 use endpoints::PublishedEndpoints;
 use liveness::Rank;
 use peers::first_peers_version;
-pub use peers::{HeartbeatAnswer, PeerListJson};
+pub use peers::{HeartbeatAnswer, PeerChanges, PeerListJson};
 use placements::Pending;
 pub use services::HealAction;
 
@@ -147,11 +151,15 @@ pub struct Cluster {
     entries: BTreeMap<String, Vec<u8>>,
     /// The entries joined, for the current version, once asked for.
     peer_list: Option<Arc<PeerListJson>>,
+    /// Which node each recent version changed (see [`peers`]).
+    peer_log: peers::PeerLog,
     /// The Alive nodes, most headroom first and ties by id: the
     /// scheduled route's pick is the first one, without visiting 5,000 nodes.
     ranked: BTreeSet<(Rank, String)>,
     /// The endpoint table last published and its generation.
     published: PublishedEndpoints,
+    /// Services whose heal or endpoint entry is due (see [`dirty`]).
+    dirty: dirty::Dirty,
     /// Where the cluster's decisions are told ([`Cluster::set_events`]).
     events: EventLog,
     /// Stale copies already told as Fenced (node, jail, epoch), so a node
@@ -213,8 +221,10 @@ impl Cluster {
             peers_version: first_peers_version(),
             entries: BTreeMap::new(),
             peer_list: None,
+            peer_log: peers::PeerLog::default(),
             ranked: BTreeSet::new(),
             published: PublishedEndpoints::default(),
+            dirty: dirty::Dirty::default(),
             events: EventLog::in_memory(""),
             fenced: BTreeSet::new(),
         };
@@ -259,12 +269,14 @@ impl Cluster {
         self.draining.clear();
         self.retiring.clear();
         self.progress.clear();
+        self.mark_every_service();
     }
 
     fn apply(&mut self, ops: Vec<Op>) -> Vec<Op> {
         use crate::common::journal::Replay;
         for op in &ops {
             self.state.replay(op);
+            self.note_op(op);
         }
         ops
     }

@@ -6,15 +6,15 @@
 //! must never fence or move anything itself: the answer only names jails
 //! whose placement is recorded elsewhere.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::{Cluster, HeartbeatAnswer, Refusal, Reported};
 use crate::common::cidr::{Ipv4Net, derive_pod_cidr};
 use crate::common::wire::{
-    EventType, HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, NodeStatus, ObjectKind,
-    RegisterRequest, Resources,
+    EndpointsStamp, EventType, HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval,
+    NodeStatus, ObjectKind, RegisterRequest, Resources,
 };
 use crate::controlplane::state::{NodeRecord, Op};
 
@@ -92,7 +92,7 @@ impl Cluster {
         let live = self.live.entry(id.to_string()).or_default();
         live.committed = req.committed;
         live.jails = req.jails;
-        live.reported = req
+        let reported: BTreeMap<String, Reported> = req
             .placed
             .iter()
             .map(|j| {
@@ -106,6 +106,17 @@ impl Cluster {
                 (j.name.clone(), reported)
             })
             .collect();
+        // Only the replicas whose reports differ concern their services.
+        let before = std::mem::replace(&mut live.reported, reported);
+        let changed: BTreeSet<String> = {
+            let now_reported = &live.reported;
+            let gone = before.keys().filter(|n| !now_reported.contains_key(*n));
+            let differ = now_reported
+                .iter()
+                .filter(|(n, r)| before.get(*n) != Some(*r))
+                .map(|(n, _)| n);
+            gone.chain(differ).cloned().collect()
+        };
         live.endpoints_applied = req.endpoints_generation;
         // A node's new events wake the watches waiting on this control
         // plane's ring, which then ask that node for them.
@@ -122,6 +133,9 @@ impl Cluster {
             .filter(|c| c.open > 0)
             .map(|c| (c.addr, c.open))
             .collect();
+        for name in &changed {
+            self.mark_replica(name);
+        }
         // After the committed resources, so the node is ranked by them.
         self.heard_from(id, now);
         let stale: Vec<String> = req
@@ -149,18 +163,39 @@ impl Cluster {
             }
         }
         let unchanged = req.peers_version == Some(self.peers_version);
+        let changes = match req.peers_version {
+            Some(held) if req.peer_changes && !unchanged => self.peer_changes_since(held, id),
+            _ => None,
+        };
         let (generation, services) = self.current_endpoints(now);
+        let endpoints_unchanged = req.endpoints_held
+            == Some(EndpointsStamp {
+                origin: self.endpoints_origin(),
+                generation,
+            });
+        let full_list = !unchanged && changes.is_none();
+        let (peers_changed, changed, removed) = match changes {
+            Some(c) => (req.peers_version, c.changed, c.removed),
+            None => (None, Vec::new(), Vec::new()),
+        };
         Ok(HeartbeatAnswer {
             response: HeartbeatResponse {
-                peers: Vec::new(),
+                peers: changed,
                 stale,
-                services,
+                services: if endpoints_unchanged {
+                    Vec::new()
+                } else {
+                    services.as_ref().clone()
+                },
                 peers_version: Some(self.peers_version),
                 peers_unchanged: unchanged,
                 endpoints_generation: Some(generation),
                 endpoints_origin: Some(self.endpoints_origin()),
+                peers_changed,
+                peers_removed: removed,
+                endpoints_unchanged,
             },
-            peers: (!unchanged).then(|| self.peer_list()),
+            peers: full_list.then(|| self.peer_list()),
         })
     }
 

@@ -18,7 +18,19 @@
 //! worker thread took longer than `dead_after` for 5,000 first heartbeats,
 //! so nodes died, the version changed, and every node needed the list again.
 //!
-//! This file owns the encoded entries and the version; it must never decide
+//! Changes, not lists: after a node joins or dies, the full list per agent
+//! made every heartbeat of a 10,000-node cluster carry about 900 KB for one
+//! changed entry. So each version bump made for one node is logged (the
+//! version and the node id) in a bounded log of recent changes
+//! ([`PEER_LOG_LEN`]), and an agent that says it applies changes
+//! (`HeartbeatRequest::peer_changes`) and holds a version the log still
+//! reaches is answered only the peers changed or gone since. An agent whose
+//! version is older than the log, or from another process (versions start
+//! at random), an agent that does not apply changes, and every agent after
+//! a reset of the whole list (a start, a reload after a failed journal
+//! write: the log is emptied) get the full list.
+//!
+//! This file owns the encoded entries, the version and the change log; it must never decide
 //! liveness (that is [`super::liveness`]), only re-encode a node when told
 //! that its record or liveness changed.
 
@@ -106,6 +118,57 @@ impl HeartbeatAnswer {
 /// Peer list versions stay below 2^53 so any JSON reader holds them exactly.
 const PEERS_VERSION_MASK: u64 = (1 << 53) - 1;
 
+/// Changes the peer change log keeps: an agent further behind gets the full
+/// list. A few thousand ids is small next to one full list of a large
+/// cluster, and covers a heartbeat period of churn.
+pub const PEER_LOG_LEN: usize = 4096;
+
+/// The recent peer list changes; see the module docs.
+#[derive(Debug, Default)]
+pub(super) struct PeerLog {
+    /// The version the first entry changed: every version from `base` to
+    /// the current one can be answered with changes.
+    base: u64,
+    /// The node each version after `base` changed, in order: entry `i`
+    /// made version `base + 1 + i`.
+    changed: std::collections::VecDeque<String>,
+}
+
+impl PeerLog {
+    /// An empty log at `version`.
+    pub(super) fn at(version: u64) -> PeerLog {
+        PeerLog {
+            base: version,
+            changed: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The nodes changed since `version`, in change order (with repeats);
+    /// `None` when the log does not reach back to it.
+    fn since(&self, version: u64) -> Option<impl Iterator<Item = &String>> {
+        let skip = version.wrapping_sub(self.base) & PEERS_VERSION_MASK;
+        let skip = usize::try_from(skip).ok()?;
+        (skip <= self.changed.len()).then(|| self.changed.iter().skip(skip))
+    }
+
+    fn push(&mut self, id: &str) {
+        if self.changed.len() == PEER_LOG_LEN {
+            self.changed.pop_front();
+            self.base = (self.base + 1) & PEERS_VERSION_MASK;
+        }
+        self.changed.push_back(id.to_string());
+    }
+}
+
+/// The peers changed and gone since a version an agent holds.
+#[derive(Debug, Default, PartialEq)]
+pub struct PeerChanges {
+    /// Added or changed since, as they are now.
+    pub changed: Vec<Peer>,
+    /// Ids of the peers gone since.
+    pub removed: Vec<String>,
+}
+
 impl Cluster {
     /// The version of the peer list as of the last read; see the module docs.
     pub fn peers_version(&self) -> u64 {
@@ -131,6 +194,23 @@ impl Cluster {
             None => self.entries.remove(id),
         };
         self.bump_peers_version();
+        self.peer_log.push(id);
+    }
+
+    /// What changed in the peer list since `version`, for node `asking`
+    /// (whose own entry is never sent); `None` when the log does not reach
+    /// back to `version` and the full list is due.
+    pub(super) fn peer_changes_since(&self, version: u64, asking: &str) -> Option<PeerChanges> {
+        let ids: std::collections::BTreeSet<&String> = self.peer_log.since(version)?.collect();
+        let mut changes = PeerChanges::default();
+        for id in ids.into_iter().filter(|id| id.as_str() != asking) {
+            match self.entries.get(id) {
+                // The entry is what this version's full list carries.
+                Some(entry) => changes.changed.push(serde_json::from_slice(entry).ok()?),
+                None => changes.removed.push(id.clone()),
+            }
+        }
+        Some(changes)
     }
 
     /// `id`'s entry; `None` for an unknown node or one without an IPv4
@@ -160,6 +240,8 @@ impl Cluster {
             .filter_map(|id| Some((id.clone(), self.encode_peer(id, now)?)))
             .collect();
         self.bump_peers_version();
+        // Every entry may have changed: no agent's version gets changes.
+        self.peer_log = PeerLog::at(self.peers_version);
     }
 
     /// Every entry joined, for the current version.

@@ -103,6 +103,7 @@ impl Cluster {
                 entry.volumes.push(v.clone());
             }
         }
+        self.mark_replica(name);
         Ok(target)
     }
 
@@ -230,6 +231,7 @@ impl Cluster {
         // Replaced or not, the replica's drain is over: a failed apply is
         // planned again from scratch.
         self.forget_drain(name);
+        self.mark_replica(name);
         let mut volumes = Vec::new();
         let mut template = None;
         if let Some(p) = self.pending.get_mut(name) {

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
+use super::dirty::Marked;
 use super::drain::DrainThen;
 use super::placements::Pending;
 use super::rollout::rollout_status;
@@ -306,24 +307,29 @@ impl Cluster {
     pub fn endpoints(&self, now: Instant) -> Vec<ServiceEndpoints> {
         self.state
             .services
-            .iter()
-            .map(|(name, rec)| {
-                let view = self.replica_view(name, now);
-                ServiceEndpoints {
-                    name: name.clone(),
-                    vip: rec.vip,
-                    port: rec.applied.port,
-                    // A retiring service's list empties for good.
-                    unsettled: !self.retiring.contains(name)
-                        && view.iter().any(|r| r.state == "NodeUnknown"),
-                    replicas: view
-                        .into_iter()
-                        .filter(|r| r.ready)
-                        .filter_map(|r| r.address.map(|a| SocketAddrV4::new(a, rec.applied.port)))
-                        .collect(),
-                }
-            })
+            .keys()
+            .filter_map(|name| self.service_endpoints(name, now))
             .collect()
+    }
+
+    /// Service `name`'s entry of [`Cluster::endpoints`]; `None` when there
+    /// is no such service.
+    pub(super) fn service_endpoints(&self, name: &str, now: Instant) -> Option<ServiceEndpoints> {
+        let rec = self.state.services.get(name)?;
+        let view = self.replica_view(name, now);
+        Some(ServiceEndpoints {
+            name: name.to_string(),
+            vip: rec.vip,
+            port: rec.applied.port,
+            // A retiring service's list empties for good.
+            unsettled: !self.retiring.contains(name)
+                && view.iter().any(|r| r.state == "NodeUnknown"),
+            replicas: view
+                .into_iter()
+                .filter(|r| r.ready)
+                .filter_map(|r| r.address.map(|a| SocketAddrV4::new(a, rec.applied.port)))
+                .collect(),
+        })
     }
 
     /// What it takes to bring service `name` to its desired replicas and
@@ -339,10 +345,22 @@ impl Cluster {
     /// (plus the surge slots of a rollout, see `rollout`) are drained, then
     /// removed. Replicas on an older template are replaced as `rollout`
     /// plans.
+    ///
+    /// Without `only`, only the services whose inputs changed since their
+    /// last plan are planned (see [`super::dirty`]); one that is being
+    /// healed is planned again when its heal is over.
     pub fn plan_heal(&mut self, only: Option<&str>, now: Instant) -> Vec<HealAction> {
         let names: Vec<String> = match only {
             Some(n) => vec![n.to_string()],
-            None => self.state.services.keys().cloned().collect(),
+            None => {
+                // A node that died by the clock alone is noticed first: it
+                // marks what it concerns.
+                self.notice_deaths(now);
+                match self.take_heal_marks(now) {
+                    Marked::All => self.state.services.keys().cloned().collect(),
+                    Marked::Only(names) => names.into_iter().collect(),
+                }
+            }
         };
         let mut actions = Vec::new();
         for name in names {
@@ -352,6 +370,9 @@ impl Cluster {
             let Some(rec) = self.state.services.get(&name).cloned() else {
                 continue;
             };
+            self.dirty.work.planned += 1;
+            // Set where the plan waits on something a later plan decides.
+            let mut waits = false;
             let slots = self.replica_slots(&name, &rec, now);
             let placed = self.placed_replicas(&name);
             let mut service_actions = Vec::new();
@@ -400,6 +421,7 @@ impl Cluster {
                 let node = match self.volume_home(&replica, &replica_volumes) {
                     Ok(Some((home, _))) => {
                         if self.liveness(&home, now) != Some(Liveness::Alive) {
+                            waits = true;
                             continue;
                         }
                         home
@@ -409,41 +431,62 @@ impl Cluster {
                         let Some(node) =
                             pick_node_spread(&self.candidates(now), &avoid).map(str::to_string)
                         else {
+                            waits = true;
                             break; // no Alive node: the next heartbeat tries again
                         };
                         node
                     }
-                    Err(_) => continue,
+                    Err(_) => {
+                        waits = true;
+                        continue;
+                    }
                 };
                 let lost = self.state.placements.get(&replica).map(|p| p.node.clone());
-                if let Some(action) = self.place_replica(&name, &rec, &replica, &node, now) {
-                    let (reason, event_type, message) = match &lost {
-                        Some(dead) => (
-                            "Rescheduled",
-                            EventType::Warning,
-                            format!(
-                                "replica {replica} of service {name} was on node {dead}, which is Dead; placed on node {node}"
+                match self.place_replica(&name, &rec, &replica, &node, now) {
+                    Some(action) => {
+                        let (reason, event_type, message) = match &lost {
+                            Some(dead) => (
+                                "Rescheduled",
+                                EventType::Warning,
+                                format!(
+                                    "replica {replica} of service {name} was on node {dead}, which is Dead; placed on node {node}"
+                                ),
                             ),
-                        ),
-                        None => (
-                            "Scheduled",
-                            EventType::Normal,
-                            format!("replica {replica} of service {name} placed on node {node}"),
-                        ),
-                    };
-                    self.events.record(
-                        ObjectKind::Jail,
-                        &replica,
-                        reason,
-                        event_type,
-                        message,
-                        Some(&node),
-                    );
-                    occupied.insert(node);
-                    service_actions.push(action);
+                            None => (
+                                "Scheduled",
+                                EventType::Normal,
+                                format!(
+                                    "replica {replica} of service {name} placed on node {node}"
+                                ),
+                            ),
+                        };
+                        self.events.record(
+                            ObjectKind::Jail,
+                            &replica,
+                            reason,
+                            event_type,
+                            message,
+                            Some(&node),
+                        );
+                        occupied.insert(node);
+                        service_actions.push(action);
+                    }
+                    None => waits = true,
                 }
             }
             service_actions.extend(self.plan_updates(&name, &rec, now));
+            // Drains end on time or on other nodes' reports, rollouts on
+            // readiness and deadlines: plan such a service on every call.
+            let prefix = format!("{name}-");
+            waits |= self.progress.contains_key(&name)
+                || self
+                    .draining
+                    .range(prefix.clone()..)
+                    .next()
+                    .is_some_and(|(r, _)| r.starts_with(&prefix));
+            if waits && only.is_none() {
+                self.keep_heal_mark(&name);
+            }
             if !service_actions.is_empty() {
                 self.healing.insert(name);
                 actions.extend(service_actions);
@@ -498,6 +541,8 @@ impl Cluster {
     pub fn heal_done(&mut self, services: &[String]) {
         for s in services {
             self.healing.remove(s);
+            // What it did (or failed to do) is planned on from here.
+            self.mark_service(s);
         }
     }
 
@@ -521,7 +566,9 @@ impl Cluster {
                 node: p.node,
             })
             .collect();
-        self.retiring.remove(name);
+        if self.retiring.remove(name) {
+            self.mark_service(name);
+        }
         let ops = self.apply(vec![Op::RemoveService {
             name: name.to_string(),
         }]);

@@ -89,6 +89,8 @@ fn beat_with(c: &mut Cluster, id: &str, version: Option<u64>, now: Instant) -> H
     c.heartbeat(
         id,
         &HeartbeatRequest {
+            peer_changes: false,
+            endpoints_held: None,
             endpoints_generation: None,
             connections: Vec::new(),
             events_seq: None,
@@ -241,6 +243,139 @@ fn a_restarted_control_plane_does_not_take_an_old_version_for_current() {
     assert_eq!(resp.peers.len(), 1);
 }
 
+/// A bare heartbeat from an agent that applies peer changes, holding peer
+/// list `version` and endpoint table `endpoints`.
+fn beat_for_changes(
+    c: &mut Cluster,
+    id: &str,
+    version: Option<u64>,
+    endpoints: Option<crate::common::wire::EndpointsStamp>,
+    now: Instant,
+) -> HeartbeatResponse {
+    let req = HeartbeatRequest {
+        peer_changes: true,
+        endpoints_held: endpoints,
+        peers_version: version,
+        ..placed_req(&[])
+    };
+    c.heartbeat(id, &req, now)
+        .map(|a| decode(&a, id))
+        .expect("heartbeat")
+}
+
+fn ids(peers: &[Peer]) -> Vec<&str> {
+    peers.iter().map(|p| p.node_id.as_str()).collect()
+}
+
+#[test]
+fn an_agent_that_applies_changes_gets_only_the_peers_that_changed() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    let full = beat_for_changes(&mut c, "a", None, None, t0);
+    assert_eq!(
+        full.peers_changed, None,
+        "the first heartbeat gets the list"
+    );
+    assert_eq!(ids(&full.peers), ["b", "c"]);
+    let v0 = full.peers_version;
+
+    register(&mut c, "d", 4, t0);
+    let joined = beat_for_changes(&mut c, "a", v0, None, t0);
+    assert_eq!(joined.peers_changed, v0);
+    assert_eq!(ids(&joined.peers), ["d"], "only the new peer");
+    assert!(joined.peers_removed.is_empty() && !joined.peers_unchanged);
+    let v1 = joined.peers_version;
+    assert_ne!(v1, v0);
+
+    // d dies: a, b and c keep heartbeating.
+    let half = t0 + DEAD_AFTER / 2;
+    for id in ["a", "b", "c"] {
+        assert!(beat_for_changes(&mut c, id, v1, None, half).peers_unchanged);
+    }
+    let t1 = t0 + DEAD_AFTER;
+    let died = beat_for_changes(&mut c, "a", v1, None, t1);
+    assert_eq!(died.peers_changed, v1);
+    assert_eq!(ids(&died.peers), ["d"]);
+    assert!(!died.peers[0].alive);
+
+    // Removed for good: its id is named gone; an agent two versions behind
+    // gets the removal too, and d itself is never among a's changes.
+    c.remove_node("d", t1).expect("d is Dead");
+    let removed = beat_for_changes(&mut c, "a", v1, None, t1);
+    assert_eq!(removed.peers_changed, v1);
+    assert!(removed.peers.is_empty());
+    assert_eq!(removed.peers_removed, ["d"]);
+    let current = removed.peers_version;
+    assert!(beat_for_changes(&mut c, "a", current, None, t1).peers_unchanged);
+
+    // An agent that does not apply changes still gets the whole list.
+    let older = beat_with(&mut c, "a", v0, t1);
+    assert_eq!(older.peers_changed, None);
+    assert_eq!(ids(&older.peers), ["b", "c"]);
+}
+
+#[test]
+fn an_agent_behind_the_change_log_or_from_another_process_gets_the_full_list() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    let v0 = beat_for_changes(&mut c, "a", None, None, t0).peers_version;
+    // More changes than the log keeps: b's address flips back and forth.
+    for i in 0..=peers::PEER_LOG_LEN {
+        c.register(
+            &RegisterRequest {
+                node_id: "b".into(),
+                advertise_addr: SocketAddr::from(([127, 0, 0, 2 + (i % 2) as u8], 2)),
+                capacity: Resources::default(),
+            },
+            t0,
+        )
+        .expect("re-registers");
+    }
+    let behind = beat_for_changes(&mut c, "a", v0, None, t0);
+    assert_eq!(behind.peers_changed, None);
+    assert_eq!(ids(&behind.peers), ["b"]);
+
+    let held = behind.peers_version;
+    let mut restarted = restarted(&c);
+    register(&mut restarted, "a", 1, t0);
+    let resp = beat_for_changes(&mut restarted, "a", held, None, t0);
+    assert_eq!(resp.peers_changed, None, "a new origin: the full list");
+    assert_eq!(ids(&resp.peers), ["b"]);
+}
+
+#[test]
+fn an_agent_holding_the_current_endpoint_table_is_not_sent_it_again() {
+    use crate::common::wire::EndpointsStamp;
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    c.put_service("web", &service(2, 80, "d", false), t0)
+        .expect("service");
+    let first = beat_for_changes(&mut c, "a", None, None, t0);
+    assert!(!first.endpoints_unchanged);
+    assert_eq!(first.services.len(), 1);
+    let held = EndpointsStamp {
+        origin: first.endpoints_origin.expect("origin"),
+        generation: first.endpoints_generation.expect("generation"),
+    };
+    let again = beat_for_changes(&mut c, "a", first.peers_version, Some(held), t0);
+    assert!(again.endpoints_unchanged);
+    assert!(again.services.is_empty());
+    // Another process's stamp, or an older generation: the whole table.
+    let other = EndpointsStamp {
+        origin: held.origin ^ 1,
+        ..held
+    };
+    let resent = beat_for_changes(&mut c, "a", None, Some(other), t0);
+    assert!(!resent.endpoints_unchanged);
+    assert_eq!(resent.services.len(), 1);
+}
+
 #[test]
 fn liveness_boundaries() {
     let t0 = Instant::now();
@@ -319,6 +454,8 @@ fn scheduled_applies_are_sticky_and_recorded_only_on_success() {
 
 fn placed_req(placed: &[(&str, u64)]) -> HeartbeatRequest {
     HeartbeatRequest {
+        peer_changes: false,
+        endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
         events_seq: None,
@@ -525,6 +662,8 @@ proptest! {
                 }
                 Step::Beat { node, cpu, mem } => {
                     let req = HeartbeatRequest {
+                        peer_changes: false,
+                        endpoints_held: None,
                         endpoints_generation: None,
                         connections: Vec::new(),
                         events_seq: None,
@@ -1133,6 +1272,8 @@ fn reported_by(c: &Cluster, node: &str) -> HeartbeatRequest {
         })
         .collect();
     HeartbeatRequest {
+        peer_changes: false,
+        endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
         events_seq: None,
@@ -1323,6 +1464,8 @@ fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
     carry_out(&mut c, plan, t0);
     let epoch = c.state().placements["web-0"].epoch;
     let report = |ready: Option<bool>| HeartbeatRequest {
+        peer_changes: false,
+        endpoints_held: None,
         endpoints_generation: None,
         connections: Vec::new(),
         events_seq: None,
@@ -1996,6 +2139,129 @@ fn a_restarted_control_plane_keeps_revisions_and_a_stopped_rollout_and_restarts_
         "nothing resumes"
     );
     assert_eq!(again.service_revisions("web").expect("revisions").len(), 2);
+}
+
+/// `web` and `api`, two ready replicas each over nodes a, b and c, every
+/// heal carried out and every node's report in: nothing is left to do.
+fn settled_pair(t0: Instant) -> Cluster {
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+    }
+    for name in ["web", "api"] {
+        c.put_service(name, &service(2, 80, "t1", false), t0)
+            .expect("put");
+    }
+    let plan = c.plan_heal(None, t0);
+    assert_eq!(plan.len(), 4);
+    carry_out(&mut c, plan, t0);
+    assert!(c.plan_heal(None, t0).is_empty(), "settled");
+    c.refresh_endpoints(t0);
+    c
+}
+
+/// The heal plans and endpoint entries rebuilt between two calls.
+fn work_since(c: &Cluster, before: HealWork) -> (u64, u64) {
+    let now = c.heal_work();
+    (
+        now.planned - before.planned,
+        now.endpoints_rebuilt - before.endpoints_rebuilt,
+    )
+}
+
+#[test]
+fn a_heartbeat_that_changes_nothing_plans_and_rebuilds_nothing() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let before = c.heal_work();
+    let t1 = t0 + Duration::from_secs(5);
+    beat_all(&mut c, &[], t1);
+    assert!(c.plan_heal(None, t1).is_empty());
+    assert_eq!(c.refresh_endpoints(t1), None, "no new generation");
+    assert_eq!(work_since(&c, before), (0, 0));
+}
+
+#[test]
+fn a_readiness_report_heals_and_rebuilds_only_its_service() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let generation = c.endpoints_generation();
+    let before = c.heal_work();
+    beat_all(&mut c, &["web-0"], t0);
+    assert!(
+        c.plan_heal(None, t0).is_empty(),
+        "a not-ready replica stays"
+    );
+    let (next, services) = c.refresh_endpoints(t0).expect("a new table");
+    assert!(next > generation);
+    let web = services.iter().find(|s| s.name == "web").expect("web");
+    assert_eq!(web.replicas.len(), 1, "web-0 left the rotation");
+    assert_eq!(work_since(&c, before), (1, 1), "web only, api untouched");
+}
+
+#[test]
+fn a_spec_change_heals_its_service() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let before = c.heal_work();
+    c.scale_service("api", 3, t0).expect("scale");
+    let plan = c.plan_heal(None, t0);
+    assert_eq!(placed_names(&plan), ["api-2"]);
+    assert_eq!(work_since(&c, before).0, 1);
+}
+
+#[test]
+fn a_lost_placement_heals_its_service() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let before = c.heal_work();
+    let node = c.state().placements["web-1"].node.clone();
+    assert_eq!(c.remove_placement("web-1", &node).len(), 1);
+    let plan = c.plan_heal(None, t0);
+    assert_eq!(placed_names(&plan), ["web-1"]);
+    assert_eq!(work_since(&c, before).0, 1);
+}
+
+#[test]
+fn a_node_that_dies_heals_the_services_it_held() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let lost = c.state().placements["web-0"].node.clone();
+    // The others heartbeat on; the dead node is noticed by the clock alone,
+    // well before a periodic sweep is due.
+    let half = t0 + DEAD_AFTER / 2;
+    let later = t0 + DEAD_AFTER;
+    for t in [half, later] {
+        for id in ["a", "b", "c"].into_iter().filter(|id| *id != lost) {
+            beat(&mut c, id, 0.0, &[], t);
+        }
+    }
+    assert!(later < t0 + DEAD_AFTER * dirty::SWEEP_EVERY);
+    assert_eq!(c.liveness(&lost, later), Some(Liveness::Dead));
+    let plan = c.plan_heal(None, later);
+    let moved: Vec<String> = c
+        .state()
+        .placements
+        .iter()
+        .filter(|(_, p)| p.node == lost)
+        .map(|(n, _)| n.clone())
+        .collect();
+    let mut placed = placed_names(&plan);
+    placed.sort();
+    assert_eq!(placed, moved, "every replica on {lost} is replaced");
+    assert!(!placed.is_empty());
+}
+
+#[test]
+fn a_service_waiting_for_a_node_is_planned_again_until_one_comes() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    c.put_service("web", &service(1, 80, "t1", false), t0)
+        .expect("put");
+    assert!(c.plan_heal(None, t0).is_empty(), "no node yet");
+    assert!(c.plan_heal(None, t0).is_empty());
+    register(&mut c, "a", 1, t0);
+    assert_eq!(placed_names(&c.plan_heal(None, t0)), ["web-0"]);
 }
 
 /// The registry's decisions are events: a placement, a copy fenced (told
