@@ -117,6 +117,9 @@ struct Daemon {
 
 impl Daemon {
     fn spawn(&mut self, dir: &Path) {
+        // One process per daemon: a restart of one still running stops it
+        // first, or the old one outlives the test, bound to its port.
+        self.stop();
         let log = File::options()
             .create(true)
             .append(true)
