@@ -128,6 +128,7 @@ fn example_value(key: &str) -> &'static str {
         "agent.pidfile" => "/srv/keel/agentd.pid",
         "agent.node_subnet" => "10.20.7.0/24",
         "agent.reconcile_interval" => "750ms",
+        "agent.usage_interval" => "1m",
         "agent.controlplane" => "cp.example.org:7440",
         "agent.node_id" => "node-7",
         "agent.advertise_addr" => "192.0.2.7:7441",

@@ -7,6 +7,8 @@
 //! shows up in its counters; only `GET /metrics` is served; and the body
 //! passes `promtool check metrics` (Debian's `prometheus` package, which
 //! .ci/run installs; without it the check is skipped, except under CI).
+//! The agent's usage sampler reports the replica's CPU time and resident
+//! memory (in simulate mode, its process group's, from Linux /proc).
 //! And the listener's admission: one host holding as many idle connections
 //! as it can open locks out no other scraper.
 
@@ -124,7 +126,12 @@ fn both_daemons_serve_documented_checked_metrics_on_a_plain_listener() {
     let ip = node_ip(1);
     let agent_metrics = SocketAddr::from((ip, free_port(ip)));
     let mut args = cluster.standard_agent_args("n1", SocketAddr::from((ip, free_port(ip))), ip);
-    args.extend(["--metrics-listen".into(), agent_metrics.to_string()]);
+    args.extend([
+        "--metrics-listen".into(),
+        agent_metrics.to_string(),
+        "--usage-interval".into(),
+        "200ms".into(),
+    ]);
     cluster.start_agent("n1", &args.iter().map(String::as_str).collect::<Vec<_>>());
 
     let port = free_port(ip);
@@ -182,8 +189,17 @@ fn both_daemons_serve_documented_checked_metrics_on_a_plain_listener() {
         let jail_ready = value(&text, "keel_jail_ready{jail=\"echo-0\"}")?;
         // Ready from its start; Running once seen up past its first second.
         let running = value(&text, "keel_jail_state{jail=\"echo-0\",state=\"Running\"}")?;
-        (relayed >= answer.len() as f64 && jail_ready == 1.0 && running == 1.0).then_some(text)
+        // The usage sampler has seen the running replica: python3 holds
+        // resident memory (the simulated host reads it from /proc).
+        let memory = value(&text, "keel_jail_memory_bytes{jail=\"echo-0\"}")?;
+        (relayed >= answer.len() as f64 && jail_ready == 1.0 && running == 1.0 && memory > 0.0)
+            .then_some(text)
     });
+    assert!(
+        value(&agent_text, "keel_jail_cpu_seconds_total{jail=\"echo-0\"}")
+            .is_some_and(|s| s >= 0.0),
+        "{agent_text}"
+    );
     for (series, want) in [
         ("keel_jail_state{jail=\"echo-0\",state=\"Running\"}", 1.0),
         ("keel_jail_state{jail=\"echo-0\",state=\"CrashLoop\"}", 0.0),

@@ -683,7 +683,12 @@ fn docs_and_daemon_pages_name_every_metric_the_daemons_export() {
     use keel::agentd::proxy::stats::ServiceSample;
     // With a proxy, so its families are rendered too (a single node has none).
     let proxied = [("web".to_string(), ServiceSample::default())];
-    let agent = render(&WorkerMetrics::default(), &[], Some(&proxied));
+    let agent = render(
+        &WorkerMetrics::default(),
+        &[],
+        &Default::default(),
+        Some(&proxied),
+    );
     let controlplane = keel::controlplane::metrics::render(
         &[],
         &[],
@@ -691,7 +696,7 @@ fn docs_and_daemon_pages_name_every_metric_the_daemons_export() {
     );
     let ops = read("docs/operations.md");
     for (exposition, page_path, at_least) in [
-        (&agent, "man/keel-agentd.8", 14),
+        (&agent, "man/keel-agentd.8", 16),
         (&controlplane, "man/keel-controlplane.8", 8),
     ] {
         let names = families(exposition);

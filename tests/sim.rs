@@ -683,3 +683,36 @@ fn mounting_over_a_non_empty_directory_is_refused() {
     assert!(target.join("existing").exists());
     assert!(s.host.mounts.list().expect("lists").is_empty());
 }
+
+/// The usage probe sums the jail's whole process group from /proc: CPU time
+/// a busy loop spent, resident memory of every member; a removed jail and a
+/// name with no jail have no usage.
+#[cfg(target_os = "linux")]
+#[test]
+fn usage_is_the_process_groups_cpu_time_and_resident_memory() {
+    use keel::host::usage::UsageProbe;
+
+    let s = Sim::new();
+    let _reaper = s.reaper();
+    let busy = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; sleep 30 & exec sleep 30";
+    let p = s.params("busy", &["/bin/sh", "-c", busy]);
+    s.host.jails.create(&p).expect("creates");
+    let probe = s.host.jails.usage_probe();
+    let names = ["busy".to_string(), "nobody".to_string()];
+    let usage = wait_for("the busy loop's CPU time", || {
+        let usage = probe.sample(&names).expect("samples");
+        usage
+            .get("busy")
+            .is_some_and(|u| u.cpu_seconds >= 0.05)
+            .then_some(usage)
+    });
+    assert!(usage["busy"].memory_bytes > 0, "{usage:?}");
+    assert!(!usage.contains_key("nobody"), "{usage:?}");
+
+    s.host
+        .jails
+        .remove("busy", &p.path, Removal::Force)
+        .expect("removes");
+    let after = probe.sample(&names).expect("samples");
+    assert!(after.is_empty(), "{after:?}");
+}

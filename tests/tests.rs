@@ -29,6 +29,7 @@ mod golden_mount;
 mod golden_net;
 mod golden_pf;
 mod golden_routes;
+mod golden_usage;
 mod golden_zfs;
 mod health_e2e;
 mod heartbeat_path;

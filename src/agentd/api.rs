@@ -27,6 +27,7 @@ use crate::agentd::ingress::controller::IngressApiError;
 use crate::agentd::metrics::AgentMetrics;
 use crate::agentd::proxy::Proxy;
 use crate::agentd::reconciler::{HostError, ReconcileError};
+use crate::agentd::usage::UsageBoard;
 use crate::agentd::volumes::VolumeError;
 use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::http::{Handler, Request, Response};
@@ -45,6 +46,7 @@ pub struct AgentApi {
     proxy: Option<Arc<Proxy>>,
     bases: Option<Arc<BaseFetcher>>,
     counters: Option<Arc<ClusterCounters>>,
+    usage: UsageBoard,
 }
 
 /// One service the node's proxy serves, as `GET /proxy` shows it.
@@ -73,6 +75,7 @@ impl AgentApi {
             proxy: None,
             bases: None,
             counters: None,
+            usage: UsageBoard::new(),
         }
     }
 
@@ -134,12 +137,20 @@ impl AgentApi {
         self
     }
 
-    /// What both `/metrics` routes render: the worker's snapshots and, on a
-    /// clustered node, the proxy's and the cluster thread's counters (read
-    /// from atomics, never through the worker).
+    /// Exports each jail's usage from `usage`, the usage sampler's board.
+    pub fn with_usage(mut self, usage: UsageBoard) -> AgentApi {
+        self.usage = usage;
+        self
+    }
+
+    /// What both `/metrics` routes render: the worker's snapshots, the usage
+    /// sampler's last sample and, on a clustered node, the proxy's and the
+    /// cluster thread's counters (read from atomics, never through the
+    /// worker).
     pub fn metrics(&self) -> AgentMetrics {
         AgentMetrics::new(self.worker.clone(), self.proxy.as_ref().map(|p| p.stats()))
             .with_cluster(self.counters.clone())
+            .with_usage(self.usage.clone())
     }
 
     /// What the proxy serves now: the services it listens for, where, and

@@ -66,6 +66,12 @@ pub const FLAGS: &[Flag] = &[
         "period of the reconcile pass, e.g. 5s",
     ),
     set(
+        "usage-interval",
+        "agent.usage_interval",
+        "DURATION",
+        "period of the per-jail CPU and memory usage sample, e.g. 15s",
+    ),
+    set(
         "controlplane",
         "agent.controlplane",
         "HOST:PORT",

@@ -47,6 +47,7 @@ use crate::agentd::ingress::controller::{IngressController, IngressSettings};
 use crate::agentd::ingress::dns::OvhDns;
 use crate::agentd::proxy::{Proxy, ProxyConfig};
 use crate::agentd::reconciler::{AgentState, AgentStore, DryRunHost, NodeNetwork, Reconciler};
+use crate::agentd::usage::{self, UsageBoard};
 use crate::agentd::worker;
 use crate::common::auth::KeyFilePolicy;
 use crate::common::auth::{Signer, Verifier};
@@ -71,6 +72,7 @@ use crate::host::mount::FreeBsdMounts;
 use crate::host::net::FreeBsdNet;
 use crate::host::pf::{FakeFirewall, Firewall, FreeBsdPf};
 use crate::host::sim::{SimBases, SimError, SimHost};
+use crate::host::usage::{RctlUsage, UsageProbe};
 use crate::host::zfs::{FreeBsdZfs, ZfsLayout};
 use crate::host::{JailRuntime, MountManager, NetManager, ZfsManager};
 
@@ -204,6 +206,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
         let sim = SimHost::new(&cfg.agent.state_dir.join("sim"), layout).map_err(RunError::Sim)?;
         let bases = SimBases::new(base_layout, cfg.commands.tar.clone()).map_err(RunError::Sim)?;
         let bases = base_fetcher(&cfg, Arc::new(bases));
+        let usage = Box::new(sim.jails.usage_probe());
         let mut reconciler = Reconciler::new(
             sim.jails, sim.zfs, sim.net, sim.mounts, node, store, state, clock,
         );
@@ -217,8 +220,11 @@ pub fn run(options: Options) -> Result<(), RunError> {
             &options.source,
             group,
             cluster,
-            ingress,
-            bases,
+            HostServices {
+                ingress,
+                bases,
+                usage,
+            },
         );
         drop(lock);
         return served;
@@ -253,21 +259,25 @@ pub fn run(options: Options) -> Result<(), RunError> {
             cfg.zfs.busy_retry_delay.0,
         ),
         FreeBsdNet::new(runner.clone(), cfg.commands.clone()),
-        FreeBsdMounts::new(runner, cfg.commands.clone()),
+        FreeBsdMounts::new(runner.clone(), cfg.commands.clone()),
         node,
         store,
         state,
         clock,
     );
     reconciler.set_dry_run_host(dry_run_host(&cfg));
+    let usage = Box::new(RctlUsage::new(runner, cfg.commands.clone()));
     let served = serve(
         reconciler,
         &cfg,
         &options.source,
         Some(cfg.agent.socket_group.as_str()),
         cluster,
-        ingress,
-        bases,
+        HostServices {
+            ingress,
+            bases,
+            usage,
+        },
     );
     drop(lock);
     served
@@ -518,14 +528,21 @@ fn check_nesting(
     }
 }
 
+/// What `serve` runs beside the reconciler, built for the host it runs on
+/// (FreeBSD or simulated).
+struct HostServices {
+    ingress: IngressController,
+    bases: Arc<BaseFetcher>,
+    usage: Box<dyn UsageProbe>,
+}
+
 fn serve<J, Z, N, M>(
     mut reconciler: Reconciler<J, Z, N, M>,
     cfg: &Config,
     source: &ConfigSource,
     group: Option<&str>,
     cluster: Option<(Membership, Verifier)>,
-    ingress: IngressController,
-    bases: Arc<BaseFetcher>,
+    host: HostServices,
 ) -> Result<(), RunError>
 where
     J: JailRuntime + 'static,
@@ -565,7 +582,7 @@ where
     let mut signals = SignalLoop::new().map_err(setup)?;
 
     let (worker, worker_thread) =
-        worker::spawn_with_ingress(reconciler, Some(ingress)).map_err(setup)?;
+        worker::spawn_with_ingress(reconciler, Some(host.ingress)).map_err(setup)?;
     let watcher = signals.watch(worker_thread).map_err(setup)?;
     // Off the worker: it reads the targets the worker publishes and ends
     // when the worker does.
@@ -577,7 +594,20 @@ where
         .map(|_| Proxy::start(ProxyConfig::from_agent(&cfg.agent)).map(Arc::new))
         .transpose()
         .map_err(setup)?;
-    let api = AgentApi::new(worker.clone()).with_bases(bases);
+    // Off the worker: it reads the jail names the worker publishes.
+    let usage = UsageBoard::new();
+    let (stop_usage, usage_stop) = mpsc::channel();
+    let usage_thread = usage::spawn(
+        host.usage,
+        worker.clone(),
+        usage.clone(),
+        cfg.agent.usage_interval.0,
+        usage_stop,
+    )
+    .map_err(setup)?;
+    let api = AgentApi::new(worker.clone())
+        .with_bases(host.bases)
+        .with_usage(usage);
     let api = match &proxy {
         Some(p) => api.with_proxy(p.clone()),
         None => api,
@@ -640,6 +670,7 @@ where
     }
     shutdown.trigger();
     drop(stop_timer);
+    drop(stop_usage);
     worker.shutdown();
     let _ = http.join();
     if let Some(t) = http_tcp {
@@ -649,6 +680,8 @@ where
         let _ = t.join();
     }
     let _ = timer.join();
+    // At most one usage read (rctl's timeout) to finish.
+    let _ = usage_thread.join();
     // At most one control-plane exchange (CONTROLPLANE_TIMEOUT) to finish.
     if let Some(t) = cluster_thread {
         t.stop();

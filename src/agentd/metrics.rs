@@ -13,9 +13,11 @@
 //! (`proxy::stats`), so a scrape never waits for the worker or the proxy's
 //! control loop; it is at most one command behind.
 //!
-//! CPU and memory: the host seams report no usage (no `rctl -u` is run), so
-//! what is exported is what each jail's spec requests (the limits rctl(8)
-//! enforces); a jail without a request has no such series.
+//! CPU and memory, per jail: what its spec requests (the limits rctl(8)
+//! enforces; a jail without a request has no such series) and what it uses,
+//! from the last sample of the usage sampler (`agentd::usage`: rctl(8) `-u`
+//! on FreeBSD, `/proc` in simulate mode on Linux). A host without resource
+//! accounting, or a jail the last sample did not see, has no usage series.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,9 +26,11 @@ use std::time::Duration;
 use crate::agentd::cluster::watch::ClusterCounters;
 
 use crate::agentd::proxy::stats::{ProxyStats, ServiceSample};
+use crate::agentd::usage::UsageBoard;
 use crate::agentd::worker::WorkerHandle;
 use crate::common::metrics::{Exposition, Histogram, Kind, Render, Unavailable};
 use crate::common::wire::{JailStatus, Phase};
+use crate::host::usage::JailUsage;
 
 /// Upper bounds of the pass-duration histogram buckets, in seconds.
 const PASS_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0];
@@ -87,11 +91,13 @@ pub struct WorkerMetrics {
 }
 
 /// The agent's exposition: the worker's part from what it published and
-/// `jails` (its published statuses), the proxy's from `proxy` when this node
-/// runs one (families are left out without it).
+/// `jails` (its published statuses), each jail's usage from `usage` (the
+/// last sample), the proxy's from `proxy` when this node runs one (families
+/// are left out without it).
 pub fn render(
     worker: &WorkerMetrics,
     jails: &[JailStatus],
+    usage: &BTreeMap<String, JailUsage>,
     proxy: Option<&[(String, ServiceSample)]>,
 ) -> String {
     let mut exp = Exposition::new();
@@ -129,6 +135,7 @@ pub fn render(
         c.restarts_total,
     );
     jail_families(&mut exp, jails);
+    usage_families(&mut exp, jails, usage);
     if let Some(services) = proxy {
         proxy_families(&mut exp, services);
     }
@@ -210,6 +217,35 @@ fn jail_families(exp: &mut Exposition, jails: &[JailStatus]) {
     }
 }
 
+/// Usage series of the jails in `jails` that the last sample saw (a
+/// sample may name a jail deleted since; it is left out).
+fn usage_families(exp: &mut Exposition, jails: &[JailStatus], usage: &BTreeMap<String, JailUsage>) {
+    let seen: Vec<(&str, &JailUsage)> = jails
+        .iter()
+        .filter_map(|j| usage.get(&j.name).map(|u| (j.name.as_str(), u)))
+        .collect();
+    exp.family(
+        "keel_jail_cpu_seconds_total",
+        Kind::Counter,
+        "CPU time (user and system) the jail's processes used since it started, at the last usage sample.",
+    );
+    for (name, u) in &seen {
+        exp.sample(
+            "keel_jail_cpu_seconds_total",
+            &[("jail", name)],
+            u.cpu_seconds,
+        );
+    }
+    exp.family(
+        "keel_jail_memory_bytes",
+        Kind::Gauge,
+        "Resident memory of the jail's processes at the last usage sample.",
+    );
+    for (name, u) in &seen {
+        exp.sample("keel_jail_memory_bytes", &[("jail", name)], u.memory_bytes);
+    }
+}
+
 fn proxy_families(exp: &mut Exposition, services: &[(String, ServiceSample)]) {
     exp.family(
         "keel_proxy_open_connections",
@@ -254,6 +290,7 @@ pub struct AgentMetrics {
     worker: WorkerHandle,
     proxy: Option<Arc<ProxyStats>>,
     cluster: Option<Arc<ClusterCounters>>,
+    usage: UsageBoard,
 }
 
 impl AgentMetrics {
@@ -263,7 +300,14 @@ impl AgentMetrics {
             worker,
             proxy,
             cluster: None,
+            usage: UsageBoard::new(),
         }
+    }
+
+    /// Reads each jail's usage from `usage`, the usage sampler's board.
+    pub fn with_usage(mut self, usage: UsageBoard) -> AgentMetrics {
+        self.usage = usage;
+        self
     }
 
     /// Adds the cluster thread's counters, when the node is in a cluster.
@@ -283,7 +327,7 @@ impl Render for AgentMetrics {
         let worker = self.worker.published_metrics().map_err(gone)?;
         let jails = self.worker.published_jails().map_err(gone)?;
         let proxy = self.proxy.as_ref().map(|p| p.snapshot());
-        let mut text = render(&worker, &jails, proxy.as_deref());
+        let mut text = render(&worker, &jails, &self.usage.snapshot(), proxy.as_deref());
         if let Some(c) = &self.cluster {
             text.push_str(&c.render());
         }
@@ -327,7 +371,7 @@ mod tests {
             status("b", Phase::Running, false),
             status("c", Phase::Running, false),
         ];
-        let text = render(&worker, &jails, None);
+        let text = render(&worker, &jails, &BTreeMap::new(), None);
         assert!(text.contains("keel_reconcile_duration_seconds_bucket{le=\"0.001\"} 0"));
         assert!(text.contains("keel_reconcile_duration_seconds_bucket{le=\"0.005\"} 1"));
         assert!(text.contains("keel_reconcile_duration_seconds_bucket{le=\"1\"} 2"));
@@ -344,7 +388,7 @@ mod tests {
             status("web", Phase::CrashLoop, false),
             status("db", Phase::Running, true),
         ];
-        let text = render(&WorkerMetrics::default(), &jails, None);
+        let text = render(&WorkerMetrics::default(), &jails, &BTreeMap::new(), None);
         for line in [
             "keel_jail_state{jail=\"web\",state=\"CrashLoop\"} 1\n",
             "keel_jail_state{jail=\"web\",state=\"Running\"} 0\n",
@@ -369,6 +413,51 @@ mod tests {
     }
 
     #[test]
+    fn usage_is_exported_for_the_jails_the_sample_saw_and_only_those() {
+        let jails = [
+            status("web", Phase::Running, true),
+            status("db", Phase::Running, true),
+        ];
+        let usage = [
+            (
+                "web".to_string(),
+                JailUsage {
+                    cpu_seconds: 12.5,
+                    memory_bytes: 8_388_608,
+                },
+            ),
+            (
+                "deleted-since".to_string(),
+                JailUsage {
+                    cpu_seconds: 1.0,
+                    memory_bytes: 1,
+                },
+            ),
+        ]
+        .into();
+        let text = render(&WorkerMetrics::default(), &jails, &usage, None);
+        assert!(
+            text.contains("keel_jail_cpu_seconds_total{jail=\"web\"} 12.5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keel_jail_memory_bytes{jail=\"web\"} 8388608\n"),
+            "{text}"
+        );
+        for family in ["keel_jail_cpu_seconds_total", "keel_jail_memory_bytes"] {
+            assert!(
+                !text.contains(&format!("{family}{{jail=\"db\"}}")),
+                "not sampled, no series: {text}"
+            );
+        }
+        assert!(!text.contains("deleted-since"), "{text}");
+        assert!(
+            text.contains("# TYPE keel_jail_cpu_seconds_total counter"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn proxy_and_certificates_are_labelled_by_service_and_host() {
         let worker = WorkerMetrics {
             certificates: [("shop.example.org".to_string(), 1_800_000_000)].into(),
@@ -383,7 +472,7 @@ mod tests {
                 to_client: 4000,
             },
         )];
-        let text = render(&worker, &[], Some(&services));
+        let text = render(&worker, &[], &BTreeMap::new(), Some(&services));
         for line in [
             "keel_proxy_open_connections{service=\"web\"} 2\n",
             "keel_proxy_connections_total{service=\"web\"} 9\n",

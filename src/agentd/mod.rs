@@ -12,6 +12,7 @@
 //! | [`bases`] | `keelctl base fetch`: download, verify and install release bases, on threads of their own |
 //! | [`volumes`] | `GET/DELETE /volumes`: volume datasets keyed by dataset path, never by jail records |
 //! | [`metrics`] | Prometheus text for `GET /metrics` |
+//! | [`usage`] | per-jail CPU and memory usage, sampled on a thread of its own for the metrics |
 //! | [`proxy`] | the per-node L4 proxy: service VIP listeners relaying to replicas |
 //! | [`ingress`] | the nginx ingress jail: its configuration, the pf anchor, certificates (ACME DNS-01 through OVH) |
 //! | [`daemon`] | startup, host selection (FreeBSD or simulated), shutdown |
@@ -34,6 +35,7 @@ pub mod proxy;
 pub mod reconciler;
 pub mod routes;
 pub mod snapshot;
+pub mod usage;
 pub mod volumes;
 pub mod worker;
 

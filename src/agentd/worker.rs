@@ -981,7 +981,7 @@ mod tests {
         worker.list().expect("worker");
         let published = worker.published_metrics().expect("the worker runs");
         let jails = worker.published_jails().expect("the worker runs");
-        let text = crate::agentd::metrics::render(&published, &jails, None);
+        let text = crate::agentd::metrics::render(&published, &jails, &BTreeMap::new(), None);
         assert_eq!(published.desired, 1, "{text}");
         assert!(
             text.contains("keel_reconcile_duration_seconds_count 1\n"),

@@ -92,6 +92,9 @@ pub struct AgentConfig {
     pub node_subnet: Ipv4Net,
     /// Period of the reconcile pass. Default `5s`.
     pub reconcile_interval: Interval,
+    /// Period of the per-jail usage sample for the metrics (one rctl(8)
+    /// `-u` per 64 jails, off the worker). Default `15s`.
+    pub usage_interval: Interval,
     /// Control plane `HOST:PORT`; `""` (None) runs a single node. Default `""`.
     #[serde(with = "empty_is_none")]
     pub controlplane: Option<String>,
@@ -147,6 +150,7 @@ impl Default for AgentConfig {
             bridge: "keel0".into(),
             node_subnet: net([10, 20, 0, 0], 24),
             reconcile_interval: Interval::secs(5),
+            usage_interval: Interval::secs(15),
             controlplane: None,
             node_id: None,
             advertise_addr: None,
@@ -924,6 +928,7 @@ impl Config {
         check_ifname("agent.bridge", &a.bridge, "_")?;
         check_prefix("agent.node_subnet", a.node_subnet, 24)?;
         check_interval("agent.reconcile_interval", a.reconcile_interval)?;
+        check_interval("agent.usage_interval", a.usage_interval)?;
         if let Some(cp) = &a.controlplane {
             check_host_port("agent.controlplane", cp)?;
             if a.advertise_addr.is_none() {

@@ -9,6 +9,7 @@
 //! | [`Firewall`] | [`pf`] | pfctl(8) |
 //! | [`Capacity`] | [`capacity`] | sysctl(8) |
 //! | [`BaseStore`] | [`base`] | zfs(8), tar(1) |
+//! | [`UsageProbe`] | [`usage`] | rctl(8) `-u` (read only, off the worker) |
 //!
 //! Each module holds its trait, its error enum, an in-memory `Fake*` (tests and
 //! `--simulate`, any OS; it can be told to fail) and a `FreeBsd*` implementation
@@ -41,6 +42,7 @@ pub mod net;
 pub mod pf;
 pub mod scripted;
 pub mod sim;
+pub mod usage;
 pub mod zfs;
 
 pub use base::BaseStore;
@@ -49,6 +51,7 @@ pub use jail::JailRuntime;
 pub use mount::MountManager;
 pub use net::NetManager;
 pub use pf::Firewall;
+pub use usage::UsageProbe;
 pub use zfs::ZfsManager;
 
 /// Host and jail side interface names of one jail's epair(4).

@@ -39,13 +39,14 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::process::{
-    Output, POLL, Target, exit_code, group_alive, jail_command, orphan_leaders, proc_info, run_in,
-    signal,
+    Output, POLL, Target, exit_code, group_alive, group_usage, jail_command, orphan_leaders,
+    proc_info, run_in, signal,
 };
 use super::{SimError, create_dir, is_plain_name, read_state, write_state};
 use crate::common::cmd::{CmdError, CmdOutput, render_argv};
 use crate::host::fake::lock;
 use crate::host::jail::{JailError, JailParams, JailRuntime, Limits, ObservedJail, Removal};
+use crate::host::usage::{JailUsage, UsageError, UsageProbe};
 
 const STATE_FILE: &str = "sim-jails.json";
 /// jail(8)'s default `stop.timeout`.
@@ -134,7 +135,51 @@ pub struct SimJails {
     logs: PathBuf,
 }
 
+/// [`UsageProbe`] of the simulated host: what each jail's process group
+/// uses (Linux `/proc`; elsewhere nothing is reported). Shares the table of
+/// the [`SimJails`] it came from and holds its lock only to copy the pids.
+#[derive(Debug, Clone)]
+pub struct SimUsage {
+    table: Arc<Mutex<Table>>,
+}
+
+impl UsageProbe for SimUsage {
+    fn sample(&self, names: &[String]) -> Result<BTreeMap<String, JailUsage>, UsageError> {
+        let groups: BTreeMap<String, (u32, Option<u64>)> = {
+            let table = lock(&self.table);
+            names
+                .iter()
+                .filter_map(|n| {
+                    let j = table.jails.get(n)?;
+                    Some((n.clone(), (j.record.pid, j.record.start_time)))
+                })
+                .collect()
+        };
+        let usage = group_usage(&groups.values().copied().collect());
+        Ok(groups
+            .into_iter()
+            .filter_map(|(name, (pgid, _))| {
+                let (cpu_seconds, memory_bytes) = *usage.get(&pgid)?;
+                Some((
+                    name,
+                    JailUsage {
+                        cpu_seconds,
+                        memory_bytes,
+                    },
+                ))
+            })
+            .collect())
+    }
+}
+
 impl SimJails {
+    /// A probe of what these jails use, for the agent's usage sampler.
+    pub fn usage_probe(&self) -> SimUsage {
+        SimUsage {
+            table: Arc::clone(&self.table),
+        }
+    }
+
     /// Opens the jail table in `state_dir` (created if missing), finding the
     /// jails an earlier agent started.
     pub fn new(state_dir: &Path) -> Result<SimJails, SimError> {

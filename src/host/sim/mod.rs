@@ -41,7 +41,7 @@ use serde::de::DeserializeOwned;
 use crate::host::zfs::ZfsLayout;
 
 pub use bases::SimBases;
-pub use jails::SimJails;
+pub use jails::{SimJails, SimUsage};
 pub use mounts::SimMounts;
 pub use net::SimNet;
 pub use zfs::SimZfs;
