@@ -153,9 +153,14 @@ fn both_daemons_serve_documented_checked_metrics_on_a_plain_listener() {
         ("keel_node_alive{node=\"n1\"}", 1.0),
         ("keel_service_desired_replicas{service=\"echo\"}", 1.0),
         ("keel_nodes{status=\"alive\"}", 1.0),
+        ("keel_service_updated_replicas{service=\"echo\"}", 1.0),
     ] {
         assert_eq!(value(&cp_text, series), Some(want), "{series}:\n{cp_text}");
     }
+    assert!(
+        value(&cp_text, "keel_service_revision{service=\"echo\"}").is_some_and(|r| r >= 1.0),
+        "{cp_text}"
+    );
     assert!(
         value(&cp_text, "keel_node_committed_cpu_cores{node=\"n1\"}").is_some_and(|c| c > 0.0),
         "{cp_text}"

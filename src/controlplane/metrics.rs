@@ -1,5 +1,6 @@
 //! The control plane's Prometheus metrics: nodes (liveness, committed
-//! resources), services (desired and ready replicas), and the API's requests
+//! resources), services (desired, ready and updated replicas, template
+//! revision), and the API's requests
 //! by route, status class and latency.
 //!
 //! Owns [`RequestStats`] and [`Metered`], the wrapper around the API handler
@@ -246,6 +247,26 @@ pub fn render(nodes: &[NodeStatus], services: &[ServiceStatus], requests: &Reque
             s.ready,
         );
     }
+    exp.family(
+        "keel_service_revision",
+        Kind::Gauge,
+        "The service's current template revision (it grows with every template change).",
+    );
+    for s in services {
+        exp.sample("keel_service_revision", &[("service", &s.name)], s.revision);
+    }
+    exp.family(
+        "keel_service_updated_replicas",
+        Kind::Gauge,
+        "Replicas that run the current template revision.",
+    );
+    for s in services {
+        exp.sample(
+            "keel_service_updated_replicas",
+            &[("service", &s.name)],
+            s.updated,
+        );
+    }
     requests.write(&mut exp);
     exp.finish()
 }
@@ -411,6 +432,30 @@ mod tests {
             "keel_node_alive{node=\"n2\"} 0\n",
             "keel_node_committed_cpu_cores{node=\"n1\"} 0.5\n",
             "keel_node_committed_memory_bytes{node=\"n2\"} 1048576\n",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+    }
+
+    #[test]
+    fn a_service_exports_its_revision_and_how_many_replicas_run_it() {
+        let web = ServiceStatus {
+            name: "web".into(),
+            vip: std::net::Ipv4Addr::new(10, 96, 0, 10),
+            port: 8080,
+            desired: 3,
+            ready: 3,
+            stateful: false,
+            revision: 4,
+            updated: 2,
+            rollout: None,
+            replicas: Vec::new(),
+        };
+        let text = render(&[], &[web], &RequestStats::default());
+        for line in [
+            "keel_service_desired_replicas{service=\"web\"} 3\n",
+            "keel_service_revision{service=\"web\"} 4\n",
+            "keel_service_updated_replicas{service=\"web\"} 2\n",
         ] {
             assert!(text.contains(line), "{line}: {text}");
         }
