@@ -81,6 +81,7 @@ fn candidates(nodes: &BTreeMap<String, NodeStatus>) -> Vec<Candidate<'_>> {
             node_id: &n.node_id,
             capacity: n.capacity,
             committed: n.committed,
+            jails: n.jails,
         })
         .collect()
 }

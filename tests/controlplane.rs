@@ -511,6 +511,7 @@ fn the_endpoint_long_poll_answers_the_next_generation() {
         template_digest: "t".into(),
         volumes: Vec::new(),
         policy: Default::default(),
+        resources: None,
     };
     let r = cp.call(Some(&operator), "PUT", "/services/web", &json(&apply));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
@@ -655,6 +656,7 @@ fn a_flood_of_idle_connections_never_evicts_a_waiting_endpoint_poll() {
         template_digest: "t".into(),
         volumes: Vec::new(),
         policy: Default::default(),
+        resources: None,
     };
     let r = cp.call(Some(&operator), "PUT", "/services/web", &json(&apply));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
@@ -859,6 +861,7 @@ fn a_heal_sends_a_node_several_replicas_at_once_within_its_bound() {
         template_digest: "t".into(),
         volumes: Vec::new(),
         policy: Default::default(),
+        resources: None,
     };
     let r = cp.call(Some(&operator), "PUT", "/services/web", &json(&apply));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));

@@ -59,6 +59,7 @@ impl Operator {
             template_digest: "template-of-web".into(),
             volumes: Vec::new(),
             policy: Default::default(),
+            resources: None,
         };
         self.call(
             "PUT",
@@ -133,6 +134,7 @@ fn replicas_spread_scale_heal_and_are_fenced() {
         template_digest: "template-of-web".into(),
         volumes: Vec::new(),
         policy: Default::default(),
+        resources: None,
     };
     let r = op.call(
         "PUT",

@@ -442,6 +442,32 @@ pub struct ServiceApply {
     /// from before rolling updates sent none.
     #[serde(default)]
     pub policy: RolloutPolicy,
+    /// What each replica requests (`spec.template.resources`, an absent
+    /// request as 0), so that healing a lost node's replicas can spread
+    /// them before their nodes report what they commit. `None` from a
+    /// keelctl that did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ReplicaRequest>,
+}
+
+/// What one replica of a service requests ([`ServiceApply::resources`]).
+/// Whole millicores rather than an `f64`, so the applied record keeps `Eq`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaRequest {
+    /// CPU, in thousandths of a core.
+    pub cpu_millicores: u64,
+    /// Memory, in bytes.
+    pub memory: u64,
+}
+
+impl ReplicaRequest {
+    /// As the scheduler counts resources.
+    pub fn resources(&self) -> Resources {
+        Resources {
+            cpu: self.cpu_millicores as f64 / 1000.0,
+            memory: self.memory,
+        }
+    }
 }
 
 /// How a Service's template change rolls out (`spec.update`) and how long a

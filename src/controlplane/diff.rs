@@ -83,6 +83,7 @@ mod tests {
             template_digest: digest.into(),
             volumes: Vec::new(),
             policy: Default::default(),
+            resources: None,
         }
     }
 

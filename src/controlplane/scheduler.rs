@@ -20,6 +20,10 @@ pub struct Candidate<'a> {
     pub capacity: Resources,
     /// What its jails have committed.
     pub committed: Resources,
+    /// How many jails it holds, as far as the control plane knows (its last
+    /// report plus what was placed since): the tie-break between nodes of
+    /// equal headroom, so jails that request nothing spread too.
+    pub jails: u32,
 }
 
 impl Candidate<'_> {
@@ -39,16 +43,18 @@ fn fraction_free(capacity: f64, committed: f64) -> f64 {
     ((capacity - committed) / capacity).clamp(0.0, 1.0)
 }
 
-/// The candidate with the most headroom; ties go to the smallest node id.
-/// `None` only when there is no candidate at all.
+/// The candidate with the most headroom; a tie goes to the one holding
+/// fewer jails, then to the smallest node id. `None` only when there is no
+/// candidate at all.
 pub fn pick_node<'a>(candidates: &[Candidate<'a>]) -> Option<&'a str> {
     candidates
         .iter()
         .max_by(|a, b| {
             a.headroom()
                 .total_cmp(&b.headroom())
-                // max_by keeps the last of equals: reverse the id order so the
-                // smallest id wins a tie.
+                // max_by keeps the last of equals: reverse the order of the
+                // tie-breaks so the fewest jails, then the smallest id, win.
+                .then_with(|| b.jails.cmp(&a.jails))
                 .then_with(|| b.node_id.cmp(a.node_id))
         })
         .map(|c| c.node_id)
@@ -84,6 +90,7 @@ mod tests {
                 cpu: used.0,
                 memory: used.1,
             },
+            jails: 0,
         }
     }
 
@@ -105,6 +112,23 @@ mod tests {
             node("b", (4.0, 100), (0.0, 0)),
         ];
         assert_eq!(pick_node(&nodes), Some("a"));
+    }
+
+    #[test]
+    fn equal_headroom_goes_to_the_node_holding_fewer_jails() {
+        let mut nodes = [
+            node("a", (4.0, 100), (0.0, 0)),
+            node("b", (4.0, 100), (0.0, 0)),
+        ];
+        nodes[0].jails = 3;
+        nodes[1].jails = 2;
+        assert_eq!(pick_node(&nodes), Some("b"));
+        nodes[1].jails = 3;
+        assert_eq!(pick_node(&nodes), Some("a"), "then by id");
+        // Headroom still comes first.
+        nodes[0].committed.cpu = 1.0;
+        nodes[1].jails = 9;
+        assert_eq!(pick_node(&nodes), Some("b"));
     }
 
     #[test]

@@ -34,8 +34,8 @@ use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
     AppliedDocument, BaseStatus, DryRunReport, ErrorBody, EventsAnswer, IngressStatus, JailStatus,
-    NodeRemoval, NodeStatus, RolloutPolicy, ServiceApply, ServiceRevision, ServiceStatus,
-    VersionInfo, VolumeStatus, volumes_query,
+    NodeRemoval, NodeStatus, ReplicaRequest, RolloutPolicy, ServiceApply, ServiceRevision,
+    ServiceStatus, VersionInfo, VolumeStatus, volumes_query,
 };
 
 /// Header the control plane adds to an apply's answer: the node the jail
@@ -623,8 +623,9 @@ fn error_body(body: &[u8]) -> ErrorBody {
 
 /// What the control plane needs to know of a validated Service: the document
 /// itself (for the agents), replicas and port, whether its template has
-/// volumes, and [`template_digest`] so it can refuse a template change
-/// without parsing the template.
+/// volumes, what each replica requests (for spreading), and
+/// [`template_digest`] so it can refuse a template change without parsing
+/// the template.
 pub fn service_apply(service: &Service) -> ServiceApply {
     ServiceApply {
         document: service.to_yaml(),
@@ -645,6 +646,12 @@ pub fn service_apply(service: &Service) -> ServiceApply {
             progress_deadline_ms: millis(service.spec.update.progress_deadline.0),
             drain_timeout_ms: millis(service.spec.drain_timeout.0),
         },
+        resources: Some(ReplicaRequest {
+            // Specs bound cpu to the host's cores: far inside u64.
+            cpu_millicores: (service.spec.template.resources.cpu.unwrap_or(0.0) * 1000.0).round()
+                as u64,
+            memory: service.spec.template.resources.memory.unwrap_or(0),
+        }),
     }
 }
 

@@ -34,11 +34,15 @@ use super::{Cluster, Live};
 use crate::common::wire::{EventType, Liveness, ObjectKind};
 use crate::controlplane::scheduler::Candidate;
 
-/// A node's headroom as the scheduler orders it: most first, NaN where
-/// [`crate::controlplane::scheduler::pick_node`]'s `total_cmp` puts it, so
-/// the first ranked node is the one `pick_node` would pick.
+/// A node's place in the scheduler's order: most headroom first (NaN where
+/// [`crate::controlplane::scheduler::pick_node`]'s `total_cmp` puts it),
+/// then fewest jails, so the first ranked node (ties by id) is the one
+/// `pick_node` would pick.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Rank(pub(super) f64);
+pub(super) struct Rank {
+    headroom: f64,
+    jails: u32,
+}
 
 impl PartialEq for Rank {
     fn eq(&self, other: &Rank) -> bool {
@@ -56,7 +60,10 @@ impl PartialOrd for Rank {
 
 impl Ord for Rank {
     fn cmp(&self, other: &Rank) -> std::cmp::Ordering {
-        other.0.total_cmp(&self.0)
+        other
+            .headroom
+            .total_cmp(&self.headroom)
+            .then(self.jails.cmp(&other.jails))
     }
 }
 
@@ -161,9 +168,9 @@ impl Cluster {
         self.dead_after / 2
     }
 
-    /// Puts `id` in `ranked` under its current headroom (`alive`), or takes
-    /// it out (also while cordoned). Called whenever its liveness, capacity,
-    /// committed resources or cordon change.
+    /// Puts `id` in `ranked` under its current headroom and jail count
+    /// (`alive`), or takes it out (also while cordoned). Called whenever its
+    /// liveness, capacity, committed resources, jails or cordon change.
     pub(super) fn rank(&mut self, id: &str, alive: bool) {
         let capacity = self
             .state
@@ -178,14 +185,18 @@ impl Cluster {
             self.ranked.remove(&(old, id.to_string()));
         }
         if let (true, Some(capacity)) = (alive, capacity) {
-            let headroom = Candidate {
+            let candidate = Candidate {
                 node_id: id,
                 capacity,
                 committed: live.committed,
-            }
-            .headroom();
-            live.rank = Some(Rank(headroom));
-            self.ranked.insert((Rank(headroom), id.to_string()));
+                jails: live.known_jails(),
+            };
+            let rank = Rank {
+                headroom: candidate.headroom(),
+                jails: candidate.jails,
+            };
+            live.rank = Some(rank);
+            self.ranked.insert((rank, id.to_string()));
         }
     }
 
@@ -246,6 +257,7 @@ impl Cluster {
                     node_id: id,
                     capacity: n.capacity,
                     committed: l.committed,
+                    jails: l.known_jails(),
                 })
             })
             .collect()

@@ -110,6 +110,9 @@ struct Live {
     lease_from: Option<Instant>,
     committed: Resources,
     jails: u32,
+    /// Jails applied to it (answered with what it commits) since its last
+    /// heartbeat, which reports them in `jails`.
+    applied_since_report: u32,
     /// Placed jails as the node last reported them.
     reported: BTreeMap<String, Reported>,
     /// The headroom the node is ranked under in `Cluster::ranked`, while Alive.
@@ -122,6 +125,14 @@ struct Live {
     connections: BTreeMap<SocketAddrV4, u32>,
     /// The newest number of its event ring, as its last heartbeat said.
     events_seq: Option<u64>,
+}
+
+impl Live {
+    /// The jails it holds as far as this process knows: its last report
+    /// and the applies answered since.
+    fn known_jails(&self) -> u32 {
+        self.jails.saturating_add(self.applied_since_report)
+    }
 }
 
 /// See the module docs.

@@ -92,6 +92,7 @@ impl Cluster {
         let live = self.live.entry(id.to_string()).or_default();
         live.committed = req.committed;
         live.jails = req.jails;
+        live.applied_since_report = 0;
         let reported: BTreeMap<String, Reported> = req
             .placed
             .iter()
@@ -242,12 +243,14 @@ impl Cluster {
 
     /// The committed resources node `id` reported in an apply's answer
     /// ([`crate::common::wire::COMMITTED_HEADER`]): the node is ranked by
-    /// them at once instead of at its next heartbeat.
+    /// them, and by one more jail, at once instead of at its next heartbeat
+    /// (which corrects the count when the apply re-applied a jail it had).
     pub fn note_committed(&mut self, id: &str, committed: Resources) {
         let Some(live) = self.live.get_mut(id) else {
             return;
         };
         live.committed = committed;
+        live.applied_since_report = live.applied_since_report.saturating_add(1);
         let ranked = live.rank.is_some();
         self.rank(id, ranked);
     }

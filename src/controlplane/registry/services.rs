@@ -4,7 +4,7 @@
 //! Healing places a missing replica only where the node holding it is known
 //! Dead; this file must never move a replica on a guess.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
@@ -16,9 +16,10 @@ use super::{Cluster, Refusal, Target};
 use crate::common::cidr::derive_service_vip;
 use crate::common::names::{replica_name, replica_of, replica_volume_name, reserved_for_replicas};
 use crate::common::wire::{
-    EventType, Liveness, ObjectKind, ReplicaStatus, ServiceApply, ServiceEndpoints, ServiceStatus,
+    EventType, Liveness, ObjectKind, ReplicaStatus, Resources, ServiceApply, ServiceEndpoints,
+    ServiceStatus,
 };
-use crate::controlplane::scheduler::pick_node_spread;
+use crate::controlplane::scheduler::{Candidate, pick_node_spread};
 use crate::controlplane::state::{Op, Placement, ServiceRecord};
 
 /// One step of bringing a service to its desired replicas, carried out by a
@@ -363,6 +364,11 @@ impl Cluster {
             }
         };
         let mut actions = Vec::new();
+        // What this plan placed on each node so far (resources, replicas):
+        // the nodes report it only once the applies are answered, and a lost
+        // node's replicas, planned together, must not all go to the node
+        // that had the most headroom when the plan began.
+        let mut planned: BTreeMap<String, (Resources, u32)> = BTreeMap::new();
         for name in names {
             if self.healing.contains(&name) || self.retiring.contains(&name) {
                 continue;
@@ -428,12 +434,17 @@ impl Cluster {
                     }
                     Ok(None) => {
                         let avoid: BTreeSet<&str> = occupied.iter().map(String::as_str).collect();
-                        let Some(node) =
-                            pick_node_spread(&self.candidates(now), &avoid).map(str::to_string)
+                        let candidates = with_planned(self.candidates(now), &planned);
+                        let Some(node) = pick_node_spread(&candidates, &avoid).map(str::to_string)
                         else {
                             waits = true;
                             break; // no Alive node: the next heartbeat tries again
                         };
+                        let entry = planned.entry(node.clone()).or_default();
+                        let each = rec.applied.resources.unwrap_or_default().resources();
+                        entry.0.cpu += each.cpu;
+                        entry.0.memory = entry.0.memory.saturating_add(each.memory);
+                        entry.1 += 1;
                         node
                     }
                     Err(_) => {
@@ -574,4 +585,20 @@ impl Cluster {
         }]);
         Ok((ops, removals))
     }
+}
+
+/// `candidates` with what the current plan placed on each added to its
+/// committed resources and jails.
+fn with_planned<'a>(
+    mut candidates: Vec<Candidate<'a>>,
+    planned: &BTreeMap<String, (Resources, u32)>,
+) -> Vec<Candidate<'a>> {
+    for c in &mut candidates {
+        if let Some((resources, jails)) = planned.get(c.node_id) {
+            c.committed.cpu += resources.cpu;
+            c.committed.memory = c.committed.memory.saturating_add(resources.memory);
+            c.jails = c.jails.saturating_add(*jails);
+        }
+    }
+    candidates
 }

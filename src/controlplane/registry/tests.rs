@@ -4,7 +4,7 @@ use super::*;
 use crate::common::wire::PlacedJail;
 use crate::common::wire::{
     HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, Peer, RegisterRequest,
-    RolloutPolicy, ServiceApply,
+    ReplicaRequest, RolloutPolicy, ServiceApply,
 };
 use crate::controlplane::scheduler::pick_node;
 use proptest::prelude::*;
@@ -778,6 +778,7 @@ fn service(replicas: u32, port: u16, digest: &str, stateful: bool) -> ServiceApp
             drain_timeout_ms: 0,
             ..RolloutPolicy::default()
         },
+        resources: None,
     }
 }
 
@@ -841,8 +842,55 @@ fn a_cordoned_node_gets_nothing_new_and_keeps_what_it_runs() {
     assert!(restarted.state().nodes["a"].cordoned);
     assert!(c.state().nodes["a"].cordoned);
 
+    // Uncordoned, it is a candidate again: with more headroom than b, the
+    // pick.
+    beat(&mut c, "b", 1.0, &[], t0);
     c.set_cordoned("a", false, t0).expect("uncordon");
     assert_eq!(c.begin_apply("z", None, t0).expect("pick").node, "a");
+}
+
+#[test]
+fn equal_headroom_spreads_by_jails_and_a_heal_spreads_what_it_plans() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        register(&mut c, id, i as u16 + 1, t0);
+        beat(&mut c, id, 0.0, &[], t0);
+    }
+    // Jails that request nothing: each answered apply counts on its node
+    // until the next heartbeat, so consecutive applies spread.
+    let mut picked = Vec::new();
+    for name in ["j1", "j2", "j3"] {
+        let target = c.begin_apply(name, None, t0).expect("pick");
+        c.note_committed(&target.node, Resources::default());
+        c.finish_apply(name, &target, true);
+        picked.push(target.node);
+    }
+    picked.sort();
+    assert_eq!(picked, ["a", "b", "c"]);
+
+    // One plan of six single-replica services, before any node reports:
+    // what the plan placed counts, so they spread two a node instead of
+    // all going to the node with the most headroom at its start.
+    let mut each = service(1, 80, "d", false);
+    each.resources = Some(ReplicaRequest {
+        cpu_millicores: 500,
+        memory: 0,
+    });
+    for i in 0..6 {
+        c.put_service(&format!("s{i}"), &each, t0).expect("service");
+    }
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for action in c.plan_heal(None, t0) {
+        if let HealAction::Place { target, .. } = action {
+            *per_node.entry(target.node).or_default() += 1;
+        }
+    }
+    assert_eq!(
+        per_node.values().copied().collect::<Vec<_>>(),
+        [2, 2, 2],
+        "{per_node:?}"
+    );
 }
 
 #[test]
