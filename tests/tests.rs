@@ -47,6 +47,7 @@ mod services_e2e;
 mod sim;
 mod soak;
 mod spec_examples;
+mod state_transfer;
 mod traffic_e2e;
 mod util;
 mod volumes_e2e;

@@ -1394,6 +1394,12 @@ pub enum FlagAction {
     Help,
     /// Print the version and exit.
     Version,
+    /// Instead of serving, write the daemon's state to the flag's PATH
+    /// (`-` for stdout) and exit.
+    ExportState,
+    /// Instead of serving, load the daemon's state from the flag's PATH
+    /// (`-` for stdin) into an empty state directory and exit.
+    ImportState,
     /// Override a `keel.toml` key with the flag's value.
     Set {
         /// `section.key` overridden.
@@ -1420,7 +1426,9 @@ impl Flag {
     /// `--config PATH`-style placeholder of the value, if the flag takes one.
     pub fn value_name(&self) -> Option<&'static str> {
         match self.action {
-            FlagAction::ConfigFile => Some("PATH"),
+            FlagAction::ConfigFile | FlagAction::ExportState | FlagAction::ImportState => {
+                Some("PATH")
+            }
             FlagAction::Set { value, .. } => Some(value),
             _ => None,
         }
@@ -1473,6 +1481,20 @@ pub const FLAG_LOG_LEVEL: Flag = Flag {
     },
     help: "error, warn, info or debug",
 };
+/// `--export-state PATH` (the control plane's).
+pub const FLAG_EXPORT_STATE: Flag = Flag {
+    short: None,
+    long: "export-state",
+    action: FlagAction::ExportState,
+    help: "write the cluster state to PATH (- for stdout) as one JSON document and exit; the daemon must not be running",
+};
+/// `--import-state PATH` (the control plane's).
+pub const FLAG_IMPORT_STATE: Flag = Flag {
+    short: None,
+    long: "import-state",
+    action: FlagAction::ImportState,
+    help: "load a state written by --export-state from PATH (- for stdin) into an empty state directory and exit",
+};
 /// `-h/--help`, shared by both daemons.
 pub const FLAG_HELP: Flag = Flag {
     short: Some('h'),
@@ -1511,6 +1533,9 @@ pub struct DaemonOptions {
     pub daemon: bool,
     /// `--check-config` was given.
     pub check_config: bool,
+    /// `--export-state` or `--import-state` was given: move the state, do
+    /// not serve.
+    pub transfer: Option<StateTransfer>,
     /// How `config` was made, to make it again on SIGHUP.
     pub source: ConfigSource,
 }
@@ -1639,6 +1664,7 @@ pub fn parse_daemon_args(
     let mut config_path: Option<PathBuf> = None;
     let mut sets: Vec<(&'static Flag, String)> = Vec::new();
     let (mut simulate, mut daemonize, mut check_config) = (false, false, false);
+    let mut transfer: Option<StateTransfer> = None;
     while let Some(arg) = parser.next().map_err(usage)? {
         let found = match arg {
             Short(c) => daemon.flags.iter().find(|f| f.short == Some(c)),
@@ -1668,6 +1694,20 @@ pub fn parse_daemon_args(
             FlagAction::Simulate => simulate = true,
             FlagAction::Daemon => daemonize = true,
             FlagAction::Set { .. } => sets.push((flag, value()?)),
+            FlagAction::ExportState | FlagAction::ImportState => {
+                if transfer.is_some() {
+                    return Err(CliError::Usage(
+                        "--export-state and --import-state are given once, not together".into(),
+                    ));
+                }
+                let raw = value()?;
+                let path = (raw != "-").then(|| cwd.join(&raw));
+                transfer = Some(if flag.action == FlagAction::ExportState {
+                    StateTransfer::Export(path)
+                } else {
+                    StateTransfer::Import(path)
+                });
+            }
         }
     }
 
@@ -1716,8 +1756,19 @@ pub fn parse_daemon_args(
         simulate,
         daemon: daemonize,
         check_config,
+        transfer,
         source,
     })
+}
+
+/// Moving a daemon's state out or in instead of serving
+/// ([`DaemonOptions::transfer`]); `None` is stdout or stdin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateTransfer {
+    /// `--export-state PATH`.
+    Export(Option<PathBuf>),
+    /// `--import-state PATH`.
+    Import(Option<PathBuf>),
 }
 
 /// A daemon's whole `main`: parse, then print help, version or the effective

@@ -7,8 +7,8 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use crate::common::config::{
-    self, CliError, Daemon, FLAG_CHECK_CONFIG, FLAG_CONFIG, FLAG_DAEMON, FLAG_HELP, FLAG_LOG_LEVEL,
-    FLAG_SIMULATE, FLAG_VERSION, Flag, FlagAction,
+    self, CliError, Daemon, FLAG_CHECK_CONFIG, FLAG_CONFIG, FLAG_DAEMON, FLAG_EXPORT_STATE,
+    FLAG_HELP, FLAG_IMPORT_STATE, FLAG_LOG_LEVEL, FLAG_SIMULATE, FLAG_VERSION, Flag, FlagAction,
 };
 
 /// The control plane's parsed command line.
@@ -82,6 +82,8 @@ pub const FLAGS: &[Flag] = &[
         "IP:PORT",
         "plain HTTP listener serving only GET /metrics (empty: none)",
     ),
+    FLAG_EXPORT_STATE,
+    FLAG_IMPORT_STATE,
     FLAG_LOG_LEVEL,
     FLAG_HELP,
     FLAG_VERSION,

@@ -20,6 +20,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use crate::common::auth::{self, AuthError, KeyFilePolicy, Keyring, Signer, Verifier};
+use crate::common::config::StateTransfer;
 use crate::common::events::EventLog;
 use crate::common::faults;
 use crate::common::http::{HttpError, Server, ServerLimits, ShutdownSignal};
@@ -33,6 +34,7 @@ use crate::controlplane::api::ControlPlaneApi;
 use crate::controlplane::cli::Options;
 use crate::controlplane::metrics::Metered;
 use crate::controlplane::registry::Cluster;
+use crate::controlplane::transfer::{self, TransferError};
 use crate::controlplane::worker::{Worker, open_state};
 
 /// Why the control plane could not start or stopped with an error.
@@ -47,6 +49,8 @@ pub enum RunError {
     ReplayFloor(FloorError),
     /// The persisted state could not be opened.
     State(JournalError),
+    /// `--export-state` or `--import-state` failed.
+    Transfer(TransferError),
     /// A key file is missing, unreadable, too permissive or malformed.
     Keys(AuthError),
     /// The listener could not be bound.
@@ -75,6 +79,7 @@ impl fmt::Display for RunError {
             RunError::Worker(e) => write!(f, "{e}"),
             RunError::ReplayFloor(e) => write!(f, "{e}"),
             RunError::State(e) => write!(f, "{e}"),
+            RunError::Transfer(e) => write!(f, "{e}"),
             RunError::Keys(e) => write!(f, "{e}"),
             RunError::Listen { addr, source } => write!(
                 f,
@@ -102,6 +107,9 @@ fn load_keys(cfg: &crate::common::config::Config) -> Result<(Keyring, Signer), A
 pub fn run(options: Options) -> Result<(), RunError> {
     let cfg = &options.config;
     let c = &cfg.controlplane;
+    if let Some(transfer) = &options.transfer {
+        return transfer_state(&c.state_dir, transfer);
+    }
     // First of all, before detaching so that a refusal reaches the admin's
     // terminal; held until `run` returns, through the fork (module docs of
     // lockfile).
@@ -220,4 +228,33 @@ pub fn run(options: Options) -> Result<(), RunError> {
     let worker_end = watcher.join();
     drop(lock);
     worker_end.map_err(RunError::Worker)
+}
+
+/// `--export-state` / `--import-state`: moves the state and says what moved
+/// on stderr (stdout may be the export itself).
+fn transfer_state(state_dir: &std::path::Path, transfer: &StateTransfer) -> Result<(), RunError> {
+    let shown = |p: &Option<std::path::PathBuf>, stdio: &str| {
+        p.as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| stdio.into())
+    };
+    match transfer {
+        StateTransfer::Export(to) => {
+            let holds = transfer::export(state_dir, to.as_deref()).map_err(RunError::Transfer)?;
+            eprintln!(
+                "keel-controlplane: exported {holds} from {} to {}",
+                state_dir.display(),
+                shown(to, "standard output")
+            );
+        }
+        StateTransfer::Import(from) => {
+            let holds = transfer::import(state_dir, from.as_deref()).map_err(RunError::Transfer)?;
+            eprintln!(
+                "keel-controlplane: imported {holds} from {} into {}",
+                shown(from, "standard input"),
+                state_dir.display()
+            );
+        }
+    }
+    Ok(())
 }

@@ -11,6 +11,7 @@
 //! | [`heal`] | carrying out a planned heal, concurrently with a bound per node |
 //! | [`metrics`] | Prometheus text, and the per-route request counts around the API |
 //! | [`diff`] | a Service's object diff against the one held (`keelctl diff`) |
+//! | [`transfer`] | `--export-state` and `--import-state`: the state out of a state directory, and into an empty one |
 //! | [`daemon`] | startup and shutdown |
 //! | [`cli`] | flags and `--check-config` |
 //!
@@ -27,6 +28,7 @@ pub mod metrics;
 pub mod registry;
 pub mod scheduler;
 pub mod state;
+pub mod transfer;
 pub mod worker;
 
 pub use daemon::{RunError, run};
