@@ -876,3 +876,44 @@ fn a_replica_dropped_from_the_table_drains_its_connections_and_gets_no_new_one()
         loads(&proxy, "drain") == [(b.addr, 0, true, false)]
     });
 }
+
+/// A replica whose first answer is a burst larger than the socket buffers,
+/// then its close, reaches the client whole, as does a replica that closes
+/// at once without a byte (a clean end, not a failure): the proxy reads the
+/// replica's first bytes itself and must forward every one of them.
+#[test]
+fn a_first_answer_larger_than_the_buffers_and_an_empty_one_arrive_as_sent() {
+    let listener = TcpListener::bind(SocketAddrV4::new(ip(30, 10), 0)).expect("bind");
+    let addr = match listener.local_addr().expect("addr") {
+        SocketAddr::V4(a) => a,
+        SocketAddr::V6(_) => unreachable!("bound an IPv4 address"),
+    };
+    let burst: Vec<u8> = (0..4 * 1024 * 1024).map(|i| (i % 253) as u8).collect();
+    let sent = burst.clone();
+    // First connection: read the request, answer with the burst, close.
+    // Second: read the request, close without a byte.
+    let replica = thread::spawn(move || {
+        for answer in [Some(sent), None] {
+            let (mut conn, _) = listener.accept().expect("accept");
+            conn.set_read_timeout(Some(HANG)).expect("timeout");
+            let mut request = [0u8; 4];
+            conn.read_exact(&mut request).expect("request");
+            if let Some(bytes) = answer {
+                conn.write_all(&bytes).expect("burst");
+            }
+        }
+    });
+    let proxy = start(Duration::from_secs(1));
+    update_ok(&proxy, &[service("burst", ip(30, 1), &[addr])]);
+    let at = listen_addr(&proxy, "burst");
+    for expected in [burst, Vec::new()] {
+        let mut s = TcpStream::connect(at).expect("connect to the proxy");
+        s.set_read_timeout(Some(HANG)).expect("timeout");
+        s.write_all(b"GET\n").expect("request");
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).expect("a clean end of stream");
+        assert_eq!(got.len(), expected.len());
+        assert!(got == expected, "the bytes differ");
+    }
+    replica.join().expect("replica");
+}

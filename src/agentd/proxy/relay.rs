@@ -64,7 +64,7 @@ pub const REPLAY_MAX: usize = 64 * 1024;
 /// its turn in order (see [`Backends::pick`]) until one connects and does not
 /// reset before its first byte, reporting each outcome to `backends`, then
 /// relays, counted in the service's counters ([`Backends::counters`]).
-pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: Duration) {
+pub async fn serve(mut client: TcpStream, backends: Arc<Backends>, connect_timeout: Duration) {
     let Some(attempts) = backends.pick() else {
         // No replica: the listener stays up, the client learns at once.
         return;
@@ -73,7 +73,7 @@ pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: 
     let mut failures = Vec::new();
     for replica in attempts.iter() {
         let addr = replica.addr();
-        let backend = match connect(addr, connect_timeout).await {
+        let mut backend = match connect(addr, connect_timeout).await {
             Ok(s) => s,
             Err(e) => {
                 backends.failed(addr);
@@ -83,9 +83,13 @@ pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: 
             }
         };
         let open = replica.open();
-        match opening(&client, &backend, &mut replay).await {
-            Ok(Opening::Answered) => backends.succeeded(addr),
-            Ok(Opening::Committed) => {}
+        let answered = match opening(&mut client, &mut backend, &mut replay, open.counters()).await
+        {
+            Ok(Opening::Answered(backlog)) => {
+                backends.succeeded(addr);
+                backlog
+            }
+            Ok(Opening::Committed) => Backlog::default(),
             Ok(Opening::Reset(e)) => {
                 backends.failed(addr);
                 log::debug!("proxy: replica {addr} reset before answering ({e})");
@@ -96,7 +100,7 @@ pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: 
                 log::debug!("proxy: client left before replica {addr} answered ({e})");
                 return;
             }
-        }
+        };
         // Everything the client sent so far is in the replay copy and went
         // to this replica (once, however often it was replayed). Counted
         // here rather than per read so that the state of a connection still
@@ -111,7 +115,7 @@ pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: 
         drop(backends);
         // TCP_NODELAY: the client socket inherited it from the listener, the
         // backend's was set before connecting.
-        if let Err(e) = relay(client, backend, open.counters()).await {
+        if let Err(e) = relay(client, backend, open.counters(), answered).await {
             log::debug!("proxy: connection ended with {e}");
         }
         drop(open);
@@ -126,8 +130,9 @@ pub async fn serve(client: TcpStream, backends: Arc<Backends>, connect_timeout: 
 /// How the start of a connection to a replica went.
 #[derive(Debug)]
 enum Opening {
-    /// The replica sent its first byte or closed cleanly: it is serving.
-    Answered,
+    /// The replica sent its first bytes (written on to the client, but for
+    /// the backlog) or closed cleanly: it is serving.
+    Answered(Backlog),
     /// The client sent more than [`REPLAY_MAX`] before any answer: the rest
     /// goes to this replica whatever happens.
     Committed,
@@ -146,13 +151,16 @@ struct Replay {
 
 /// Forwards the client's bytes to `backend` (keeping a copy in `replay`) until
 /// the replica answers, resets or the copy grows past [`REPLAY_MAX`]. The
-/// answer is peeked, not read: [`relay`] forwards it. Starts by sending what
-/// `replay` already holds (an earlier replica reset). An `Err` is the
-/// client's: nothing is left to serve.
+/// replica's first bytes are read and written on to the client here, what
+/// the client does not take at once kept in the answer's backlog for
+/// [`relay`]; reading them rather than peeking saves a system call per
+/// connection. Starts by sending what `replay` already holds (an earlier
+/// replica reset). An `Err` is the client's: nothing is left to serve.
 async fn opening(
-    client: &TcpStream,
-    backend: &TcpStream,
+    client: &mut TcpStream,
+    backend: &mut TcpStream,
     replay: &mut Replay,
+    counters: &ServiceCounters,
 ) -> io::Result<Opening> {
     let broke = |e: io::Error| match e.kind() {
         io::ErrorKind::ConnectionReset
@@ -164,47 +172,113 @@ async fn opening(
         return broke(e);
     }
     if replay.client_ended
-        && let Err(e) = SockRef::from(backend).shutdown(Shutdown::Write)
+        && let Err(e) = SockRef::from(&*backend).shutdown(Shutdown::Write)
     {
         return broke(e);
     }
-    let mut first = [0u8; 1];
     loop {
         if replay.data.len() >= REPLAY_MAX {
             return Ok(Opening::Committed);
         }
-        tokio::select! {
-            biased;
-            answer = backend.peek(&mut first) => return match answer {
-                Ok(_) => Ok(Opening::Answered),
-                Err(e) => broke(e),
-            },
-            readable = client.readable(), if !replay.client_ended => {
-                readable?;
-                let before = replay.data.len();
-                let read = BUF.with_borrow_mut(|buf| {
-                    let n = client.try_read(buf)?;
-                    replay.data.extend_from_slice(&buf[..n]);
-                    Ok::<_, io::Error>(n)
-                });
-                match read {
-                    Ok(0) => {
-                        replay.client_ended = true;
-                        if let Err(e) = SockRef::from(backend).shutdown(Shutdown::Write) {
-                            return broke(e);
-                        }
-                    }
-                    Ok(_) => {
-                        if let Err(e) = send_all(backend, &replay.data[before..]).await {
-                            return broke(e);
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
+        let before = replay.data.len();
+        let (mut client_r, mut client_w) = client.split();
+        let (mut backend_r, _) = backend.split();
+        // One poll over both sides, the replica's answer first: it ends the
+        // opening whatever the client sends meanwhile.
+        let step = poll_fn(|cx| {
+            if let Poll::Ready(answer) = first_answer(&mut backend_r, &mut client_w, counters, cx) {
+                return Poll::Ready(Step::Answer(answer));
+            }
+            if !replay.client_ended
+                && let Poll::Ready(read) = read_client(&mut client_r, &mut replay.data, cx)
+            {
+                return Poll::Ready(Step::Client(read));
+            }
+            Poll::Pending
+        })
+        .await;
+        match step {
+            Step::Answer(Answer::Got(backlog)) => return Ok(Opening::Answered(backlog)),
+            Step::Answer(Answer::ReplicaFailed(e)) => return broke(e),
+            Step::Answer(Answer::ClientFailed(e)) => return Err(e),
+            Step::Client(Err(e)) => return Err(e),
+            Step::Client(Ok(0)) => {
+                replay.client_ended = true;
+                if let Err(e) = SockRef::from(&*backend).shutdown(Shutdown::Write) {
+                    return broke(e);
+                }
+            }
+            Step::Client(Ok(_)) => {
+                if let Err(e) = send_all(backend, &replay.data[before..]).await {
+                    return broke(e);
                 }
             }
         }
     }
+}
+
+/// What one poll of the opening found.
+enum Step {
+    /// The replica answered (or failed, or the client could not be written).
+    Answer(Answer),
+    /// The client sent this many bytes (0: it ended), now in the replay.
+    Client(io::Result<usize>),
+}
+
+/// The replica's first read, and its forwarding to the client.
+enum Answer {
+    /// Bytes (none: a clean close) read and written on; what the client did
+    /// not take yet.
+    Got(Backlog),
+    /// Reading the replica failed.
+    ReplicaFailed(io::Error),
+    /// Writing to the client failed.
+    ClientFailed(io::Error),
+}
+
+/// Reads the replica's first bytes into the thread's buffer, counts them
+/// and writes what the client takes now; the rest becomes the backlog.
+fn first_answer(
+    backend: &mut ReadHalf<'_>,
+    client: &mut WriteHalf<'_>,
+    counters: &ServiceCounters,
+    cx: &mut Context<'_>,
+) -> Poll<Answer> {
+    BUF.with_borrow_mut(|buf| {
+        let mut read = ReadBuf::new(buf);
+        match Pin::new(&mut *backend).poll_read(cx, &mut read) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Poll::Ready(Answer::ReplicaFailed(e)),
+            Poll::Ready(Ok(())) => {}
+        }
+        let data = read.filled();
+        // Relaxed: a counter read by the metrics, ordering nothing else.
+        counters
+            .to_client
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        let mut backlog = Backlog::default();
+        match write_some(client, data, cx) {
+            Ok(written) => backlog.push(&data[written..]),
+            Err(e) => return Poll::Ready(Answer::ClientFailed(e)),
+        }
+        Poll::Ready(Answer::Got(backlog))
+    })
+}
+
+/// One read of what the client sent, appended to `replay`. Through
+/// `poll_read`, which takes a short read as "drained", so the client is not
+/// read again (`EAGAIN`) before it sends more.
+fn read_client(
+    client: &mut ReadHalf<'_>,
+    replay: &mut Vec<u8>,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    BUF.with_borrow_mut(|buf| {
+        let mut read = ReadBuf::new(buf);
+        ready!(Pin::new(&mut *client).poll_read(cx, &mut read))?;
+        replay.extend_from_slice(read.filled());
+        Poll::Ready(Ok(read.filled().len()))
+    })
 }
 
 /// Writes all of `data` to `dst` through a shared reference (the opening
@@ -256,11 +330,13 @@ fn to_client(c: &ServiceCounters) -> &AtomicU64 {
 }
 
 /// Relays both directions until both reached end of stream, or either
-/// failed, adding the bytes read from each side to its counter.
+/// failed, adding the bytes read from each side to its counter; the
+/// replica's bytes the client has not taken yet (`answered`) go first.
 async fn relay(
     mut client: TcpStream,
     mut backend: TcpStream,
     counters: &ServiceCounters,
+    answered: Backlog,
 ) -> io::Result<()> {
     let (mut client_r, mut client_w) = client.split();
     let (mut backend_r, mut backend_w) = backend.split();
@@ -269,8 +345,14 @@ async fn relay(
         counters,
     };
     tokio::try_join!(
-        pipe(&mut client_r, &mut backend_w, &ends, to_replica),
-        pipe(&mut backend_r, &mut client_w, &ends, to_client)
+        pipe(
+            &mut client_r,
+            &mut backend_w,
+            &ends,
+            to_replica,
+            Backlog::default()
+        ),
+        pipe(&mut backend_r, &mut client_w, &ends, to_client, answered)
     )?;
     Ok(())
 }
@@ -288,8 +370,8 @@ async fn pipe(
     dst: &mut WriteHalf<'_>,
     ends: &Ends<'_>,
     counter: impl Fn(&ServiceCounters) -> &AtomicU64,
+    mut backlog: Backlog,
 ) -> io::Result<()> {
-    let mut backlog = Backlog::default();
     loop {
         if !backlog.is_empty() {
             poll_fn(|cx| backlog.flush(dst, cx)).await?;
@@ -357,7 +439,7 @@ fn write_some(dst: &mut WriteHalf<'_>, data: &[u8], cx: &mut Context<'_>) -> io:
 }
 
 /// Bytes read but not yet written, only while the destination lags.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Backlog {
     data: Vec<u8>,
     sent: usize,
@@ -415,6 +497,7 @@ mod tests {
                 client,
                 TcpStream::connect(addr).await.expect("connect"),
                 &counters,
+                Backlog::default(),
             );
             let size = std::mem::size_of_val(&relaying);
             assert!(size < 2048, "relay state is {size} bytes");
