@@ -8,7 +8,11 @@
 //! - `apply` and `delete` change the desired state, persist that jail's
 //!   record ([`records`]: one file per jail, so the write does not grow with
 //!   the number of jails) *before* anything is acknowledged, then converge
-//!   that one jail so the caller's response reflects the host. An apply is an
+//!   that one jail so the caller's response reflects the host. An apply
+//!   observes only its jail (jls -j and ps -J of it, its datasets by name,
+//!   the mounts under its root, the bridge and its epair), not the whole
+//!   host, so its cost does not grow with the number of jails on the node;
+//!   a delete reads only the mounts under the jail's root. An apply is an
 //!   explicit request and does not wait out the jail's backoff delay.
 //! - `reconcile` (the 5 s timer) observes the whole host with one call per
 //!   subsystem (jls + ps, zfs list, mount -p, ifconfig -l), then converges every
@@ -622,8 +626,9 @@ where
         });
         // Observed before the spec is recorded, so a quota below what a
         // volume already holds is refused with nothing changed, rather than
-        // recorded and failing every pass.
-        let observed = self.observe();
+        // recorded and failing every pass. Only this jail is observed: an
+        // apply on a full node must not cost what a pass over it costs.
+        let observed = self.observe_jail(&name, &record.spec.spec);
         if let Ok(obs) = &observed {
             self.check_quotas(&record.spec.spec, obs)?;
         }
@@ -1048,6 +1053,53 @@ where
         })
     }
 
+    /// What converging jail `name` to `spec` reads of the host, and nothing
+    /// else: the jail itself (jls -j, ps -J), its rootfs and `spec`'s volume
+    /// datasets by name (one zfs list), the nullfs mounts under its root and,
+    /// of the interfaces, the bridge and its epair's two ends. `converge`
+    /// looks nothing else up in an [`Observation`], so it decides as it
+    /// would from the whole host's, and the cost does not follow the number
+    /// of jails: mount -p and ifconfig -l still print every line, but only
+    /// this jail's are kept (see [`MountManager::list_under`],
+    /// [`NetManager::find_interfaces`]).
+    fn observe_jail(&self, name: &str, spec: &JailSpec) -> Result<Observation, HostError> {
+        let layout = self.zfs.layout();
+        let jails = self
+            .jails
+            .get(name)?
+            .into_iter()
+            .map(|j| (j.name.clone(), j))
+            .collect();
+        let mut names = vec![layout.rootfs_dataset(name)];
+        names.extend(spec.volumes.iter().map(|v| layout.volume_dataset(&v.name)));
+        names.sort_unstable();
+        names.dedup();
+        let datasets = self
+            .zfs
+            .list_named(&names)?
+            .into_iter()
+            .map(|d| (d.name.clone(), d))
+            .collect();
+        let mounted = self
+            .mounts
+            .list_under(&layout.rootfs_path(name))?
+            .into_iter()
+            .map(|m| m.target)
+            .collect();
+        let (host_if, jail_if) = iface_names(name);
+        let interfaces = self
+            .net
+            .find_interfaces(&[&self.node.bridge, &host_if, &jail_if])?
+            .into_iter()
+            .collect();
+        Ok(Observation {
+            jails,
+            datasets,
+            mounted,
+            interfaces,
+        })
+    }
+
     /// Creates the bridge with the gateway address when `obs` did not see it
     /// (first start, or a host reboot): every epair is attached to it.
     fn ensure_bridge(&self, obs: &Observation) -> Result<(), HostError> {
@@ -1177,8 +1229,7 @@ where
     /// still held by a dying jail's vnet is not, and the epair is made anew.
     fn epair_on_host(&self, name: &str) -> Result<bool, HostError> {
         let (host_if, jail_if) = iface_names(name);
-        let interfaces = self.net.list_interfaces()?;
-        Ok(interfaces.contains(&host_if) && interfaces.contains(&jail_if))
+        Ok(self.net.find_interfaces(&[&host_if, &jail_if])?.len() == 2)
     }
 
     /// A jail that runs its current spec: apply limits that changed (or were
@@ -1480,9 +1531,8 @@ where
         self.net.detach(name)?;
         let mounted: Vec<PathBuf> = self
             .mounts
-            .list()?
+            .list_under(&root)?
             .into_iter()
-            .filter(|m| m.target.starts_with(&root))
             .map(|m| m.target)
             .collect();
         let declared: Vec<PathBuf> = volumes.iter().map(|m| under_root(&root, m)).collect();

@@ -112,6 +112,12 @@ impl From<CmdError> for MountError {
 pub trait MountManager: Send {
     /// Every nullfs mount on the host, in one `mount -p -t nullfs`.
     fn list(&self) -> Result<Vec<MountEntry>, MountError>;
+    /// The nullfs mounts at or below `root` (one jail's root filesystem),
+    /// in mount order. What an apply and a delete observe: mount(8) cannot
+    /// be asked for one path, so FreeBSD still lists every nullfs mount and
+    /// the lines of other jails are dropped while parsing, before anything
+    /// is allocated for them.
+    fn list_under(&self, root: &Path) -> Result<Vec<MountEntry>, MountError>;
     /// Creates `target` if needed (mkdir -p) and nullfs-mounts `source` there.
     /// `target` lies below `root`, the jail's root filesystem, which the
     /// jail's root user controls: a component of `target` below `root` that
@@ -148,6 +154,12 @@ impl<R: CommandRunner> MountManager for FreeBsdMounts<R> {
         let argv = argv(&[&*self.paths.mount.to_string_lossy(), "-p", "-t", "nullfs"]);
         let out = self.runner.run(&argv, None, MOUNT_TIMEOUT)?.check(&argv)?;
         parse_mount_p(&out.stdout)
+    }
+
+    fn list_under(&self, root: &Path) -> Result<Vec<MountEntry>, MountError> {
+        let argv = argv(&[&*self.paths.mount.to_string_lossy(), "-p", "-t", "nullfs"]);
+        let out = self.runner.run(&argv, None, MOUNT_TIMEOUT)?.check(&argv)?;
+        parse_mount_p_under(&out.stdout, root)
     }
 
     fn mount_nullfs(&self, source: &Path, root: &Path, target: &Path) -> Result<(), MountError> {
@@ -230,23 +242,51 @@ fn utf8(path: &Path) -> Result<&str, MountError> {
 /// Keel's own sources and mount points are validated paths without spaces.
 /// A line with fewer fields, or a non-numeric dump/pass, is a format error.
 pub fn parse_mount_p(text: &str) -> Result<Vec<MountEntry>, MountError> {
+    parse_mount_p_where(text, |_| true)
+}
+
+/// [`parse_mount_p`] keeping only the mounts at or below `root`. Every line
+/// is still checked for the format, but a line whose mount point does not
+/// start with `root` is dropped before anything is allocated for it.
+pub fn parse_mount_p_under(text: &str, root: &Path) -> Result<Vec<MountEntry>, MountError> {
+    let prefix = root.to_string_lossy();
+    parse_mount_p_where(text, |mountpoint| {
+        mountpoint.starts_with(&*prefix) && Path::new(mountpoint).starts_with(root)
+    })
+}
+
+fn parse_mount_p_where(
+    text: &str,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<MountEntry>, MountError> {
     let mut entries = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() > 6 {
+        let mut fields = [""; 6];
+        let mut count = 0;
+        for field in line.split_whitespace() {
+            if let Some(slot) = fields.get_mut(count) {
+                *slot = field;
+            }
+            count += 1;
+        }
+        if count > 6 {
             continue;
         }
-        let [device, mountpoint, fstype, options, dump, pass] = fields[..] else {
+        let [device, mountpoint, fstype, options, dump, pass] = fields;
+        if count < 6 {
             return Err(MountError::Parse(format!(
                 "expected `device mountpoint fstype options dump pass`, got `{}`",
                 line.trim()
             )));
-        };
+        }
         if !dump.bytes().all(|b| b.is_ascii_digit()) || !pass.bytes().all(|b| b.is_ascii_digit()) {
             return Err(MountError::Parse(format!(
                 "dump and pass must be numbers in `{}`",
                 line.trim()
             )));
+        }
+        if !keep(mountpoint) {
+            continue;
         }
         entries.push(MountEntry {
             source: PathBuf::from(device),
@@ -310,6 +350,15 @@ impl MountManager for FakeMounts {
     fn list(&self) -> Result<Vec<MountEntry>, MountError> {
         self.injected("list", "")?;
         Ok(self.mounts())
+    }
+
+    fn list_under(&self, root: &Path) -> Result<Vec<MountEntry>, MountError> {
+        self.injected("list", "")?;
+        Ok(lock(&self.mounts)
+            .iter()
+            .filter(|m| m.target.starts_with(root))
+            .cloned()
+            .collect())
     }
 
     fn mount_nullfs(&self, source: &Path, _root: &Path, target: &Path) -> Result<(), MountError> {

@@ -85,6 +85,10 @@ impl From<CmdError> for NetError {
 pub trait NetManager: Send {
     /// Names of every interface on the host, in one call (`ifconfig -l`).
     fn list_interfaces(&self) -> Result<Vec<String>, NetError>;
+    /// Those of `names` that are on the host, in the order of `names`. What
+    /// an apply observes (the bridge, its jail's epair): only these names
+    /// are kept, so what it holds does not follow the number of interfaces.
+    fn find_interfaces(&self, names: &[&str]) -> Result<Vec<String>, NetError>;
     /// Creates the bridge if missing and gives it `gateway` (address/prefix,
     /// e.g. 10.20.3.1/24); idempotent.
     fn ensure_bridge(&self, bridge: &str, gateway: Ipv4Net) -> Result<(), NetError>;
@@ -190,6 +194,25 @@ impl<R: CommandRunner> NetManager for FreeBsdNet<R> {
     fn list_interfaces(&self) -> Result<Vec<String>, NetError> {
         let out = self.ifconfig_ok(&["-l"])?;
         Ok(out.stdout.split_whitespace().map(str::to_string).collect())
+    }
+
+    /// Still one `ifconfig -l`, scanned for `names` without keeping the rest.
+    /// ifconfig(8) can name one interface (`ifconfig IFACE`, exit 1 and
+    /// `interface IFACE does not exist` when absent), but that is a process
+    /// per name and prints its whole configuration; three processes cost a
+    /// real host more than scanning the names of one.
+    fn find_interfaces(&self, names: &[&str]) -> Result<Vec<String>, NetError> {
+        let out = self.ifconfig_ok(&["-l"])?;
+        let listed: Vec<&str> = out
+            .stdout
+            .split_whitespace()
+            .filter(|i| names.contains(i))
+            .collect();
+        Ok(names
+            .iter()
+            .filter(|n| listed.contains(n))
+            .map(|n| n.to_string())
+            .collect())
     }
 
     fn ensure_bridge(&self, bridge: &str, gateway: Ipv4Net) -> Result<(), NetError> {
@@ -580,6 +603,16 @@ impl NetManager for FakeNet {
     fn list_interfaces(&self) -> Result<Vec<String>, NetError> {
         self.fault("list_interfaces", "")?;
         Ok(self.interfaces())
+    }
+
+    fn find_interfaces(&self, names: &[&str]) -> Result<Vec<String>, NetError> {
+        self.fault("find_interfaces", "")?;
+        let st = lock(&self.state);
+        Ok(names
+            .iter()
+            .filter(|n| st.interfaces.contains(**n) && !st.away.contains_key(**n))
+            .map(|n| n.to_string())
+            .collect())
     }
 
     fn ensure_bridge(&self, bridge: &str, gateway: Ipv4Net) -> Result<(), NetError> {

@@ -161,6 +161,11 @@ pub trait ZfsManager: Send {
     fn layout(&self) -> &ZfsLayout;
     /// Every dataset under `{pool}/keel`, in one `zfs list`.
     fn list(&self) -> Result<Vec<Dataset>, ZfsError>;
+    /// The filesystems among `names` that exist, as [`ZfsManager::list`]
+    /// shows them (in any order); an absent one is left out, not an error.
+    /// What an apply observes: one `zfs list` naming its jail's datasets, so
+    /// its cost does not follow the number of datasets on the pool.
+    fn list_named(&self, names: &[String]) -> Result<Vec<Dataset>, ZfsError>;
     /// True when `dataset` exists.
     fn dataset_exists(&self, dataset: &str) -> Result<bool, ZfsError>;
     /// Clones the base snapshot into the jail's rootfs; returns its mountpoint.
@@ -347,6 +352,44 @@ impl<R: CommandRunner> ZfsManager for FreeBsdZfs<R> {
             Err(e) if says(&e, MISSING) => Err(ZfsError::NotFound(root)),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// `zfs list -H -p -o name,used,quota,mountpoint -t filesystem NAME...`:
+    /// the rootfs and the volumes of one jail live under different parents
+    /// (`jails/`, `volumes/`), so `-r` of one dataset cannot hold them all,
+    /// while zfs(8) takes several names. zfs_main.c's `zfs_for_each` opens
+    /// each name, lists those it could and exits 1 when one could not, after
+    /// libzfs printed `cannot open 'NAME': dataset does not exist`: such an
+    /// exit is success with that name absent; any other message is an error.
+    fn list_named(&self, names: &[String]) -> Result<Vec<Dataset>, ZfsError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut args = vec![
+            "list",
+            "-H",
+            "-p",
+            "-o",
+            "name,used,quota,mountpoint",
+            "-t",
+            "filesystem",
+        ];
+        args.extend(names.iter().map(String::as_str));
+        let argv = self.zfs(&args);
+        let out = self.run(&argv)?;
+        let only_absent = out.status == 1
+            && !out.stderr.trim().is_empty()
+            && out
+                .stderr
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .all(|l| {
+                    names
+                        .iter()
+                        .any(|n| l.trim() == format!("cannot open '{n}': {MISSING}"))
+                });
+        let out = if only_absent { out } else { out.check(&argv)? };
+        parse_zfs_list(&out.stdout).map_err(ZfsError::Parse)
     }
 
     fn dataset_exists(&self, dataset: &str) -> Result<bool, ZfsError> {
@@ -587,6 +630,20 @@ impl ZfsManager for FakeZfs {
             ));
         }
         Ok(lock(&self.state).datasets.values().cloned().collect())
+    }
+
+    fn list_named(&self, names: &[String]) -> Result<Vec<Dataset>, ZfsError> {
+        if self.faults.should_fail("list_named", "zfs") {
+            return Err(FakeZfs::failed(
+                format!("zfs list {}", names.join(" ")),
+                "internal error: injected failure",
+            ));
+        }
+        let st = lock(&self.state);
+        Ok(names
+            .iter()
+            .filter_map(|n| st.datasets.get(n).cloned())
+            .collect())
     }
 
     fn dataset_exists(&self, dataset: &str) -> Result<bool, ZfsError> {

@@ -65,6 +65,15 @@ impl NetManager for SimNet {
         Ok(lock(&self.state).interfaces.iter().cloned().collect())
     }
 
+    fn find_interfaces(&self, names: &[&str]) -> Result<Vec<String>, NetError> {
+        let st = lock(&self.state);
+        Ok(names
+            .iter()
+            .filter(|n| st.interfaces.contains(**n))
+            .map(|n| n.to_string())
+            .collect())
+    }
+
     fn ensure_bridge(&self, bridge: &str, gateway: Ipv4Net) -> Result<(), NetError> {
         self.change(|st| {
             st.interfaces.insert(bridge.to_string());
