@@ -1444,6 +1444,42 @@ mod tests {
     }
 
     #[test]
+    fn fake_get_shows_one_jail_as_list_does() {
+        let jails = FakeJails::new(CallLog::new(), Faults::default());
+        assert_eq!(jails.get("web-1"), Ok(None));
+        jails.create(&web()).expect("created");
+        jails.crash("web-1");
+        let got = jails.get("web-1").expect("looked up").expect("present");
+        assert!(!got.running);
+        assert_eq!(jails.list().expect("lists"), [got]);
+    }
+
+    #[test]
+    fn only_jls_not_found_and_dying_for_the_name_asked_are_absent() {
+        let out = |status, stderr: &str| CmdOutput {
+            status,
+            stdout: "name jid path\n".into(),
+            stderr: stderr.into(),
+        };
+        assert!(jls_absent(
+            &out(1, "jls: jail \"web-1\" not found\n"),
+            "web-1"
+        ));
+        assert!(jls_absent(
+            &out(1, "jls: jail \"web-1\" is dying\n"),
+            "web-1"
+        ));
+        assert!(!jls_absent(
+            &out(1, "jls: jail \"web-10\" not found\n"),
+            "web-1"
+        ));
+        assert!(!jls_absent(
+            &out(1, "jls: unknown parameter: path\n"),
+            "web-1"
+        ));
+    }
+
+    #[test]
     fn fake_faults_fail_the_named_operation() {
         let faults = Faults::default();
         let jails = FakeJails::new(CallLog::new(), faults.clone());

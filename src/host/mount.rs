@@ -475,6 +475,41 @@ mod tests {
         assert_eq!(parse_mount_p("\n").expect("empty"), vec![]);
     }
 
+    #[test]
+    fn mount_p_under_keeps_one_root_and_still_checks_every_line() {
+        let text = "/v/a /jails/web/data nullfs rw 0 0\n\
+                    /v/b /jails/web-10/data nullfs rw 0 0\n\
+                    /v/c /jails/web nullfs rw 0 0\n";
+        let root = Path::new("/jails/web");
+        let kept: Vec<PathBuf> = parse_mount_p_under(text, root)
+            .expect("parses")
+            .into_iter()
+            .map(|m| m.target)
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                PathBuf::from("/jails/web/data"),
+                PathBuf::from("/jails/web")
+            ]
+        );
+        let broken = "/v/b /jails/other nullfs rw 0\n";
+        assert!(parse_mount_p_under(broken, root).is_err());
+    }
+
+    #[test]
+    fn fake_list_under_keeps_only_one_root() {
+        let mounts = FakeMounts::new(CallLog::new(), Faults::default());
+        for target in ["/jails/web/data", "/jails/web-10/data"] {
+            mounts
+                .mount_nullfs(Path::new("/v"), Path::new("/jails"), Path::new(target))
+                .expect("mounts");
+        }
+        let under = mounts.list_under(Path::new("/jails/web")).expect("lists");
+        assert_eq!(under.len(), 1);
+        assert_eq!(under[0].target, PathBuf::from("/jails/web/data"));
+    }
+
     proptest! {
         #[test]
         fn mount_p_parser_never_panics(text in "[ \t\n/a-z0-9,]{0,200}") {

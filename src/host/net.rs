@@ -829,6 +829,19 @@ mod tests {
     }
 
     #[test]
+    fn fake_find_interfaces_leaves_out_what_is_in_a_vnet_or_absent() {
+        let net = FakeNet::new(CallLog::new(), Faults::default());
+        net.add_interface("keel0");
+        net.attach("keel0", "web-1").expect("attached");
+        net.enter_vnet("web-1");
+        assert_eq!(
+            net.find_interfaces(&["kh_web-1", "kj_web-1", "kh_db-0"])
+                .expect("found"),
+            ["kh_web-1"]
+        );
+    }
+
+    #[test]
     fn fake_reclaim_brings_back_a_jail_side_only_from_a_live_jail() {
         let log = CallLog::new();
         let fake = FakeNet::new(log.clone(), Faults::default());

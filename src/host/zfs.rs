@@ -915,4 +915,15 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn fake_list_named_leaves_out_the_absent() {
+        let zfs = FakeZfs::with_bases(&["14.2-RELEASE"]);
+        zfs.create_volume("data", Some(1 << 30)).expect("volume");
+        let names = ["zroot/keel/volumes/data", "zroot/keel/jails/web-1"].map(String::from);
+        let listed = zfs.list_named(&names).expect("lists");
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].name, "zroot/keel/volumes/data");
+        assert_eq!(listed[0].quota, Some(1 << 30));
+    }
 }

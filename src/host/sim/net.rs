@@ -180,4 +180,18 @@ mod tests {
                 .is_empty()
         );
     }
+
+    #[test]
+    fn find_interfaces_keeps_the_names_on_the_host_in_the_order_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let net = SimNet::new(dir.path()).expect("opens");
+        net.ensure_bridge("keel0", "10.20.3.1/24".parse().expect("net"))
+            .expect("bridge");
+        net.attach("keel0", "web-1").expect("attached");
+        assert_eq!(
+            net.find_interfaces(&["kj_web-1", "kh_db-0", "keel0"])
+                .expect("found"),
+            ["kj_web-1", "keel0"]
+        );
+    }
 }
