@@ -978,19 +978,22 @@ where
     }
 
     fn choose_address(&self, name: &str, jail: &Jail) -> Result<Ipv4Addr, ReconcileError> {
+        // Every address held by another jail, or reserved by a pending
+        // delete. Walked, never collected into a map: an apply runs this,
+        // and its cost must not follow the number of jails more than it must.
         let deleting = self
             .state
             .deleting
             .iter()
             .filter_map(|(n, j)| j.spec.network.address.map(|a| (a, n.as_str())));
-        let used: BTreeMap<Ipv4Addr, &str> = self
-            .state
-            .jails
-            .iter()
-            .map(|(n, r)| (r.address, n.as_str()))
-            .chain(deleting)
-            .filter(|(_, n)| *n != name)
-            .collect();
+        let used = || {
+            self.state
+                .jails
+                .iter()
+                .map(|(n, r)| (r.address, n.as_str()))
+                .chain(deleting.clone())
+                .filter(|(_, n)| *n != name)
+        };
         if let Some(addr) = jail.spec.network.address {
             if !self.node.is_host_address(addr) {
                 return Err(ReconcileError::Invalid {
@@ -1002,7 +1005,7 @@ where
                     ),
                 });
             }
-            if let Some(other) = used.get(&addr) {
+            if let Some((_, other)) = used().find(|(a, _)| *a == addr) {
                 return Err(ReconcileError::Conflict {
                     field: "spec.network.address".into(),
                     message: format!("{addr} is already used by jail {other}"),
@@ -1017,6 +1020,8 @@ where
         {
             return Ok(rec.address);
         }
+        let mut taken: Vec<u32> = used().map(|(a, _)| u32::from(a)).collect();
+        taken.sort_unstable();
         let first = u32::from(self.node.subnet.network());
         let host_bits = 32 - u32::from(self.node.subnet.prefix_len());
         let count = if host_bits >= 32 {
@@ -1024,9 +1029,14 @@ where
         } else {
             1u32 << host_bits
         };
+        let mut taken = taken.into_iter().peekable();
         (2..count)
-            .map(|i| Ipv4Addr::from(first + i))
-            .find(|ip| self.node.is_host_address(*ip) && !used.contains_key(ip))
+            .map(|i| first + i)
+            .find(|ip| {
+                while taken.next_if(|t| t < ip).is_some() {}
+                taken.peek() != Some(ip) && self.node.is_host_address(Ipv4Addr::from(*ip))
+            })
+            .map(Ipv4Addr::from)
             .ok_or(ReconcileError::AddressesExhausted(self.node.subnet))
     }
 

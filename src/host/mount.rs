@@ -115,8 +115,7 @@ pub trait MountManager: Send {
     /// The nullfs mounts at or below `root` (one jail's root filesystem),
     /// in mount order. What an apply and a delete observe: mount(8) cannot
     /// be asked for one path, so FreeBSD still lists every nullfs mount and
-    /// the lines of other jails are dropped while parsing, before anything
-    /// is allocated for them.
+    /// only the lines naming `root` are parsed ([`parse_mount_p_under`]).
     fn list_under(&self, root: &Path) -> Result<Vec<MountEntry>, MountError>;
     /// Creates `target` if needed (mkdir -p) and nullfs-mounts `source` there.
     /// `target` lies below `root`, the jail's root filesystem, which the
@@ -245,14 +244,31 @@ pub fn parse_mount_p(text: &str) -> Result<Vec<MountEntry>, MountError> {
     parse_mount_p_where(text, |_| true)
 }
 
-/// [`parse_mount_p`] keeping only the mounts at or below `root`. Every line
-/// is still checked for the format, but a line whose mount point does not
-/// start with `root` is dropped before anything is allocated for it.
+/// [`parse_mount_p`] keeping only the mounts at or below `root`. The text is
+/// searched for `root` (a substring search, not a split of every line), and
+/// only the lines it occurs in are parsed and checked: another jail's lines
+/// cost a scan of their bytes, nothing else, and a malformed one is left to
+/// the pass's [`parse_mount_p`] to report.
 pub fn parse_mount_p_under(text: &str, root: &Path) -> Result<Vec<MountEntry>, MountError> {
     let prefix = root.to_string_lossy();
-    parse_mount_p_where(text, |mountpoint| {
-        mountpoint.starts_with(&*prefix) && Path::new(mountpoint).starts_with(root)
-    })
+    let mut entries = Vec::new();
+    if prefix.is_empty() {
+        return Ok(entries);
+    }
+    let mut next_line = 0;
+    for (at, _) in text.match_indices(&*prefix) {
+        if at < next_line {
+            // The root again on a line already parsed (as source and target).
+            continue;
+        }
+        let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+        let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+        next_line = end;
+        entries.extend(parse_mount_p_where(&text[start..end], |mountpoint| {
+            Path::new(mountpoint).starts_with(root)
+        })?);
+    }
+    Ok(entries)
 }
 
 fn parse_mount_p_where(
@@ -493,8 +509,13 @@ mod tests {
                 PathBuf::from("/jails/web")
             ]
         );
-        let broken = "/v/b /jails/other nullfs rw 0\n";
-        assert!(parse_mount_p_under(broken, root).is_err());
+        let broken = "/v/b /jails/web/x nullfs rw 0\n";
+        assert!(
+            parse_mount_p_under(broken, root).is_err(),
+            "a line of the root is checked"
+        );
+        let elsewhere = "/v/b /jails/other nullfs rw 0\n";
+        assert_eq!(parse_mount_p_under(elsewhere, root), Ok(vec![]));
     }
 
     #[test]

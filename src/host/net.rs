@@ -196,27 +196,22 @@ impl<R: CommandRunner> NetManager for FreeBsdNet<R> {
         Ok(out.stdout.split_whitespace().map(str::to_string).collect())
     }
 
-    /// Still one `ifconfig -l`, scanned for `names` without keeping the rest.
+    /// Still one `ifconfig -l`, searched for each of `names` ([`lists_word`]).
     /// ifconfig(8) can name one interface (`ifconfig IFACE`, exit 1 and
     /// `interface IFACE does not exist` when absent), but that is a process
     /// per name and prints its whole configuration; three processes cost a
     /// real host more than scanning the names of one.
     fn find_interfaces(&self, names: &[&str]) -> Result<Vec<String>, NetError> {
         let out = self.ifconfig_ok(&["-l"])?;
-        let listed: Vec<&str> = out
-            .stdout
-            .split_whitespace()
-            .filter(|i| names.contains(i))
-            .collect();
         Ok(names
             .iter()
-            .filter(|n| listed.contains(n))
+            .filter(|n| lists_word(&out.stdout, n))
             .map(|n| n.to_string())
             .collect())
     }
 
     fn ensure_bridge(&self, bridge: &str, gateway: Ipv4Net) -> Result<(), NetError> {
-        let has_gateway = if self.list_interfaces()?.iter().any(|i| i == bridge) {
+        let has_gateway = if !self.find_interfaces(&[bridge])?.is_empty() {
             self.list_addresses(bridge)?.contains(&gateway.addr())
         } else {
             // A bridge created a moment ago has no address to look for.
@@ -237,11 +232,8 @@ impl<R: CommandRunner> NetManager for FreeBsdNet<R> {
         };
         // Either name on the host is the leftover of a crash between create and
         // jail start (or of a failed cleanup); destroying one end removes both.
-        let existing = self.list_interfaces()?;
-        if let Some(leftover) = [&epair.host, &epair.jail]
-            .into_iter()
-            .find(|n| existing.contains(n))
-        {
+        let existing = self.find_interfaces(&[&epair.host, &epair.jail])?;
+        if let Some(leftover) = existing.first() {
             self.destroy(leftover)?;
         }
         let out = self.ifconfig_ok(&["epair", "create"])?;
@@ -339,6 +331,17 @@ impl<R: CommandRunner> NetManager for FreeBsdNet<R> {
 
 /// argv of `program` followed by `args`. Command paths come from keel.toml,
 /// which is UTF-8, so the lossy conversion never changes them.
+/// True when `word` occurs in `text` delimited by whitespace or the ends:
+/// a substring search per name, instead of splitting every name listed.
+fn lists_word(text: &str, word: &str) -> bool {
+    !word.is_empty()
+        && text.match_indices(word).any(|(at, _)| {
+            let before = text[..at].chars().next_back();
+            let after = text[at + word.len()..].chars().next();
+            before.is_none_or(char::is_whitespace) && after.is_none_or(char::is_whitespace)
+        })
+}
+
 fn command(program: &std::path::Path, args: &[&str]) -> Vec<String> {
     let program = program.to_string_lossy();
     argv(&[&[program.as_ref()], args].concat())
@@ -826,6 +829,16 @@ mod tests {
                 "net.detach web-1"
             ]
         );
+    }
+
+    #[test]
+    fn a_listed_word_is_a_whole_name_only() {
+        let text = "em0 lo0 kh_web-10 keel0 kh_web-1\n";
+        assert!(lists_word(text, "kh_web-1"));
+        assert!(lists_word(text, "em0"));
+        assert!(!lists_word(text, "kh_web"));
+        assert!(!lists_word(text, "eel0"));
+        assert!(!lists_word(text, ""));
     }
 
     #[test]
