@@ -5,8 +5,10 @@
 //! The synthetic runner is a small model of a FreeBSD host: it answers the
 //! observation commands (`jls -h name jid path`, `ps -a -x -o jid=`,
 //! `zfs list -H -p -o name,used,quota,mountpoint ...`, `mount -p -t nullfs`,
-//! `ifconfig -l`) in the formats of `tests/golden/` for whatever jails,
-//! datasets, mounts and interfaces it holds, carries out the provisioning
+//! `ifconfig -l`) and the one-jail lookups of an apply (`jls -j NAME ...`,
+//! `ps -x -o jid= -J JID`, `zfs list ... NAME...`) in the formats of
+//! `tests/golden/` for whatever jails, datasets, mounts and interfaces it
+//! holds, carries out the provisioning
 //! commands the reconciler sends when a jail is applied (zfs clone/create,
 //! mkdir, mount -t nullfs, ifconfig epair create/name/addm/up, jail -c, rctl),
 //! and counts every process it is asked to spawn.

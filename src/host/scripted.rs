@@ -878,16 +878,7 @@ impl HostState {
             if name != root && !name.starts_with(&prefix) {
                 continue;
             }
-            let mountpoint = d
-                .mountpoint
-                .as_ref()
-                .map_or_else(|| "none".to_string(), |m| m.display().to_string());
-            let _ = writeln!(
-                out,
-                "{name}\t{}\t{}\t{mountpoint}",
-                d.used,
-                d.quota.unwrap_or(0)
-            );
+            list_line(&mut out, name, d);
         }
         ok(out)
     }
@@ -909,16 +900,7 @@ impl HostState {
         let mut out = String::new();
         for name in found {
             let d = &self.datasets[name];
-            let mountpoint = d
-                .mountpoint
-                .as_ref()
-                .map_or_else(|| "none".to_string(), |m| m.display().to_string());
-            let _ = writeln!(
-                out,
-                "{name}\t{}\t{}\t{mountpoint}",
-                d.used,
-                d.quota.unwrap_or(0)
-            );
+            list_line(&mut out, name, d);
         }
         Some(CmdOutput {
             status: i32::from(!stderr.is_empty()),
@@ -1341,6 +1323,20 @@ impl HostState {
             _ => None,
         }
     }
+}
+
+/// One line of `zfs list -H -p -o name,used,quota,mountpoint`.
+fn list_line(out: &mut String, name: &str, d: &Dataset) {
+    let mountpoint = d
+        .mountpoint
+        .as_ref()
+        .map_or_else(|| "none".to_string(), |m| m.display().to_string());
+    let _ = writeln!(
+        out,
+        "{name}\t{}\t{}\t{mountpoint}",
+        d.used,
+        d.quota.unwrap_or(0)
+    );
 }
 
 fn missing(dataset: &str) -> Option<CmdOutput> {

@@ -279,6 +279,18 @@ impl<R: CommandRunner> FreeBsdZfs<R> {
 
 const MISSING: &str = "dataset does not exist";
 
+/// The `zfs list` both observations run, before `-r ROOT` or the names: the
+/// fields [`parse_zfs_list`] reads, without header, in exact bytes.
+const LIST_FILESYSTEMS: [&str; 7] = [
+    "list",
+    "-H",
+    "-p",
+    "-o",
+    "name,used,quota,mountpoint",
+    "-t",
+    "filesystem",
+];
+
 fn says(e: &CmdError, text: &str) -> bool {
     matches!(e, CmdError::Failed { stderr, .. } if stderr.contains(text))
 }
@@ -336,17 +348,7 @@ impl<R: CommandRunner> ZfsManager for FreeBsdZfs<R> {
 
     fn list(&self) -> Result<Vec<Dataset>, ZfsError> {
         let root = format!("{}/keel", self.layout.pool);
-        let argv = self.zfs(&[
-            "list",
-            "-H",
-            "-p",
-            "-o",
-            "name,used,quota,mountpoint",
-            "-t",
-            "filesystem",
-            "-r",
-            &root,
-        ]);
+        let argv = self.zfs(&[LIST_FILESYSTEMS.as_slice(), &["-r", &root]].concat());
         match self.run(&argv)?.check(&argv) {
             Ok(out) => parse_zfs_list(&out.stdout).map_err(ZfsError::Parse),
             Err(e) if says(&e, MISSING) => Err(ZfsError::NotFound(root)),
@@ -365,15 +367,7 @@ impl<R: CommandRunner> ZfsManager for FreeBsdZfs<R> {
         if names.is_empty() {
             return Ok(Vec::new());
         }
-        let mut args = vec![
-            "list",
-            "-H",
-            "-p",
-            "-o",
-            "name,used,quota,mountpoint",
-            "-t",
-            "filesystem",
-        ];
+        let mut args = LIST_FILESYSTEMS.to_vec();
         args.extend(names.iter().map(String::as_str));
         let argv = self.zfs(&args);
         let out = self.run(&argv)?;
