@@ -46,7 +46,7 @@ use crate::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
 use crate::common::config::{CommandPaths, DevfsRuleset};
 use crate::host::beneath;
 use crate::host::fake::{CallLog, Faults, lock};
-use crate::host::mount::parse_mount_p;
+use crate::host::mount::parse_mount_p_under;
 
 /// Everything jail(8) needs to create one jail.
 #[derive(Debug, Clone, PartialEq)]
@@ -700,19 +700,23 @@ impl<R: CommandRunner> FreeBsdJails<R> {
         let real_root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
         let list = program(&self.paths.mount, &["-p", "-t", "devfs"]);
         let out = self.run(&list, OBSERVE_TIMEOUT)?.check(&list)?;
-        let mounts = parse_mount_p(&out.stdout).map_err(|e| JailError::Parse {
-            command: render_argv(&list),
-            reason: e.to_string(),
-        })?;
-        let listed = |dev: &PathBuf| {
-            mounts
+        // Only the lines naming this root are parsed: every jail has a devfs
+        // line, and a delete or replace must not cost what the node holds.
+        let mut found = None;
+        for dev in [root.join("dev"), real_root.join("dev")] {
+            let mounts = parse_mount_p_under(&out.stdout, &dev).map_err(|e| JailError::Parse {
+                command: render_argv(&list),
+                reason: e.to_string(),
+            })?;
+            if mounts
                 .iter()
-                .any(|m| m.fstype == "devfs" && m.target == *dev)
-        };
-        let Some(dev) = [root.join("dev"), real_root.join("dev")]
-            .into_iter()
-            .find(listed)
-        else {
+                .any(|m| m.fstype == "devfs" && m.target == dev)
+            {
+                found = Some(dev);
+                break;
+            }
+        }
+        let Some(dev) = found else {
             return Ok(());
         };
         let umount = program(&self.paths.umount, &[&dev.to_string_lossy()]);
