@@ -979,8 +979,9 @@ where
 
     fn choose_address(&self, name: &str, jail: &Jail) -> Result<Ipv4Addr, ReconcileError> {
         // Every address held by another jail, or reserved by a pending
-        // delete. Walked, never collected into a map: an apply runs this,
-        // and its cost must not follow the number of jails more than it must.
+        // delete. An apply runs this: a given or kept address is checked by
+        // walking the records, and only a new jail's first free address needs
+        // them all, as a sorted list of numbers rather than a map.
         let deleting = self
             .state
             .deleting
