@@ -5,8 +5,10 @@
 //! The synthetic runner is a small model of a FreeBSD host: it answers the
 //! observation commands (`jls -h name jid path`, `ps -a -x -o jid=`,
 //! `zfs list -H -p -o name,used,quota,mountpoint ...`, `mount -p -t nullfs`,
-//! `ifconfig -l`) in the formats of `tests/golden/` for whatever jails,
-//! datasets, mounts and interfaces it holds, carries out the provisioning
+//! `ifconfig -l`) and the one-jail lookups of an apply (`jls -j NAME ...`,
+//! `ps -x -o jid= -J JID`, `zfs list ... NAME...`) in the formats of
+//! `tests/golden/` for whatever jails, datasets, mounts and interfaces it
+//! holds, carries out the provisioning
 //! commands the reconciler sends when a jail is applied (zfs clone/create,
 //! mkdir, mount -t nullfs, ifconfig epair create/name/addm/up, jail -c, rctl),
 //! and counts every process it is asked to spawn.
@@ -390,6 +392,56 @@ impl SyntheticHost {
                 root,
             ] if is(&p.zfs) && *root == zfs_list_root => self.observe(|r| &r.zfs),
             ["-p", "-t", "nullfs"] if is(&p.mount) => self.observe(|r| &r.mount),
+            ["-j", name, "-h", "name", "jid", "path"] if is(&p.jls) => {
+                let m = lock(&self.model);
+                match m.jails.get(*name) {
+                    Some((jid, path, _)) => ok(format!("name jid path\n{name} {jid} {path}\n")),
+                    None => CmdOutput {
+                        status: 1,
+                        stdout: "name jid path\n".into(),
+                        stderr: format!("jls: jail \"{name}\" not found\n"),
+                    },
+                }
+            }
+            ["-x", "-o", "jid=", "-J", jid] if is(&p.ps) => {
+                let m = lock(&self.model);
+                let running = m
+                    .jails
+                    .values()
+                    .any(|(j, _, running)| j.to_string() == *jid && *running);
+                if running {
+                    ok(format!("{jid:>5}\n").repeat(PROCS_PER_JAIL))
+                } else {
+                    fail("")
+                }
+            }
+            [
+                "list",
+                "-H",
+                "-p",
+                "-o",
+                "name,used,quota,mountpoint",
+                "-t",
+                "filesystem",
+                names @ ..,
+            ] if is(&p.zfs) && names.first().is_some_and(|n| !n.starts_with('-')) => {
+                let m = lock(&self.model);
+                let mut out = ok("");
+                for name in names {
+                    match m.datasets.get(*name) {
+                        Some((quota, mountpoint)) => out
+                            .stdout
+                            .push_str(&format!("{name}\t98304\t{quota}\t{mountpoint}\n")),
+                        None => {
+                            out.status = 1;
+                            out.stderr.push_str(&format!(
+                                "cannot open '{name}': dataset does not exist\n"
+                            ));
+                        }
+                    }
+                }
+                out
+            }
             ["-l"] if is(&p.ifconfig) => self.observe(|r| &r.ifconfig),
 
             ["clone", "-p", "-o", mountpoint, _snapshot, dataset] if is(&p.zfs) => {

@@ -170,8 +170,12 @@ fn a_new_jail_lists_the_provision_commands_and_changes_nothing() {
         "{order:?} in\n{out}"
     );
     assert!(
-        out.contains("  read /usr/sbin/jls -h name jid path\n"),
+        out.contains("  read /usr/sbin/jls -j web-1 -h name jid path\n"),
         "the observation is listed as reads: {out}"
+    );
+    assert!(
+        !out.contains("  read /usr/sbin/jls -h name jid path\n"),
+        "the apply observes its own jail, not every jail: {out}"
     );
 
     assert_eq!(

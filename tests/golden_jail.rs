@@ -227,6 +227,58 @@ fn list_with_no_jails_is_empty() {
     });
 }
 
+fn observed(name: &str, jid: u32, running: bool) -> ObservedJail {
+    ObservedJail {
+        name: name.into(),
+        jid,
+        path: format!("/usr/local/keel/jails/{name}").into(),
+        running,
+        exit_status: None,
+    }
+}
+
+#[test]
+fn get_reads_one_jail_and_only_its_processes() {
+    golden::check("jail_get", |runner| {
+        let got = jails(runner, "jail_get").get("web-1").expect("looked up");
+        assert_eq!(got, Some(observed("web-1", 3, true)));
+    });
+}
+
+#[test]
+fn get_of_a_jail_with_no_process_left_is_not_running() {
+    golden::check("jail_get_crashed", |runner| {
+        let got = jails(runner, "jail_get_crashed")
+            .get("db-0")
+            .expect("looked up");
+        assert_eq!(got, Some(observed("db-0", 2, false)));
+    });
+}
+
+#[test]
+fn get_of_a_missing_jail_is_absent_not_an_error() {
+    golden::check("jail_get_missing", |runner| {
+        assert_eq!(jails(runner, "jail_get_missing").get("web-1"), Ok(None));
+    });
+}
+
+#[test]
+fn get_of_a_dying_jail_is_absent_as_in_the_list() {
+    golden::check("jail_get_dying", |runner| {
+        assert_eq!(jails(runner, "jail_get_dying").get("web-1"), Ok(None));
+    });
+}
+
+#[test]
+fn get_of_a_jail_removed_before_ps_is_absent() {
+    golden::check("jail_get_gone_before_ps", |runner| {
+        assert_eq!(
+            jails(runner, "jail_get_gone_before_ps").get("web-1"),
+            Ok(None)
+        );
+    });
+}
+
 fn limits() -> Limits {
     Limits {
         cpu: Some(1.5),

@@ -45,6 +45,23 @@ fn list_reads_every_nullfs_mount_once() {
 }
 
 #[test]
+fn list_under_keeps_only_the_mounts_below_one_root() {
+    golden::check("mount_list_under", |r| {
+        let entries = mounts(r)
+            .list_under(Path::new("/usr/local/keel/jails/web-1"))
+            .expect("listed");
+        let targets: Vec<PathBuf> = entries.into_iter().map(|m| m.target).collect();
+        assert_eq!(
+            targets,
+            [
+                PathBuf::from("/usr/local/keel/jails/web-1/usr/local/www"),
+                PathBuf::from("/usr/local/keel/jails/web-1/var/log/nginx"),
+            ]
+        );
+    });
+}
+
+#[test]
 fn list_rejects_malformed_lines() {
     golden::check("mount_list_malformed", |r| {
         let err = mounts(r).list().expect_err("short line");

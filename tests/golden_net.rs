@@ -48,6 +48,16 @@ fn list_interfaces() {
 }
 
 #[test]
+fn find_interfaces_keeps_only_the_names_asked_for() {
+    golden::check("net_find_interfaces", |r| {
+        let found = net(r)
+            .find_interfaces(&["keel0", "kh_web-1", "kj_web-1"])
+            .expect("listed");
+        assert_eq!(found, ["keel0", "kh_web-1"]);
+    });
+}
+
+#[test]
 fn ensure_bridge_creates_a_missing_bridge() {
     golden::check("net_ensure_bridge_missing", |r| {
         net(r)

@@ -63,6 +63,36 @@ fn list_reads_every_dataset_under_the_root_in_one_call() {
 }
 
 #[test]
+fn list_named_reads_the_named_datasets_and_leaves_out_the_absent() {
+    golden::check("zfs_list_named", |runner| {
+        let names = [
+            "zroot/keel/jails/web-1",
+            "zroot/keel/volumes/web-content",
+            "zroot/keel/volumes/web-logs",
+        ]
+        .map(String::from);
+        let listed = zfs(runner).list_named(&names).expect("lists");
+        assert_eq!(
+            listed,
+            [
+                Dataset {
+                    name: "zroot/keel/jails/web-1".into(),
+                    used: 98304,
+                    quota: None,
+                    mountpoint: Some("/usr/local/keel/jails/web-1".into()),
+                },
+                Dataset {
+                    name: "zroot/keel/volumes/web-content".into(),
+                    used: 172032,
+                    quota: Some(1 << 30),
+                    mountpoint: Some("/usr/local/keel/volumes/web-content".into()),
+                },
+            ]
+        );
+    });
+}
+
+#[test]
 fn list_without_the_root_dataset_says_how_to_create_it() {
     golden::check("zfs_list_missing_root", |runner| {
         let err = zfs(runner).list().expect_err("no root");

@@ -716,3 +716,91 @@ fn usage_is_the_process_groups_cpu_time_and_resident_memory() {
     let after = probe.sample(&names).expect("samples");
     assert!(after.is_empty(), "{after:?}");
 }
+
+#[test]
+fn get_shows_one_jail_as_list_does_and_a_missing_one_as_absent() {
+    let s = Sim::new();
+    let _reaper = s.reaper();
+    assert_eq!(s.host.jails.get("web"), Ok(None));
+    let up = s.params("web", &["/bin/sleep", "300"]);
+    s.host.jails.create(&up).expect("creates");
+    let crashy = s.params("crashy", &["/bin/sh", "-c", "exit 3"]);
+    s.host.jails.create(&crashy).expect("creates");
+    let gone = wait_for("crashy to stop", || {
+        let j = s.host.jails.get("crashy").expect("looks up")?;
+        (!j.running).then_some(j)
+    });
+    assert_eq!(gone.exit_status, Some(3));
+    let web = s.host.jails.get("web").expect("looks up").expect("present");
+    assert!(web.running);
+    let listed = s.host.jails.list().expect("lists");
+    assert!(
+        listed.contains(&web) && listed.contains(&gone),
+        "{listed:?}"
+    );
+}
+
+#[test]
+fn list_named_shows_only_the_named_datasets_that_exist() {
+    let s = Sim::new();
+    let zfs = &s.host.zfs;
+    let pg = zfs.create_volume("pgdata", Some(10 << 30)).expect("volume");
+    std::fs::write(pg.join("heap"), vec![0u8; 100]).expect("write");
+    zfs.create_volume("other", None).expect("volume");
+    let web = zfs.clone_rootfs("14.2-RELEASE", "web").expect("rootfs");
+    let names = [
+        "zroot/keel/jails/web",
+        "zroot/keel/volumes/pgdata",
+        "zroot/keel/volumes/missing",
+        "zroot/keel/jails/../volumes",
+    ]
+    .map(String::from);
+    assert_eq!(
+        zfs.list_named(&names).expect("lists"),
+        vec![
+            Dataset {
+                name: "zroot/keel/jails/web".into(),
+                used: 0,
+                quota: None,
+                mountpoint: Some(web),
+            },
+            Dataset {
+                name: "zroot/keel/volumes/pgdata".into(),
+                used: 100,
+                quota: Some(10 << 30),
+                mountpoint: Some(pg),
+            },
+        ]
+    );
+}
+
+#[test]
+fn list_under_shows_only_the_mounts_in_one_root() {
+    let s = Sim::new();
+    let volume = s.host.zfs.create_volume("data", None).expect("volume");
+    let mut roots = Vec::new();
+    for jail in ["web", "web-10"] {
+        let root = s
+            .host
+            .zfs
+            .clone_rootfs("14.2-RELEASE", jail)
+            .expect("rootfs");
+        let target = root.join("srv/data");
+        std::fs::create_dir_all(&target).expect("mount point");
+        s.host
+            .mounts
+            .mount_nullfs(&volume, &root, &target)
+            .expect("mounts");
+        roots.push((root, target));
+    }
+    let (root, target) = &roots[0];
+    let under: Vec<PathBuf> = s
+        .host
+        .mounts
+        .list_under(root)
+        .expect("lists")
+        .into_iter()
+        .map(|m| m.target)
+        .collect();
+    assert_eq!(under, std::slice::from_ref(target));
+}

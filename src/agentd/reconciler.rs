@@ -8,7 +8,11 @@
 //! - `apply` and `delete` change the desired state, persist that jail's
 //!   record ([`records`]: one file per jail, so the write does not grow with
 //!   the number of jails) *before* anything is acknowledged, then converge
-//!   that one jail so the caller's response reflects the host. An apply is an
+//!   that one jail so the caller's response reflects the host. An apply
+//!   observes only its jail (jls -j and ps -J of it, its datasets by name,
+//!   the mounts under its root, the bridge and its epair), not the whole
+//!   host, so its cost does not grow with the number of jails on the node;
+//!   a delete reads only the mounts under the jail's root. An apply is an
 //!   explicit request and does not wait out the jail's backoff delay.
 //! - `reconcile` (the 5 s timer) observes the whole host with one call per
 //!   subsystem (jls + ps, zfs list, mount -p, ifconfig -l), then converges every
@@ -622,8 +626,9 @@ where
         });
         // Observed before the spec is recorded, so a quota below what a
         // volume already holds is refused with nothing changed, rather than
-        // recorded and failing every pass.
-        let observed = self.observe();
+        // recorded and failing every pass. Only this jail is observed: an
+        // apply on a full node must not cost what a pass over it costs.
+        let observed = self.observe_jail(&name, &record.spec.spec);
         if let Ok(obs) = &observed {
             self.check_quotas(&record.spec.spec, obs)?;
         }
@@ -973,19 +978,23 @@ where
     }
 
     fn choose_address(&self, name: &str, jail: &Jail) -> Result<Ipv4Addr, ReconcileError> {
+        // Every address held by another jail, or reserved by a pending
+        // delete. An apply runs this: a given or kept address is checked by
+        // walking the records, and only a new jail's first free address needs
+        // them all, as a sorted list of numbers rather than a map.
         let deleting = self
             .state
             .deleting
             .iter()
             .filter_map(|(n, j)| j.spec.network.address.map(|a| (a, n.as_str())));
-        let used: BTreeMap<Ipv4Addr, &str> = self
-            .state
-            .jails
-            .iter()
-            .map(|(n, r)| (r.address, n.as_str()))
-            .chain(deleting)
-            .filter(|(_, n)| *n != name)
-            .collect();
+        let used = || {
+            self.state
+                .jails
+                .iter()
+                .map(|(n, r)| (r.address, n.as_str()))
+                .chain(deleting.clone())
+                .filter(|(_, n)| *n != name)
+        };
         if let Some(addr) = jail.spec.network.address {
             if !self.node.is_host_address(addr) {
                 return Err(ReconcileError::Invalid {
@@ -997,7 +1006,7 @@ where
                     ),
                 });
             }
-            if let Some(other) = used.get(&addr) {
+            if let Some((_, other)) = used().find(|(a, _)| *a == addr) {
                 return Err(ReconcileError::Conflict {
                     field: "spec.network.address".into(),
                     message: format!("{addr} is already used by jail {other}"),
@@ -1012,6 +1021,8 @@ where
         {
             return Ok(rec.address);
         }
+        let mut taken: Vec<u32> = used().map(|(a, _)| u32::from(a)).collect();
+        taken.sort_unstable();
         let first = u32::from(self.node.subnet.network());
         let host_bits = 32 - u32::from(self.node.subnet.prefix_len());
         let count = if host_bits >= 32 {
@@ -1019,9 +1030,14 @@ where
         } else {
             1u32 << host_bits
         };
+        let mut taken = taken.into_iter().peekable();
         (2..count)
-            .map(|i| Ipv4Addr::from(first + i))
-            .find(|ip| self.node.is_host_address(*ip) && !used.contains_key(ip))
+            .map(|i| first + i)
+            .find(|ip| {
+                while taken.next_if(|t| t < ip).is_some() {}
+                taken.peek() != Some(ip) && self.node.is_host_address(Ipv4Addr::from(*ip))
+            })
+            .map(Ipv4Addr::from)
             .ok_or(ReconcileError::AddressesExhausted(self.node.subnet))
     }
 
@@ -1040,6 +1056,53 @@ where
             .collect();
         let mounted = self.mounts.list()?.into_iter().map(|m| m.target).collect();
         let interfaces = self.net.list_interfaces()?.into_iter().collect();
+        Ok(Observation {
+            jails,
+            datasets,
+            mounted,
+            interfaces,
+        })
+    }
+
+    /// What converging jail `name` to `spec` reads of the host, and nothing
+    /// else: the jail itself (jls -j, ps -J), its rootfs and `spec`'s volume
+    /// datasets by name (one zfs list), the nullfs mounts under its root and,
+    /// of the interfaces, the bridge and its epair's two ends. `converge`
+    /// looks nothing else up in an [`Observation`], so it decides as it
+    /// would from the whole host's, and the cost does not follow the number
+    /// of jails: mount -p and ifconfig -l still print every line, but only
+    /// this jail's are kept (see [`MountManager::list_under`],
+    /// [`NetManager::find_interfaces`]).
+    fn observe_jail(&self, name: &str, spec: &JailSpec) -> Result<Observation, HostError> {
+        let layout = self.zfs.layout();
+        let jails = self
+            .jails
+            .get(name)?
+            .into_iter()
+            .map(|j| (j.name.clone(), j))
+            .collect();
+        let mut names = vec![layout.rootfs_dataset(name)];
+        names.extend(spec.volumes.iter().map(|v| layout.volume_dataset(&v.name)));
+        names.sort_unstable();
+        names.dedup();
+        let datasets = self
+            .zfs
+            .list_named(&names)?
+            .into_iter()
+            .map(|d| (d.name.clone(), d))
+            .collect();
+        let mounted = self
+            .mounts
+            .list_under(&layout.rootfs_path(name))?
+            .into_iter()
+            .map(|m| m.target)
+            .collect();
+        let (host_if, jail_if) = iface_names(name);
+        let interfaces = self
+            .net
+            .find_interfaces(&[&self.node.bridge, &host_if, &jail_if])?
+            .into_iter()
+            .collect();
         Ok(Observation {
             jails,
             datasets,
@@ -1177,8 +1240,7 @@ where
     /// still held by a dying jail's vnet is not, and the epair is made anew.
     fn epair_on_host(&self, name: &str) -> Result<bool, HostError> {
         let (host_if, jail_if) = iface_names(name);
-        let interfaces = self.net.list_interfaces()?;
-        Ok(interfaces.contains(&host_if) && interfaces.contains(&jail_if))
+        Ok(self.net.find_interfaces(&[&host_if, &jail_if])?.len() == 2)
     }
 
     /// A jail that runs its current spec: apply limits that changed (or were
@@ -1480,9 +1542,8 @@ where
         self.net.detach(name)?;
         let mounted: Vec<PathBuf> = self
             .mounts
-            .list()?
+            .list_under(&root)?
             .into_iter()
-            .filter(|m| m.target.starts_with(&root))
             .map(|m| m.target)
             .collect();
         let declared: Vec<PathBuf> = volumes.iter().map(|m| under_root(&root, m)).collect();

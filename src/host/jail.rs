@@ -46,7 +46,7 @@ use crate::common::cmd::{CmdError, CmdOutput, CommandRunner, render_argv};
 use crate::common::config::{CommandPaths, DevfsRuleset};
 use crate::host::beneath;
 use crate::host::fake::{CallLog, Faults, lock};
-use crate::host::mount::parse_mount_p;
+use crate::host::mount::parse_mount_p_under;
 
 /// Everything jail(8) needs to create one jail.
 #[derive(Debug, Clone, PartialEq)]
@@ -220,6 +220,11 @@ pub trait JailRuntime: Send {
     /// Every jail on the host, with whether it still runs processes. One jls(8)
     /// and one ps(1) whatever the number of jails.
     fn list(&self) -> Result<Vec<ObservedJail>, JailError>;
+    /// Jail `name` alone, as [`JailRuntime::list`] would show it, or `None`
+    /// when no such jail is on the host (a dying jail included, which the
+    /// list does not show either). What an apply observes: its cost does not
+    /// follow the number of jails on the host.
+    fn get(&self, name: &str) -> Result<Option<ObservedJail>, JailError>;
     /// Writes the jail's jail.conf and creates it (which runs exec.start).
     fn create(&self, params: &JailParams) -> Result<(), JailError>;
     /// Removes jail `name`, whose root filesystem is `root`, as `how` says,
@@ -506,6 +511,20 @@ fn jail_not_found(out: &CmdOutput, name: &str) -> bool {
     !out.success() && out.stderr.contains(&format!("\"{name}\" not found"))
 }
 
+/// jls(8)'s answer for `-j NAME` of a jail it does not show: libjail's
+/// message from jail_get(2) (`jail "NAME" not found` from kern_jail.c, or
+/// `jail "NAME" is dying`, which a plain `jls` skips too), printed by
+/// jls.c's `xo_errx(1, "%s", jail_errmsg)`.
+fn jls_absent(out: &CmdOutput, name: &str) -> bool {
+    out.status == 1
+        && [
+            format!("jail \"{name}\" not found"),
+            format!("jail \"{name}\" is dying"),
+        ]
+        .iter()
+        .any(|m| out.stderr.contains(m.as_str()))
+}
+
 fn racct_message(out: &CmdOutput) -> Option<String> {
     let text = out.stderr.trim();
     (text.contains("RACCT/RCTL present, but disabled")
@@ -681,19 +700,23 @@ impl<R: CommandRunner> FreeBsdJails<R> {
         let real_root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
         let list = program(&self.paths.mount, &["-p", "-t", "devfs"]);
         let out = self.run(&list, OBSERVE_TIMEOUT)?.check(&list)?;
-        let mounts = parse_mount_p(&out.stdout).map_err(|e| JailError::Parse {
-            command: render_argv(&list),
-            reason: e.to_string(),
-        })?;
-        let listed = |dev: &PathBuf| {
-            mounts
+        // Only the lines naming this root are parsed: every jail has a devfs
+        // line, and a delete or replace must not cost what the node holds.
+        let mut found = None;
+        for dev in [root.join("dev"), real_root.join("dev")] {
+            let mounts = parse_mount_p_under(&out.stdout, &dev).map_err(|e| JailError::Parse {
+                command: render_argv(&list),
+                reason: e.to_string(),
+            })?;
+            if mounts
                 .iter()
-                .any(|m| m.fstype == "devfs" && m.target == *dev)
-        };
-        let Some(dev) = [root.join("dev"), real_root.join("dev")]
-            .into_iter()
-            .find(listed)
-        else {
+                .any(|m| m.fstype == "devfs" && m.target == dev)
+            {
+                found = Some(dev);
+                break;
+            }
+        }
+        let Some(dev) = found else {
             return Ok(());
         };
         let umount = program(&self.paths.umount, &[&dev.to_string_lossy()]);
@@ -750,6 +773,61 @@ impl<R: CommandRunner> JailRuntime for FreeBsdJails<R> {
                 path,
             })
             .collect())
+    }
+
+    /// `jls -j NAME -h name jid path`, then the processes of that jid alone
+    /// (`ps -x -o jid= -J JID`): two processes, whose output holds one jail.
+    /// jls.c prints the header, then fails with libjail's message (the
+    /// kernel's `jail "NAME" not found`, or `jail "NAME" is dying`) and exit
+    /// status 1; either is "absent". ps.c exits 1 with nothing printed when
+    /// no process matched (a crashed workload), and with `Invalid jail id`
+    /// when the jail went away since jls (absent too).
+    fn get(&self, name: &str) -> Result<Option<ObservedJail>, JailError> {
+        let jls = program(&self.paths.jls, &["-j", name, "-h", "name", "jid", "path"]);
+        let out = self.run(&jls, OBSERVE_TIMEOUT)?;
+        if !out.success() && jls_absent(&out, name) {
+            return Ok(None);
+        }
+        let out = out.check(&jls)?;
+        let parse_error = |reason: String| JailError::Parse {
+            command: render_argv(&jls),
+            reason,
+        };
+        let mut jails = parse_jls(&out.stdout).map_err(parse_error)?;
+        let (found, jid, path) = match (jails.pop(), jails.is_empty()) {
+            (Some(j), true) => j,
+            (None, _) => return Err(parse_error("no jail line after the header".into())),
+            (Some(_), false) => return Err(parse_error("more than one jail listed".into())),
+        };
+        if found != name {
+            return Err(parse_error(format!(
+                "listed jail {found}, asked for {name}"
+            )));
+        }
+        let jid_arg = jid.to_string();
+        let ps = program(&self.paths.ps, &["-x", "-o", "jid=", "-J", &jid_arg]);
+        let out = self.run(&ps, OBSERVE_TIMEOUT)?;
+        let nothing_matched =
+            out.status == 1 && out.stdout.trim().is_empty() && out.stderr.trim().is_empty();
+        let processes = if nothing_matched {
+            0
+        } else if out.status == 1 && out.stderr.contains("Invalid jail id") {
+            return Ok(None);
+        } else {
+            let out = out.check(&ps)?;
+            let counts = parse_ps_jids(&out.stdout).map_err(|reason| JailError::Parse {
+                command: render_argv(&ps),
+                reason,
+            })?;
+            counts.get(&jid).copied().unwrap_or(0)
+        };
+        Ok(Some(ObservedJail {
+            name: found,
+            jid,
+            path,
+            running: processes > 0,
+            exit_status: None,
+        }))
     }
 
     fn create(&self, params: &JailParams) -> Result<(), JailError> {
@@ -988,6 +1066,22 @@ impl JailRuntime for FakeJails {
                 exit_status: j.exit_status,
             })
             .collect())
+    }
+
+    fn get(&self, name: &str) -> Result<Option<ObservedJail>, JailError> {
+        if self.faults.should_fail("get", name) {
+            return Err(FakeJails::failed(
+                format!("jls -j {name} -h name jid path"),
+                "jls: injected failure",
+            ));
+        }
+        Ok(lock(&self.state).jails.get(name).map(|j| ObservedJail {
+            name: name.to_string(),
+            jid: j.jid,
+            path: j.params.path.clone(),
+            running: j.running,
+            exit_status: j.exit_status,
+        }))
     }
 
     fn create(&self, params: &JailParams) -> Result<(), JailError> {
@@ -1351,6 +1445,42 @@ mod tests {
                 "jail.force_remove web-1"
             ]
         );
+    }
+
+    #[test]
+    fn fake_get_shows_one_jail_as_list_does() {
+        let jails = FakeJails::new(CallLog::new(), Faults::default());
+        assert_eq!(jails.get("web-1"), Ok(None));
+        jails.create(&web()).expect("created");
+        jails.crash("web-1");
+        let got = jails.get("web-1").expect("looked up").expect("present");
+        assert!(!got.running);
+        assert_eq!(jails.list().expect("lists"), [got]);
+    }
+
+    #[test]
+    fn only_jls_not_found_and_dying_for_the_name_asked_are_absent() {
+        let out = |status, stderr: &str| CmdOutput {
+            status,
+            stdout: "name jid path\n".into(),
+            stderr: stderr.into(),
+        };
+        assert!(jls_absent(
+            &out(1, "jls: jail \"web-1\" not found\n"),
+            "web-1"
+        ));
+        assert!(jls_absent(
+            &out(1, "jls: jail \"web-1\" is dying\n"),
+            "web-1"
+        ));
+        assert!(!jls_absent(
+            &out(1, "jls: jail \"web-10\" not found\n"),
+            "web-1"
+        ));
+        assert!(!jls_absent(
+            &out(1, "jls: unknown parameter: path\n"),
+            "web-1"
+        ));
     }
 
     #[test]

@@ -19,7 +19,13 @@
 //! Rules every implementation keeps:
 //! - Observation is batched: each trait offers a `list`-style call that reads
 //!   the whole subsystem with one command, so a reconcile pass spawns a constant
-//!   number of processes whatever the number of jails.
+//!   number of processes whatever the number of jails. Each also offers a
+//!   call for one jail's share ([`JailRuntime::get`], [`ZfsManager::list_named`],
+//!   [`MountManager::list_under`], [`NetManager::find_interfaces`]) that an
+//!   apply uses: the command is narrowed where FreeBSD can (`jls -j`, `ps -J`,
+//!   `zfs list NAME...`), and where it cannot (`mount -p`, `ifconfig -l`) the
+//!   other lines are dropped while parsing. An absent jail or dataset is
+//!   absent there, never an error.
 //! - Names reaching an argv were validated by `common::spec` (DNS labels);
 //!   interface names come from [`iface_names`], never from raw input.
 //! - Idempotent outcomes FreeBSD reports as errors (route already in table,

@@ -112,6 +112,11 @@ impl From<CmdError> for MountError {
 pub trait MountManager: Send {
     /// Every nullfs mount on the host, in one `mount -p -t nullfs`.
     fn list(&self) -> Result<Vec<MountEntry>, MountError>;
+    /// The nullfs mounts at or below `root` (one jail's root filesystem),
+    /// in mount order. What an apply and a delete observe: mount(8) cannot
+    /// be asked for one path, so FreeBSD still lists every nullfs mount and
+    /// only the lines naming `root` are parsed ([`parse_mount_p_under`]).
+    fn list_under(&self, root: &Path) -> Result<Vec<MountEntry>, MountError>;
     /// Creates `target` if needed (mkdir -p) and nullfs-mounts `source` there.
     /// `target` lies below `root`, the jail's root filesystem, which the
     /// jail's root user controls: a component of `target` below `root` that
@@ -148,6 +153,12 @@ impl<R: CommandRunner> MountManager for FreeBsdMounts<R> {
         let argv = argv(&[&*self.paths.mount.to_string_lossy(), "-p", "-t", "nullfs"]);
         let out = self.runner.run(&argv, None, MOUNT_TIMEOUT)?.check(&argv)?;
         parse_mount_p(&out.stdout)
+    }
+
+    fn list_under(&self, root: &Path) -> Result<Vec<MountEntry>, MountError> {
+        let argv = argv(&[&*self.paths.mount.to_string_lossy(), "-p", "-t", "nullfs"]);
+        let out = self.runner.run(&argv, None, MOUNT_TIMEOUT)?.check(&argv)?;
+        parse_mount_p_under(&out.stdout, root)
     }
 
     fn mount_nullfs(&self, source: &Path, root: &Path, target: &Path) -> Result<(), MountError> {
@@ -230,23 +241,68 @@ fn utf8(path: &Path) -> Result<&str, MountError> {
 /// Keel's own sources and mount points are validated paths without spaces.
 /// A line with fewer fields, or a non-numeric dump/pass, is a format error.
 pub fn parse_mount_p(text: &str) -> Result<Vec<MountEntry>, MountError> {
+    parse_mount_p_where(text, |_| true)
+}
+
+/// [`parse_mount_p`] keeping only the mounts at or below `root`. The text is
+/// searched for `root` (a substring search, not a split of every line), and
+/// only the lines it occurs in are parsed and checked: another jail's lines
+/// cost a scan of their bytes, nothing else, and a malformed one is left to
+/// the pass's [`parse_mount_p`] to report.
+pub fn parse_mount_p_under(text: &str, root: &Path) -> Result<Vec<MountEntry>, MountError> {
+    let prefix = root.to_string_lossy();
     let mut entries = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() > 6 {
+    if prefix.is_empty() {
+        return Ok(entries);
+    }
+    let mut next_line = 0;
+    for (at, _) in text.match_indices(&*prefix) {
+        if at < next_line {
+            // The root again on a line already parsed (as source and target).
             continue;
         }
-        let [device, mountpoint, fstype, options, dump, pass] = fields[..] else {
+        let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+        let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+        next_line = end;
+        entries.extend(parse_mount_p_where(&text[start..end], |mountpoint| {
+            Path::new(mountpoint).starts_with(root)
+        })?);
+    }
+    Ok(entries)
+}
+
+fn parse_mount_p_where(
+    text: &str,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<MountEntry>, MountError> {
+    let mut entries = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut fields = [""; 6];
+        let mut count = 0;
+        for field in line.split_whitespace() {
+            if let Some(slot) = fields.get_mut(count) {
+                *slot = field;
+            }
+            count += 1;
+        }
+        if count > 6 {
+            continue;
+        }
+        let [device, mountpoint, fstype, options, dump, pass] = fields;
+        if count < 6 {
             return Err(MountError::Parse(format!(
                 "expected `device mountpoint fstype options dump pass`, got `{}`",
                 line.trim()
             )));
-        };
+        }
         if !dump.bytes().all(|b| b.is_ascii_digit()) || !pass.bytes().all(|b| b.is_ascii_digit()) {
             return Err(MountError::Parse(format!(
                 "dump and pass must be numbers in `{}`",
                 line.trim()
             )));
+        }
+        if !keep(mountpoint) {
+            continue;
         }
         entries.push(MountEntry {
             source: PathBuf::from(device),
@@ -310,6 +366,15 @@ impl MountManager for FakeMounts {
     fn list(&self) -> Result<Vec<MountEntry>, MountError> {
         self.injected("list", "")?;
         Ok(self.mounts())
+    }
+
+    fn list_under(&self, root: &Path) -> Result<Vec<MountEntry>, MountError> {
+        self.injected("list", "")?;
+        Ok(lock(&self.mounts)
+            .iter()
+            .filter(|m| m.target.starts_with(root))
+            .cloned()
+            .collect())
     }
 
     fn mount_nullfs(&self, source: &Path, _root: &Path, target: &Path) -> Result<(), MountError> {
@@ -424,6 +489,46 @@ mod tests {
         assert!(parse_mount_p("/a /b nullfs\n").is_err());
         assert!(parse_mount_p("/a /b nullfs rw x y\n").is_err());
         assert_eq!(parse_mount_p("\n").expect("empty"), vec![]);
+    }
+
+    #[test]
+    fn mount_p_under_keeps_one_root_and_still_checks_every_line() {
+        let text = "/v/a /jails/web/data nullfs rw 0 0\n\
+                    /v/b /jails/web-10/data nullfs rw 0 0\n\
+                    /v/c /jails/web nullfs rw 0 0\n";
+        let root = Path::new("/jails/web");
+        let kept: Vec<PathBuf> = parse_mount_p_under(text, root)
+            .expect("parses")
+            .into_iter()
+            .map(|m| m.target)
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                PathBuf::from("/jails/web/data"),
+                PathBuf::from("/jails/web")
+            ]
+        );
+        let broken = "/v/b /jails/web/x nullfs rw 0\n";
+        assert!(
+            parse_mount_p_under(broken, root).is_err(),
+            "a line of the root is checked"
+        );
+        let elsewhere = "/v/b /jails/other nullfs rw 0\n";
+        assert_eq!(parse_mount_p_under(elsewhere, root), Ok(vec![]));
+    }
+
+    #[test]
+    fn fake_list_under_keeps_only_one_root() {
+        let mounts = FakeMounts::new(CallLog::new(), Faults::default());
+        for target in ["/jails/web/data", "/jails/web-10/data"] {
+            mounts
+                .mount_nullfs(Path::new("/v"), Path::new("/jails"), Path::new(target))
+                .expect("mounts");
+        }
+        let under = mounts.list_under(Path::new("/jails/web")).expect("lists");
+        assert_eq!(under.len(), 1);
+        assert_eq!(under[0].target, PathBuf::from("/jails/web/data"));
     }
 
     proptest! {

@@ -85,6 +85,10 @@ impl From<CmdError> for NetError {
 pub trait NetManager: Send {
     /// Names of every interface on the host, in one call (`ifconfig -l`).
     fn list_interfaces(&self) -> Result<Vec<String>, NetError>;
+    /// Those of `names` that are on the host, in the order of `names`. What
+    /// an apply observes (the bridge, its jail's epair): only these names
+    /// are kept, so what it holds does not follow the number of interfaces.
+    fn find_interfaces(&self, names: &[&str]) -> Result<Vec<String>, NetError>;
     /// Creates the bridge if missing and gives it `gateway` (address/prefix,
     /// e.g. 10.20.3.1/24); idempotent.
     fn ensure_bridge(&self, bridge: &str, gateway: Ipv4Net) -> Result<(), NetError>;
@@ -192,8 +196,22 @@ impl<R: CommandRunner> NetManager for FreeBsdNet<R> {
         Ok(out.stdout.split_whitespace().map(str::to_string).collect())
     }
 
+    /// Still one `ifconfig -l`, searched for each of `names` ([`lists_word`]).
+    /// ifconfig(8) can name one interface (`ifconfig IFACE`, exit 1 and
+    /// `interface IFACE does not exist` when absent), but that is a process
+    /// per name and prints its whole configuration; three processes cost a
+    /// real host more than scanning the names of one.
+    fn find_interfaces(&self, names: &[&str]) -> Result<Vec<String>, NetError> {
+        let out = self.ifconfig_ok(&["-l"])?;
+        Ok(names
+            .iter()
+            .filter(|n| lists_word(&out.stdout, n))
+            .map(|n| n.to_string())
+            .collect())
+    }
+
     fn ensure_bridge(&self, bridge: &str, gateway: Ipv4Net) -> Result<(), NetError> {
-        let has_gateway = if self.list_interfaces()?.iter().any(|i| i == bridge) {
+        let has_gateway = if !self.find_interfaces(&[bridge])?.is_empty() {
             self.list_addresses(bridge)?.contains(&gateway.addr())
         } else {
             // A bridge created a moment ago has no address to look for.
@@ -214,11 +232,8 @@ impl<R: CommandRunner> NetManager for FreeBsdNet<R> {
         };
         // Either name on the host is the leftover of a crash between create and
         // jail start (or of a failed cleanup); destroying one end removes both.
-        let existing = self.list_interfaces()?;
-        if let Some(leftover) = [&epair.host, &epair.jail]
-            .into_iter()
-            .find(|n| existing.contains(n))
-        {
+        let existing = self.find_interfaces(&[&epair.host, &epair.jail])?;
+        if let Some(leftover) = existing.first() {
             self.destroy(leftover)?;
         }
         let out = self.ifconfig_ok(&["epair", "create"])?;
@@ -316,6 +331,17 @@ impl<R: CommandRunner> NetManager for FreeBsdNet<R> {
 
 /// argv of `program` followed by `args`. Command paths come from keel.toml,
 /// which is UTF-8, so the lossy conversion never changes them.
+/// True when `word` occurs in `text` delimited by whitespace or the ends:
+/// a substring search per name, instead of splitting every name listed.
+fn lists_word(text: &str, word: &str) -> bool {
+    !word.is_empty()
+        && text.match_indices(word).any(|(at, _)| {
+            let before = text[..at].chars().next_back();
+            let after = text[at + word.len()..].chars().next();
+            before.is_none_or(char::is_whitespace) && after.is_none_or(char::is_whitespace)
+        })
+}
+
 fn command(program: &std::path::Path, args: &[&str]) -> Vec<String> {
     let program = program.to_string_lossy();
     argv(&[&[program.as_ref()], args].concat())
@@ -582,6 +608,16 @@ impl NetManager for FakeNet {
         Ok(self.interfaces())
     }
 
+    fn find_interfaces(&self, names: &[&str]) -> Result<Vec<String>, NetError> {
+        self.fault("find_interfaces", "")?;
+        let st = lock(&self.state);
+        Ok(names
+            .iter()
+            .filter(|n| st.interfaces.contains(**n) && !st.away.contains_key(**n))
+            .map(|n| n.to_string())
+            .collect())
+    }
+
     fn ensure_bridge(&self, bridge: &str, gateway: Ipv4Net) -> Result<(), NetError> {
         self.fault("ensure_bridge", bridge)?;
         let mut st = lock(&self.state);
@@ -792,6 +828,29 @@ mod tests {
                 "net.detach web-1",
                 "net.detach web-1"
             ]
+        );
+    }
+
+    #[test]
+    fn a_listed_word_is_a_whole_name_only() {
+        let text = "em0 lo0 kh_web-10 keel0 kh_web-1\n";
+        assert!(lists_word(text, "kh_web-1"));
+        assert!(lists_word(text, "em0"));
+        assert!(!lists_word(text, "kh_web"));
+        assert!(!lists_word(text, "eel0"));
+        assert!(!lists_word(text, ""));
+    }
+
+    #[test]
+    fn fake_find_interfaces_leaves_out_what_is_in_a_vnet_or_absent() {
+        let net = FakeNet::new(CallLog::new(), Faults::default());
+        net.add_interface("keel0");
+        net.attach("keel0", "web-1").expect("attached");
+        net.enter_vnet("web-1");
+        assert_eq!(
+            net.find_interfaces(&["kh_web-1", "kj_web-1", "kh_db-0"])
+                .expect("found"),
+            ["kh_web-1"]
         );
     }
 

@@ -642,29 +642,59 @@ impl HostState {
     }
 
     fn jls(&self, args: &[&str]) -> Option<CmdOutput> {
-        if args != ["-h", "name", "jid", "path"] {
-            return None;
-        }
         let mut out = String::from("name jid path\n");
-        let mut jails: Vec<(&String, &Jail)> = self.jails.iter().collect();
-        jails.sort_by_key(|(_, j)| j.jid);
-        for (name, j) in jails {
-            let _ = writeln!(out, "{name} {} {}", j.jid, j.path.display());
+        match args {
+            ["-h", "name", "jid", "path"] => {
+                let mut jails: Vec<(&String, &Jail)> = self.jails.iter().collect();
+                jails.sort_by_key(|(_, j)| j.jid);
+                for (name, j) in jails {
+                    let _ = writeln!(out, "{name} {} {}", j.jid, j.path.display());
+                }
+                ok(out)
+            }
+            // jls.c prints the header before it asks for the jail.
+            ["-j", name, "-h", "name", "jid", "path"] => match self.jails.get(*name) {
+                Some(j) => {
+                    let _ = writeln!(out, "{name} {} {}", j.jid, j.path.display());
+                    ok(out)
+                }
+                None => Some(CmdOutput {
+                    status: 1,
+                    stdout: out,
+                    stderr: format!("jls: jail \"{name}\" not found\n"),
+                }),
+            },
+            _ => None,
         }
-        ok(out)
     }
 
     fn ps(&self, args: &[&str]) -> Option<CmdOutput> {
-        if args != ["-a", "-x", "-o", "jid="] {
-            return None;
-        }
-        let mut out = "    0\n".repeat(HOST_PROCESSES);
-        for j in self.jails.values() {
-            for _ in 0..j.processes {
-                let _ = writeln!(out, "{:>5}", j.jid);
+        match args {
+            ["-a", "-x", "-o", "jid="] => {
+                let mut out = "    0\n".repeat(HOST_PROCESSES);
+                for j in self.jails.values() {
+                    for _ in 0..j.processes {
+                        let _ = writeln!(out, "{:>5}", j.jid);
+                    }
+                }
+                ok(out)
             }
+            ["-x", "-o", "jid=", "-J", jid] => {
+                let Some(j) = self.jails.values().find(|j| j.jid.to_string() == *jid) else {
+                    return fail(format!("ps: Invalid jail id: {jid}"));
+                };
+                // ps.c exits 1, printing nothing, when no process matched.
+                if j.processes == 0 {
+                    return Some(CmdOutput {
+                        status: 1,
+                        stdout: String::new(),
+                        stderr: String::new(),
+                    });
+                }
+                ok(format!("{:>5}\n", j.jid).repeat(j.processes))
+            }
+            _ => None,
         }
-        ok(out)
     }
 
     fn jexec(&self, args: &[&str]) -> Option<CmdOutput> {
@@ -761,6 +791,16 @@ impl HostState {
                 "-r",
                 root,
             ] => self.zfs_list(root),
+            [
+                "list",
+                "-H",
+                "-p",
+                "-o",
+                "name,used,quota,mountpoint",
+                "-t",
+                "filesystem",
+                names @ ..,
+            ] if !names.is_empty() && !names[0].starts_with('-') => self.zfs_list_named(names),
             ["list", "-H", "-o", "name", dataset] => {
                 if self.datasets.contains_key(*dataset) || self.snapshots.contains(*dataset) {
                     ok(format!("{dataset}\n"))
@@ -838,18 +878,35 @@ impl HostState {
             if name != root && !name.starts_with(&prefix) {
                 continue;
             }
-            let mountpoint = d
-                .mountpoint
-                .as_ref()
-                .map_or_else(|| "none".to_string(), |m| m.display().to_string());
-            let _ = writeln!(
-                out,
-                "{name}\t{}\t{}\t{mountpoint}",
-                d.used,
-                d.quota.unwrap_or(0)
-            );
+            list_line(&mut out, name, d);
         }
         ok(out)
+    }
+
+    /// zfs_for_each: the datasets it could open, sorted by name, and exit 1
+    /// with libzfs's message for each name it could not.
+    fn zfs_list_named(&self, names: &[&str]) -> Option<CmdOutput> {
+        let mut found: Vec<&str> = Vec::new();
+        let mut stderr = String::new();
+        for name in names {
+            if self.datasets.contains_key(*name) {
+                found.push(name);
+            } else {
+                let _ = writeln!(stderr, "cannot open '{name}': dataset does not exist");
+            }
+        }
+        found.sort_unstable();
+        found.dedup();
+        let mut out = String::new();
+        for name in found {
+            let d = &self.datasets[name];
+            list_line(&mut out, name, d);
+        }
+        Some(CmdOutput {
+            status: i32::from(!stderr.is_empty()),
+            stdout: out,
+            stderr,
+        })
     }
 
     fn zfs_destroy(&mut self, dataset: &str, recursive: bool) -> Option<CmdOutput> {
@@ -1266,6 +1323,20 @@ impl HostState {
             _ => None,
         }
     }
+}
+
+/// One line of `zfs list -H -p -o name,used,quota,mountpoint`.
+fn list_line(out: &mut String, name: &str, d: &Dataset) {
+    let mountpoint = d
+        .mountpoint
+        .as_ref()
+        .map_or_else(|| "none".to_string(), |m| m.display().to_string());
+    let _ = writeln!(
+        out,
+        "{name}\t{}\t{}\t{mountpoint}",
+        d.used,
+        d.quota.unwrap_or(0)
+    );
 }
 
 fn missing(dataset: &str) -> Option<CmdOutput> {

@@ -161,6 +161,11 @@ pub trait ZfsManager: Send {
     fn layout(&self) -> &ZfsLayout;
     /// Every dataset under `{pool}/keel`, in one `zfs list`.
     fn list(&self) -> Result<Vec<Dataset>, ZfsError>;
+    /// The filesystems among `names` that exist, as [`ZfsManager::list`]
+    /// shows them (in any order); an absent one is left out, not an error.
+    /// What an apply observes: one `zfs list` naming its jail's datasets, so
+    /// its cost does not follow the number of datasets on the pool.
+    fn list_named(&self, names: &[String]) -> Result<Vec<Dataset>, ZfsError>;
     /// True when `dataset` exists.
     fn dataset_exists(&self, dataset: &str) -> Result<bool, ZfsError>;
     /// Clones the base snapshot into the jail's rootfs; returns its mountpoint.
@@ -274,6 +279,18 @@ impl<R: CommandRunner> FreeBsdZfs<R> {
 
 const MISSING: &str = "dataset does not exist";
 
+/// The `zfs list` both observations run, before `-r ROOT` or the names: the
+/// fields [`parse_zfs_list`] reads, without header, in exact bytes.
+const LIST_FILESYSTEMS: [&str; 7] = [
+    "list",
+    "-H",
+    "-p",
+    "-o",
+    "name,used,quota,mountpoint",
+    "-t",
+    "filesystem",
+];
+
 fn says(e: &CmdError, text: &str) -> bool {
     matches!(e, CmdError::Failed { stderr, .. } if stderr.contains(text))
 }
@@ -331,22 +348,42 @@ impl<R: CommandRunner> ZfsManager for FreeBsdZfs<R> {
 
     fn list(&self) -> Result<Vec<Dataset>, ZfsError> {
         let root = format!("{}/keel", self.layout.pool);
-        let argv = self.zfs(&[
-            "list",
-            "-H",
-            "-p",
-            "-o",
-            "name,used,quota,mountpoint",
-            "-t",
-            "filesystem",
-            "-r",
-            &root,
-        ]);
+        let argv = self.zfs(&[LIST_FILESYSTEMS.as_slice(), &["-r", &root]].concat());
         match self.run(&argv)?.check(&argv) {
             Ok(out) => parse_zfs_list(&out.stdout).map_err(ZfsError::Parse),
             Err(e) if says(&e, MISSING) => Err(ZfsError::NotFound(root)),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// `zfs list -H -p -o name,used,quota,mountpoint -t filesystem NAME...`:
+    /// the rootfs and the volumes of one jail live under different parents
+    /// (`jails/`, `volumes/`), so `-r` of one dataset cannot hold them all,
+    /// while zfs(8) takes several names. zfs_main.c's `zfs_for_each` opens
+    /// each name, lists those it could and exits 1 when one could not, after
+    /// libzfs printed `cannot open 'NAME': dataset does not exist`: such an
+    /// exit is success with that name absent; any other message is an error.
+    fn list_named(&self, names: &[String]) -> Result<Vec<Dataset>, ZfsError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut args = LIST_FILESYSTEMS.to_vec();
+        args.extend(names.iter().map(String::as_str));
+        let argv = self.zfs(&args);
+        let out = self.run(&argv)?;
+        let only_absent = out.status == 1
+            && !out.stderr.trim().is_empty()
+            && out
+                .stderr
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .all(|l| {
+                    names
+                        .iter()
+                        .any(|n| l.trim() == format!("cannot open '{n}': {MISSING}"))
+                });
+        let out = if only_absent { out } else { out.check(&argv)? };
+        parse_zfs_list(&out.stdout).map_err(ZfsError::Parse)
     }
 
     fn dataset_exists(&self, dataset: &str) -> Result<bool, ZfsError> {
@@ -587,6 +624,20 @@ impl ZfsManager for FakeZfs {
             ));
         }
         Ok(lock(&self.state).datasets.values().cloned().collect())
+    }
+
+    fn list_named(&self, names: &[String]) -> Result<Vec<Dataset>, ZfsError> {
+        if self.faults.should_fail("list_named", "zfs") {
+            return Err(FakeZfs::failed(
+                format!("zfs list {}", names.join(" ")),
+                "internal error: injected failure",
+            ));
+        }
+        let st = lock(&self.state);
+        Ok(names
+            .iter()
+            .filter_map(|n| st.datasets.get(n).cloned())
+            .collect())
     }
 
     fn dataset_exists(&self, dataset: &str) -> Result<bool, ZfsError> {
@@ -857,5 +908,16 @@ mod tests {
                 "zroot/keel/jails/web-1"
             ]
         );
+    }
+
+    #[test]
+    fn fake_list_named_leaves_out_the_absent() {
+        let zfs = FakeZfs::with_bases(&["14.2-RELEASE"]);
+        zfs.create_volume("data", Some(1 << 30)).expect("volume");
+        let names = ["zroot/keel/volumes/data", "zroot/keel/jails/web-1"].map(String::from);
+        let listed = zfs.list_named(&names).expect("lists");
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].name, "zroot/keel/volumes/data");
+        assert_eq!(listed[0].quota, Some(1 << 30));
     }
 }

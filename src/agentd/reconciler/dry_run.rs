@@ -10,7 +10,7 @@
 //!
 //! - Its commands go to a [`ScriptedHost`], never to the machine. The
 //!   scripted host is seeded from what the live seams observe (the read-only
-//!   batch every apply starts with: jails and whether they run, datasets with
+//!   batch a pass starts with: jails and whether they run, datasets with
 //!   quotas and use, nullfs mounts, interfaces, and whether the spec's base
 //!   snapshot exists), so the same code works on FreeBSD and in simulate mode,
 //!   where the host has no FreeBSD commands to pass reads through to. Passing
@@ -29,7 +29,8 @@
 //!   not commands.
 //!
 //! It runs on the worker as one command, like an apply: the observation is the
-//! apply's own batch, and the rest is in memory. Running it off the worker on
+//! pass's batch (the second reconciler's apply then reads its own jail from
+//! the scripted host, as a real apply does), and the rest is in memory. Running it off the worker on
 //! a published snapshot would need a copy of the seams; one worker command
 //! keeps the observation and the record in step without that.
 //!

@@ -435,6 +435,22 @@ impl JailRuntime for SimJails {
         Ok(out)
     }
 
+    /// The jail `name` from the table, as [`SimJails::list`] shows it.
+    fn get(&self, name: &str) -> Result<Option<ObservedJail>, JailError> {
+        let mut table = lock(&self.table);
+        let Some(jail) = table.jails.get_mut(name) else {
+            return Ok(None);
+        };
+        let running = self.leader(name, jail) == Leader::Running;
+        Ok(Some(ObservedJail {
+            name: name.to_string(),
+            jid: jail.record.pid,
+            path: jail.record.path.clone(),
+            running,
+            exit_status: jail.exit_status,
+        }))
+    }
+
     /// Spawns exec.start (see the module docs) with `KEEL_JAIL_NAME` and
     /// `KEEL_JAIL_ADDRESS` (empty without a network) added to the jail's
     /// environment, creating the jail's directory if missing.

@@ -131,6 +131,12 @@ impl MountManager for SimMounts {
     /// source on the same target is refused (simulated mounts do not stack).
     /// The target's parents below `root` must be real directories, as on
     /// FreeBSD (the target itself is this simulation's mount link).
+    fn list_under(&self, root: &Path) -> Result<Vec<MountEntry>, MountError> {
+        let mut mounts = self.list()?;
+        mounts.retain(|m| m.target.starts_with(root));
+        Ok(mounts)
+    }
+
     fn mount_nullfs(&self, source: &Path, root: &Path, target: &Path) -> Result<(), MountError> {
         if let Some(parent) = target.parent()
             && parent.starts_with(root)

@@ -65,6 +65,15 @@ impl NetManager for SimNet {
         Ok(lock(&self.state).interfaces.iter().cloned().collect())
     }
 
+    fn find_interfaces(&self, names: &[&str]) -> Result<Vec<String>, NetError> {
+        let st = lock(&self.state);
+        Ok(names
+            .iter()
+            .filter(|n| st.interfaces.contains(**n))
+            .map(|n| n.to_string())
+            .collect())
+    }
+
     fn ensure_bridge(&self, bridge: &str, gateway: Ipv4Net) -> Result<(), NetError> {
         self.change(|st| {
             st.interfaces.insert(bridge.to_string());
@@ -169,6 +178,20 @@ mod tests {
                 .list_interfaces()
                 .expect("list")
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn find_interfaces_keeps_the_names_on_the_host_in_the_order_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let net = SimNet::new(dir.path()).expect("opens");
+        net.ensure_bridge("keel0", "10.20.3.1/24".parse().expect("net"))
+            .expect("bridge");
+        net.attach("keel0", "web-1").expect("attached");
+        assert_eq!(
+            net.find_interfaces(&["kj_web-1", "kh_db-0", "keel0"])
+                .expect("found"),
+            ["kj_web-1", "keel0"]
         );
     }
 }

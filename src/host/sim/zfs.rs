@@ -199,6 +199,43 @@ impl ZfsManager for SimZfs {
         Ok(out)
     }
 
+    /// The rootfs and volume datasets among `names` whose directory is
+    /// there, as [`SimZfs::list`] shows them; anything else is absent.
+    fn list_named(&self, names: &[String]) -> Result<Vec<Dataset>, ZfsError> {
+        let jails = self.layout.rootfs_dataset("");
+        let volumes = self.layout.volume_dataset("");
+        let quotas = lock(&self.quotas).clone();
+        let mut out = Vec::new();
+        for name in names {
+            let (path, quota) = if let Some(jail) = name.strip_prefix(&jails) {
+                (
+                    is_plain_name(jail).then(|| self.layout.rootfs_path(jail)),
+                    None,
+                )
+            } else if let Some(volume) = name.strip_prefix(&volumes) {
+                (
+                    is_plain_name(volume).then(|| self.layout.volume_path(volume)),
+                    quotas.get(volume).copied(),
+                )
+            } else {
+                (None, None)
+            };
+            // A link or a file in a dataset's place is no dataset, as in `list`.
+            let Some(path) =
+                path.filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()))
+            else {
+                continue;
+            };
+            out.push(Dataset {
+                name: name.clone(),
+                used: used_bytes(&path),
+                quota,
+                mountpoint: Some(path),
+            });
+        }
+        Ok(out)
+    }
+
     /// The pool, `{pool}/keel`, its three parents and every base snapshot
     /// exist; rootfs and volume datasets exist while their directory does.
     fn dataset_exists(&self, dataset: &str) -> Result<bool, ZfsError> {
