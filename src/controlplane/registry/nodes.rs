@@ -182,11 +182,7 @@ impl Cluster {
             response: HeartbeatResponse {
                 peers: changed,
                 stale,
-                services: if endpoints_unchanged {
-                    Vec::new()
-                } else {
-                    services.as_ref().clone()
-                },
+                services: Vec::new(),
                 peers_version: Some(self.peers_version),
                 peers_unchanged: unchanged,
                 endpoints_generation: Some(generation),
@@ -196,6 +192,7 @@ impl Cluster {
                 endpoints_unchanged,
             },
             peers: full_list.then(|| self.peer_list()),
+            services: (!endpoints_unchanged).then_some(services),
         })
     }
 

@@ -377,6 +377,46 @@ fn an_agent_holding_the_current_endpoint_table_is_not_sent_it_again() {
 }
 
 #[test]
+fn an_answer_splices_the_peer_list_and_the_shared_endpoint_table_beside_stale_jails() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    c.put_service("web", &service(2, 80, "d", false), t0)
+        .expect("service");
+    // The full list, a stale jail (placed nowhere) and the table together.
+    let req = HeartbeatRequest {
+        peer_changes: true,
+        ..placed_req(&[("ghost", 7)])
+    };
+    let first = c.heartbeat("a", &req, t0).expect("heartbeat");
+    let resp = decode(&first, "a");
+    assert_eq!(ids(&resp.peers), ["b"]);
+    assert_eq!(resp.stale, ["ghost"]);
+    assert_eq!(resp.services.len(), 1);
+    assert_eq!(resp.services[0].name, "web");
+    assert!(resp.peers_changed.is_none() && !resp.endpoints_unchanged);
+
+    // Only the changed peer, with the table of the same generation, which
+    // every answer shares instead of copying it.
+    register(&mut c, "c", 3, t0);
+    let req = HeartbeatRequest {
+        peer_changes: true,
+        peers_version: resp.peers_version,
+        ..placed_req(&[])
+    };
+    let second = c.heartbeat("a", &req, t0).expect("heartbeat");
+    let changed = decode(&second, "a");
+    assert_eq!(changed.peers_changed, resp.peers_version);
+    assert_eq!(ids(&changed.peers), ["c"]);
+    assert!(changed.stale.is_empty());
+    assert_eq!(changed.services, resp.services);
+    assert_eq!(changed.endpoints_generation, resp.endpoints_generation);
+    let shared = |a: &HeartbeatAnswer| a.services.clone().expect("the table is sent");
+    assert!(Arc::ptr_eq(&shared(&first), &shared(&second)));
+}
+
+#[test]
 fn liveness_boundaries() {
     let t0 = Instant::now();
     let mut c = cluster();
