@@ -18,7 +18,8 @@
 //!    placed (name, epoch, running, ready, an address of its subnet),
 //!    committed resources from them, the peer list version and endpoint
 //!    table stamp of the previous answer (kept as `PeerCache` and
-//!    `EndpointCache` keep them), `peer_changes`; stale jails named in an
+//!    `EndpointCache` keep them), `peer_changes` and `endpoint_changes`;
+//!    stale jails named in an
 //!    answer are deleted from the agent;
 //! 4. 1,000 services with 3 replicas each (`KEEL_BENCH_SERVICES`) are
 //!    created through `PUT /services/{name}` by 32 concurrent clients while
@@ -701,6 +702,8 @@ struct AnswerHead {
     endpoints_origin: Option<u64>,
     #[serde(default)]
     endpoints_unchanged: bool,
+    #[serde(default)]
+    services_changed: Option<u64>,
 }
 
 /// Simulated agents heartbeating the way `agentd::cluster` does: placed
@@ -795,6 +798,7 @@ impl Fleet {
                 peer_changes: true,
                 endpoints_held: node.endpoints,
                 events_seq: Some(0),
+                endpoint_changes: true,
             })
             .map_err(|e| e.to_string())?
         };
@@ -830,6 +834,11 @@ impl Fleet {
                 .map(|(origin, generation)| EndpointsStamp { origin, generation });
             node.endpoints = if a.endpoints_unchanged {
                 node.endpoints.filter(|held| Some(*held) == stamp)
+            } else if let Some(since) = a.services_changed {
+                stamp.filter(|s| {
+                    node.endpoints
+                        .is_some_and(|h| h.origin == s.origin && h.generation == since)
+                })
             } else {
                 stamp
             };

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use keel::common::auth::{self, Signer};
 use keel::common::http::{
-    ClientResponse, Request, Response, Server, ServerLimits, ShutdownSignal, read_response,
+    ClientResponse, Peer, Request, Response, Server, ServerLimits, ShutdownSignal, read_response,
 };
 use keel::common::wire::{
     COMMITTED_HEADER, EPOCH_HEADER, HeartbeatRequest, Resources, format_committed,
@@ -88,14 +88,14 @@ pub fn open_fds(pid: u32) -> Option<u64> {
 // ------------------------------------------------------ simulated agents
 
 /// In-process agents: answer `PUT` and `DELETE /jails/{name}` with 200,
-/// verify nothing, count both. Each listener keeps the jails it was sent,
+/// verify nothing, count both. Each agent keeps the jails it was sent,
 /// with the epoch of their last `PUT`, as one node would.
 pub struct Agents {
     pub addrs: Vec<SocketAddr>,
     pub puts: Arc<AtomicU64>,
     pub deletes: Arc<AtomicU64>,
-    /// Listener `k`'s jails and their epochs (0 when a `PUT` carried
-    /// none).
+    /// The jails of the agent at `addrs[k]` and their epochs (0 when a
+    /// `PUT` carried none).
     pub jails: Arc<Vec<Mutex<BTreeMap<String, u64>>>>,
     pub shutdown: ShutdownSignal,
     pub threads: Vec<JoinHandle<()>>,
@@ -107,39 +107,67 @@ impl Agents {
         Agents::spawn(count, false)
     }
 
-    /// `count` listeners, one per simulated node: each `PUT` answer also
-    /// carries the node's committed resources (`X-Keel-Committed`,
-    /// [`JAIL_CPU`] and [`JAIL_MEMORY`] per jail it holds), as a real
-    /// agent's does, so the scheduler spreads a burst of applies.
+    /// Agents for `count` simulated nodes, each with its own address (node
+    /// `i` is [`node_addr`]`(i)`, on one of a few listeners): each `PUT`
+    /// answer also carries the node's committed resources
+    /// (`X-Keel-Committed`, [`JAIL_CPU`] and [`JAIL_MEMORY`] per jail it
+    /// holds), as a real agent's does, so the scheduler spreads a burst of
+    /// applies.
     pub fn per_node(count: usize) -> Result<Agents, String> {
         Agents::spawn(count, true)
     }
 
-    fn spawn(count: usize, committed: bool) -> Result<Agents, String> {
+    fn spawn(count: usize, per_node: bool) -> Result<Agents, String> {
         let puts = Arc::new(AtomicU64::new(0));
         let deletes = Arc::new(AtomicU64::new(0));
-        let mut listeners = Vec::new();
-        let mut addrs = Vec::new();
-        for _ in 0..count {
-            let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-            addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
-            listeners.push(listener);
+        // Per node, the listeners take every address: 127.1.x.y reaches
+        // them only so (a listener per node is a thread per node, more than
+        // a process may have at 10,000). The handler refuses every peer
+        // that is not on loopback.
+        let (listeners, bind) = if per_node {
+            (PER_NODE_LISTENERS, "0.0.0.0:0")
+        } else {
+            (count, "127.0.0.1:0")
+        };
+        let mut bound = Vec::new();
+        for _ in 0..listeners {
+            bound.push(TcpListener::bind(bind).map_err(|e| e.to_string())?);
         }
-        // The request's Host names the listener it was sent to.
-        let by_port: HashMap<u16, usize> = addrs
+        let ports: Vec<u16> = bound
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        let addrs: Vec<SocketAddr> = if per_node {
+            (0..count)
+                .map(|i| SocketAddr::new(node_addr(i).into(), ports[i % ports.len()]))
+                .collect()
+        } else {
+            ports
+                .iter()
+                .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+                .collect()
+        };
+        // The request's Host names the node (or the listener) it was sent to.
+        let by_addr: HashMap<String, usize> = addrs
             .iter()
             .enumerate()
-            .map(|(k, a)| (a.port(), k))
+            .map(|(k, a)| (a.to_string(), k))
             .collect();
-        let jails: Arc<Vec<Mutex<BTreeMap<String, u64>>>> =
-            Arc::new((0..count).map(|_| Mutex::new(BTreeMap::new())).collect());
+        let jails: Arc<Vec<Mutex<BTreeMap<String, u64>>>> = Arc::new(
+            (0..addrs.len())
+                .map(|_| Mutex::new(BTreeMap::new()))
+                .collect(),
+        );
         let (counter, deleted) = (Arc::clone(&puts), Arc::clone(&deletes));
         let held = Arc::clone(&jails);
         let handler = move |req: Request| -> Response {
+            if !matches!(&req.peer, Peer::Tcp(a) if a.ip().is_loopback()) {
+                return Response::error(403, "simulated agent: loopback only", None);
+            }
             let agent = req
                 .header("Host")
-                .and_then(|h| h.rsplit_once(':'))
-                .and_then(|(_, port)| by_port.get(&port.parse().ok()?))
+                .and_then(|h| by_addr.get(h))
                 .map(|k| &held[*k]);
             match (req.method.as_str(), req.segments().as_slice()) {
                 ("PUT", ["jails", name]) => {
@@ -158,7 +186,7 @@ impl Agents {
                         200,
                         &serde_json::json!({ "name": name, "state": "Pending" }),
                     );
-                    match held.filter(|_| committed) {
+                    match held.filter(|_| per_node) {
                         Some(n) => answer.with_header(
                             COMMITTED_HEADER,
                             &format_committed(&Resources {
@@ -194,7 +222,7 @@ impl Agents {
         };
         let server = Server::new(Arc::new(handler), limits, shutdown.clone());
         let mut threads = Vec::new();
-        for listener in listeners {
+        for listener in bound {
             threads.push(server.serve_tcp(listener).map_err(|e| e.to_string())?);
         }
         Ok(Agents {
@@ -206,6 +234,16 @@ impl Agents {
             threads,
         })
     }
+}
+
+/// Listeners [`Agents::per_node`] serves every node from.
+pub const PER_NODE_LISTENERS: usize = 8;
+
+/// The loopback address of simulated node `i` of [`Agents::per_node`]
+/// (below 65,535 nodes).
+pub fn node_addr(i: usize) -> std::net::Ipv4Addr {
+    let n = (i + 1) as u32;
+    std::net::Ipv4Addr::new(127, 1, (n >> 8) as u8, n as u8)
 }
 
 impl Drop for Agents {
@@ -446,6 +484,7 @@ impl PacedLoad {
                         NO_VERSION => None,
                         v => Some(v),
                     },
+                    endpoint_changes: false,
                 })
                 .map_err(|e| e.to_string())?;
                 let path = format!("/nodes/{}/heartbeat", node_id(i));

@@ -31,11 +31,21 @@
 //! So each generation's table is shared as [`EncodedEndpoints`], encoded
 //! once, by the first answer that needs it, on a handler thread.
 //!
+//! Changes, not tables: even shared, 130 KB to every node after each change
+//! (a death changes the few services with replicas there) is most of a
+//! heartbeat's cost for a period. So each generation logs the services it
+//! changed ([`ENDPOINT_LOG_LEN`] generations at most), and an agent that
+//! applies changes (`HeartbeatRequest::endpoint_changes`) and holds a
+//! generation the log still reaches is answered only the entries changed
+//! or gone since ([`Cluster::endpoint_changes_since`]). An agent further
+//! behind, from another process, or behind by more than half the table
+//! gets the whole table.
+//!
 //! This file must never compute the table itself (that is
 //! [`super::services`], through [`Cluster::endpoints`]) nor decide liveness
 //! (that is [`super::liveness`]); it only compares, numbers and remembers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddrV4;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -44,6 +54,21 @@ use super::Cluster;
 use super::dirty::Marked;
 use super::peers::first_peers_version;
 use crate::common::wire::{Liveness, ServiceEndpoints};
+
+/// Generations whose changed services the log keeps: an agent further
+/// behind gets the whole table. A change is a few names; a period of churn
+/// is far fewer generations than this.
+pub const ENDPOINT_LOG_LEN: usize = 1024;
+
+/// The endpoint changes since a generation an agent holds: the entries
+/// added or changed, and the names of those gone.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct EndpointChanges {
+    /// The current entries of the services added or changed, in name order.
+    pub changed: Vec<ServiceEndpoints>,
+    /// The services gone, in name order.
+    pub removed: Vec<String>,
+}
 
 /// One generation's table, shared with the handler threads, and its JSON
 /// array once an answer needed it; see the module docs.
@@ -88,6 +113,12 @@ pub(super) struct PublishedEndpoints {
     by_name: BTreeMap<String, ServiceEndpoints>,
     /// The generation [`Cluster::refresh_endpoints`] last handed out.
     announced: u64,
+    /// The generation before the log's first entry: every generation from
+    /// it to `generation` can be answered with changes.
+    log_base: u64,
+    /// The services each generation after `log_base` changed, in order:
+    /// entry `i` made generation `log_base + 1 + i`.
+    log: VecDeque<Vec<String>>,
 }
 
 impl Cluster {
@@ -104,6 +135,8 @@ impl Cluster {
             encoded: EncodedEndpoints::new(Arc::clone(&services)),
             services,
             announced: 0,
+            log_base: 1,
+            log: VecDeque::new(),
         };
         // Built from scratch just now.
         self.take_endpoint_marks();
@@ -126,21 +159,27 @@ impl Cluster {
             }
             Marked::Only(names) => names.into_iter().collect(),
         };
-        let mut changed = false;
+        let mut changed = Vec::new();
         for name in names {
             self.dirty.work.endpoints_rebuilt += 1;
             let entry = self.service_endpoints(&name, now);
             if self.published.by_name.get(&name) == entry.as_ref() {
                 continue;
             }
-            changed = true;
             match entry {
-                Some(entry) => self.published.by_name.insert(name, entry),
+                Some(entry) => self.published.by_name.insert(name.clone(), entry),
                 None => self.published.by_name.remove(&name),
             };
+            changed.push(name);
         }
-        if !changed {
+        if changed.is_empty() {
             return false;
+        }
+        let p = &mut self.published;
+        p.log.push_back(changed);
+        if p.log.len() > ENDPOINT_LOG_LEN {
+            p.log.pop_front();
+            p.log_base += 1;
         }
         self.published.generation += 1;
         self.published.services = Arc::new(self.published.by_name.values().cloned().collect());
@@ -171,6 +210,31 @@ impl Cluster {
             self.published.generation,
             Arc::clone(&self.published.encoded),
         )
+    }
+
+    /// The entries changed and gone between generation `held` and the
+    /// current one; `None` when the log does not reach back to `held`, or
+    /// when more than half the table changed (the whole table, encoded
+    /// once per generation, is then cheaper). Call after
+    /// [`Cluster::current_endpoints`].
+    pub fn endpoint_changes_since(&self, held: u64) -> Option<EndpointChanges> {
+        let p = &self.published;
+        if held < p.log_base || held >= p.generation {
+            return None;
+        }
+        let skip = usize::try_from(held - p.log_base).ok()?;
+        let names: BTreeSet<&String> = p.log.iter().skip(skip).flatten().collect();
+        if names.len() * 2 > p.by_name.len().max(1) {
+            return None;
+        }
+        let mut changes = EndpointChanges::default();
+        for name in names {
+            match p.by_name.get(name) {
+                Some(entry) => changes.changed.push(entry.clone()),
+                None => changes.removed.push(name.clone()),
+            }
+        }
+        Some(changes)
     }
 
     /// The generation of the table last published, without recomputing.

@@ -173,6 +173,21 @@ impl Cluster {
                 origin: self.endpoints_origin(),
                 generation,
             });
+        let endpoint_changes = match req.endpoints_held {
+            Some(held)
+                if req.endpoint_changes
+                    && !endpoints_unchanged
+                    && held.origin == self.endpoints_origin() =>
+            {
+                self.endpoint_changes_since(held.generation)
+                    .map(|c| (held.generation, c))
+            }
+            _ => None,
+        };
+        let (services_changed, services_changed_only, services_removed) = match endpoint_changes {
+            Some((since, c)) => (Some(since), c.changed, c.removed),
+            None => (None, Vec::new(), Vec::new()),
+        };
         let full_list = !unchanged && changes.is_none();
         let (peers_changed, changed, removed) = match changes {
             Some(c) => (req.peers_version, c.changed, c.removed),
@@ -182,7 +197,7 @@ impl Cluster {
             response: HeartbeatResponse {
                 peers: changed,
                 stale,
-                services: Vec::new(),
+                services: services_changed_only,
                 peers_version: Some(self.peers_version),
                 peers_unchanged: unchanged,
                 endpoints_generation: Some(generation),
@@ -190,9 +205,11 @@ impl Cluster {
                 peers_changed,
                 peers_removed: removed,
                 endpoints_unchanged,
+                services_changed,
+                services_removed,
             },
             peers: full_list.then(|| self.peer_list()),
-            services: (!endpoints_unchanged).then_some(services),
+            services: (!endpoints_unchanged && services_changed.is_none()).then_some(services),
         })
     }
 
