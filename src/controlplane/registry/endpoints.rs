@@ -61,11 +61,13 @@ use crate::common::wire::{Liveness, ServiceEndpoints};
 pub const ENDPOINT_LOG_LEN: usize = 1024;
 
 /// The endpoint changes since a generation an agent holds: the entries
-/// added or changed, and the names of those gone.
-#[derive(Debug, Default, PartialEq, Eq)]
+/// added or changed (shared and encoded once, like a whole table: after a
+/// change most agents hold the same generation), and the names of those
+/// gone.
+#[derive(Debug, Default)]
 pub struct EndpointChanges {
     /// The current entries of the services added or changed, in name order.
-    pub changed: Vec<ServiceEndpoints>,
+    pub changed: Arc<EncodedEndpoints>,
     /// The services gone, in name order.
     pub removed: Vec<String>,
 }
@@ -119,6 +121,9 @@ pub(super) struct PublishedEndpoints {
     /// The services each generation after `log_base` changed, in order:
     /// entry `i` made generation `log_base + 1 + i`.
     log: VecDeque<Vec<String>>,
+    /// The changes to `generation` answered so far, by the generation they
+    /// start from; emptied with every new generation.
+    changes: BTreeMap<u64, Arc<EndpointChanges>>,
 }
 
 impl Cluster {
@@ -137,6 +142,7 @@ impl Cluster {
             announced: 0,
             log_base: 1,
             log: VecDeque::new(),
+            changes: BTreeMap::new(),
         };
         // Built from scratch just now.
         self.take_endpoint_marks();
@@ -182,6 +188,7 @@ impl Cluster {
             p.log_base += 1;
         }
         self.published.generation += 1;
+        self.published.changes.clear();
         self.published.services = Arc::new(self.published.by_name.values().cloned().collect());
         self.published.encoded = EncodedEndpoints::new(Arc::clone(&self.published.services));
         true
@@ -217,23 +224,32 @@ impl Cluster {
     /// when more than half the table changed (the whole table, encoded
     /// once per generation, is then cheaper). Call after
     /// [`Cluster::current_endpoints`].
-    pub fn endpoint_changes_since(&self, held: u64) -> Option<EndpointChanges> {
-        let p = &self.published;
+    pub fn endpoint_changes_since(&mut self, held: u64) -> Option<Arc<EndpointChanges>> {
+        let p = &mut self.published;
         if held < p.log_base || held >= p.generation {
             return None;
+        }
+        if let Some(done) = p.changes.get(&held) {
+            return Some(Arc::clone(done));
         }
         let skip = usize::try_from(held - p.log_base).ok()?;
         let names: BTreeSet<&String> = p.log.iter().skip(skip).flatten().collect();
         if names.len() * 2 > p.by_name.len().max(1) {
             return None;
         }
-        let mut changes = EndpointChanges::default();
+        let mut changed = Vec::new();
+        let mut removed = Vec::new();
         for name in names {
             match p.by_name.get(name) {
-                Some(entry) => changes.changed.push(entry.clone()),
-                None => changes.removed.push(name.clone()),
+                Some(entry) => changed.push(entry.clone()),
+                None => removed.push(name.clone()),
             }
         }
+        let changes = Arc::new(EndpointChanges {
+            changed: EncodedEndpoints::new(Arc::new(changed)),
+            removed,
+        });
+        p.changes.insert(held, Arc::clone(&changes));
         Some(changes)
     }
 

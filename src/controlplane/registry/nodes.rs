@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Cluster, HeartbeatAnswer, Refusal, Reported};
@@ -184,9 +185,9 @@ impl Cluster {
             }
             _ => None,
         };
-        let (services_changed, services_changed_only, services_removed) = match endpoint_changes {
-            Some((since, c)) => (Some(since), c.changed, c.removed),
-            None => (None, Vec::new(), Vec::new()),
+        let (services_changed, changed_services, services_removed) = match endpoint_changes {
+            Some((since, c)) => (Some(since), Some(Arc::clone(&c.changed)), c.removed.clone()),
+            None => (None, None, Vec::new()),
         };
         let full_list = !unchanged && changes.is_none();
         let (peers_changed, changed, removed) = match changes {
@@ -197,7 +198,7 @@ impl Cluster {
             response: HeartbeatResponse {
                 peers: changed,
                 stale,
-                services: services_changed_only,
+                services: Vec::new(),
                 peers_version: Some(self.peers_version),
                 peers_unchanged: unchanged,
                 endpoints_generation: Some(generation),
@@ -209,7 +210,11 @@ impl Cluster {
                 services_removed,
             },
             peers: full_list.then(|| self.peer_list()),
-            services: (!endpoints_unchanged && services_changed.is_none()).then_some(services),
+            // The whole table, or only what changed since the agent's.
+            services: match changed_services {
+                Some(changed) => Some(changed),
+                None => (!endpoints_unchanged).then_some(services),
+            },
         })
     }
 

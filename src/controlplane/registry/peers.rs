@@ -91,7 +91,8 @@ pub struct HeartbeatAnswer {
     pub response: HeartbeatResponse,
     /// Every node's entry, unless the agent's list is current.
     pub peers: Option<Arc<PeerListJson>>,
-    /// The endpoint table, unless the agent holds it.
+    /// The endpoint table, unless the agent holds it; or only the services
+    /// changed since the generation it holds (`response.services_changed`).
     pub services: Option<Arc<EncodedEndpoints>>,
 }
 

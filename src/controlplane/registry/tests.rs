@@ -455,6 +455,19 @@ fn an_agent_that_applies_endpoint_changes_gets_only_the_services_that_changed() 
     assert_eq!(delta.services_removed, ["db"]);
     assert!(!delta.endpoints_unchanged);
     assert_ne!(stamp(&delta), held);
+    // Every agent holding that generation is answered the same changes,
+    // encoded once.
+    let raw = |c: &mut Cluster| {
+        let req = HeartbeatRequest {
+            endpoints_held: held,
+            endpoint_changes: true,
+            ..placed_req(&[])
+        };
+        c.heartbeat("a", &req, t0).expect("heartbeat")
+    };
+    let (one, two) = (raw(&mut c), raw(&mut c));
+    let shared = |a: &HeartbeatAnswer| a.services.clone().expect("the changes are sent");
+    assert!(Arc::ptr_eq(&shared(&one), &shared(&two)));
     // The delta's generation is then current.
     assert!(beat(&mut c, stamp(&delta), true).endpoints_unchanged);
 
