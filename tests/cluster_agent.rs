@@ -98,6 +98,8 @@ impl FakeControlPlane {
                             services: vec![],
                             peers_version: st.peers_version,
                             peers_unchanged: unchanged,
+                            services_changed: None,
+                            services_removed: Vec::new(),
                         },
                     )
                 }

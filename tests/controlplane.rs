@@ -186,6 +186,7 @@ fn heartbeat(cp: &ControlPlane, node: &Signer, id: &str, cpu: f64) -> HeartbeatR
         jails: 0,
         placed: vec![],
         peers_version: None,
+        endpoint_changes: false,
     });
     let r = cp.call(Some(node), "POST", &format!("/nodes/{id}/heartbeat"), &body);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
@@ -567,6 +568,7 @@ fn the_endpoint_long_poll_answers_the_next_generation() {
         endpoints_generation: Some(current.generation),
         connections: Vec::new(),
         events_seq: None,
+        endpoint_changes: false,
     });
     let r = cp.call(Some(&node), "POST", "/nodes/node-a/heartbeat", &body);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));

@@ -498,6 +498,8 @@ impl AcceptingControlPlane {
                             services: vec![],
                             peers_version: None,
                             peers_unchanged: false,
+                            services_changed: None,
+                            services_removed: Vec::new(),
                         },
                     )
                 }

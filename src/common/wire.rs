@@ -220,6 +220,12 @@ pub struct HeartbeatRequest {
     /// events a watcher has not seen. `None` from an agent without events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub events_seq: Option<u64>,
+    /// This agent applies endpoint changes: when the control plane still
+    /// keeps the changes since the generation of `endpoints_held`, it
+    /// answers only those ([`HeartbeatResponse::services_changed`]).
+    /// False (an older agent): the whole table or "unchanged", as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub endpoint_changes: bool,
 }
 
 /// One endpoint table's identity: the control-plane process that numbered
@@ -325,7 +331,8 @@ pub struct HeartbeatResponse {
     /// (moved while it was Dead, or deleted): the agent deletes them.
     #[serde(default)]
     pub stale: Vec<String>,
-    /// Every service, for the node's proxy.
+    /// Every service, for the node's proxy (only the changed ones with
+    /// [`HeartbeatResponse::services_changed`]).
     #[serde(default)]
     pub services: Vec<ServiceEndpoints>,
     /// Identifies the current peer list (any change to a node's record or
@@ -361,6 +368,17 @@ pub struct HeartbeatResponse {
     /// `services` is then empty and the agent keeps the table it has.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub endpoints_unchanged: bool,
+    /// Set when the answer carries only the endpoint changes since this
+    /// generation (that of the request's `endpoints_held`, for a request
+    /// with `endpoint_changes`): `services` then holds the services added
+    /// or changed since, `services_removed` the names of those gone, and
+    /// the agent applies them to the table of that generation to get the
+    /// table of `endpoints_generation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services_changed: Option<u64>,
+    /// Names of the services gone since `services_changed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services_removed: Vec<String>,
 }
 
 /// Liveness of a node, computed on read from its last heartbeat.

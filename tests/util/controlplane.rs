@@ -344,6 +344,7 @@ impl FakeAgent {
             jails: 0,
             placed,
             peers_version: None,
+            endpoint_changes: false,
         })
         .expect("json");
         let r = cp

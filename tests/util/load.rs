@@ -1,9 +1,10 @@
 //! Load-generation plumbing shared by the control plane benchmark
 //! (`bench/controlplane.rs`, which includes this file with `#[path]`) and the
 //! soak (`tests/soak.rs`): keep-alive HTTP/1.1 clients that send hand-encoded
-//! (optionally signed) requests, a paced pool of simulated nodes'
-//! heartbeats, in-process simulated agents that accept every `PUT` and
-//! `DELETE /jails/{name}`, and readers of a process's CPU time, memory and
+//! (optionally signed) requests, the pacing of simulated nodes' heartbeats
+//! ([`pace`]) and a paced pool of them, in-process simulated agents that
+//! accept every `PUT` and `DELETE /jails/{name}` (noting each `PUT`'s
+//! placement epoch), and readers of a process's CPU time, memory and
 //! file descriptors in `/proc` (Linux).
 //!
 //! It measures and reports; it never asserts (its users decide what a
@@ -11,18 +12,21 @@
 
 #![allow(dead_code)]
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use keel::common::auth::{self, Signer};
 use keel::common::http::{
-    ClientResponse, Request, Response, Server, ServerLimits, ShutdownSignal, read_response,
+    ClientResponse, Peer, Request, Response, Server, ServerLimits, ShutdownSignal, read_response,
 };
-use keel::common::wire::{HeartbeatRequest, Resources};
+use keel::common::wire::{
+    COMMITTED_HEADER, EPOCH_HEADER, HeartbeatRequest, Resources, format_committed,
+};
 
 /// Bound on connecting and on each read and write.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -84,31 +88,120 @@ pub fn open_fds(pid: u32) -> Option<u64> {
 // ------------------------------------------------------ simulated agents
 
 /// In-process agents: answer `PUT` and `DELETE /jails/{name}` with 200,
-/// verify nothing, count both.
+/// verify nothing, count both. Each agent keeps the jails it was sent,
+/// with the epoch of their last `PUT`, as one node would.
 pub struct Agents {
     pub addrs: Vec<SocketAddr>,
     pub puts: Arc<AtomicU64>,
     pub deletes: Arc<AtomicU64>,
+    /// The jails of the agent at `addrs[k]` and their epochs (0 when a
+    /// `PUT` carried none).
+    pub jails: Arc<Vec<Mutex<BTreeMap<String, u64>>>>,
     pub shutdown: ShutdownSignal,
     pub threads: Vec<JoinHandle<()>>,
 }
 
 impl Agents {
+    /// `count` listeners answering nothing but the status.
     pub fn start(count: usize) -> Result<Agents, String> {
+        Agents::spawn(count, false)
+    }
+
+    /// Agents for `count` simulated nodes, each with its own address (node
+    /// `i` is [`node_addr`]`(i)`, on one of a few listeners): each `PUT`
+    /// answer also carries the node's committed resources
+    /// (`X-Keel-Committed`, [`JAIL_CPU`] and [`JAIL_MEMORY`] per jail it
+    /// holds), as a real agent's does, so the scheduler spreads a burst of
+    /// applies.
+    pub fn per_node(count: usize) -> Result<Agents, String> {
+        Agents::spawn(count, true)
+    }
+
+    fn spawn(count: usize, per_node: bool) -> Result<Agents, String> {
         let puts = Arc::new(AtomicU64::new(0));
         let deletes = Arc::new(AtomicU64::new(0));
+        // Per node, the listeners take every address: 127.1.x.y reaches
+        // them only so (a listener per node is a thread per node, more than
+        // a process may have at 10,000). The handler refuses every peer
+        // that is not on loopback.
+        let (listeners, bind) = if per_node {
+            (PER_NODE_LISTENERS, "0.0.0.0:0")
+        } else {
+            (count, "127.0.0.1:0")
+        };
+        let mut bound = Vec::new();
+        for _ in 0..listeners {
+            bound.push(TcpListener::bind(bind).map_err(|e| e.to_string())?);
+        }
+        let ports: Vec<u16> = bound
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        let addrs: Vec<SocketAddr> = if per_node {
+            (0..count)
+                .map(|i| SocketAddr::new(node_addr(i).into(), ports[i % ports.len()]))
+                .collect()
+        } else {
+            ports
+                .iter()
+                .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+                .collect()
+        };
+        // The request's Host names the node (or the listener) it was sent to.
+        let by_addr: HashMap<String, usize> = addrs
+            .iter()
+            .enumerate()
+            .map(|(k, a)| (a.to_string(), k))
+            .collect();
+        let jails: Arc<Vec<Mutex<BTreeMap<String, u64>>>> = Arc::new(
+            (0..addrs.len())
+                .map(|_| Mutex::new(BTreeMap::new()))
+                .collect(),
+        );
         let (counter, deleted) = (Arc::clone(&puts), Arc::clone(&deletes));
+        let held = Arc::clone(&jails);
         let handler = move |req: Request| -> Response {
+            if !matches!(&req.peer, Peer::Tcp(a) if a.ip().is_loopback()) {
+                return Response::error(403, "simulated agent: loopback only", None);
+            }
+            let agent = req
+                .header("Host")
+                .and_then(|h| by_addr.get(h))
+                .map(|k| &held[*k]);
             match (req.method.as_str(), req.segments().as_slice()) {
                 ("PUT", ["jails", name]) => {
                     counter.fetch_add(1, Ordering::Relaxed);
-                    Response::json(
+                    let epoch = req
+                        .header(EPOCH_HEADER)
+                        .and_then(|e| e.parse().ok())
+                        .unwrap_or(0);
+                    let held = agent.map(|m| {
+                        // A poisoned map is still a map of jails.
+                        let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
+                        g.insert(name.to_string(), epoch);
+                        g.len() as u64
+                    });
+                    let answer = Response::json(
                         200,
                         &serde_json::json!({ "name": name, "state": "Pending" }),
-                    )
+                    );
+                    match held.filter(|_| per_node) {
+                        Some(n) => answer.with_header(
+                            COMMITTED_HEADER,
+                            &format_committed(&Resources {
+                                cpu: n as f64 * JAIL_CPU,
+                                memory: n * JAIL_MEMORY,
+                            }),
+                        ),
+                        None => answer,
+                    }
                 }
                 ("DELETE", ["jails", name]) => {
                     deleted.fetch_add(1, Ordering::Relaxed);
+                    if let Some(m) = agent {
+                        m.lock().unwrap_or_else(|p| p.into_inner()).remove(*name);
+                    }
                     Response::json(200, &serde_json::json!({ "deleted": name }))
                 }
                 _ => Response::error(
@@ -128,21 +221,29 @@ impl Agents {
             ..ServerLimits::default()
         };
         let server = Server::new(Arc::new(handler), limits, shutdown.clone());
-        let mut addrs = Vec::new();
         let mut threads = Vec::new();
-        for _ in 0..count {
-            let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-            addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
+        for listener in bound {
             threads.push(server.serve_tcp(listener).map_err(|e| e.to_string())?);
         }
         Ok(Agents {
             addrs,
             puts,
             deletes,
+            jails,
             shutdown,
             threads,
         })
     }
+}
+
+/// Listeners [`Agents::per_node`] serves every node from.
+pub const PER_NODE_LISTENERS: usize = 8;
+
+/// The loopback address of simulated node `i` of [`Agents::per_node`]
+/// (below 65,535 nodes).
+pub fn node_addr(i: usize) -> std::net::Ipv4Addr {
+    let n = (i + 1) as u32;
+    std::net::Ipv4Addr::new(127, 1, (n >> 8) as u8, n as u8)
 }
 
 impl Drop for Agents {
@@ -247,11 +348,43 @@ pub enum Paced {
 }
 
 /// One paced request: when it was due, how long until its answer (from the
-/// due time), whether it succeeded.
+/// due time), whether it succeeded, whose it was and its answer's body size.
 pub struct Sample {
     pub due: Instant,
     pub latency: Duration,
     pub error: Option<String>,
+    pub node: usize,
+    pub bytes: usize,
+}
+
+/// The heartbeat schedule of simulated nodes, for client thread `t` of
+/// `threads`: nodes `t, t + threads, ...`, node `i` due at
+/// `start + k * period + i * period / nodes`. Sleeps until each is due,
+/// then calls `send(i, due)`; returns when `stop` is set.
+pub fn pace(
+    t: usize,
+    threads: usize,
+    nodes: usize,
+    period: Duration,
+    start: Instant,
+    stop: &AtomicBool,
+    mut send: impl FnMut(usize, Instant),
+) {
+    let mine: Vec<usize> = (t..nodes).step_by(threads).collect();
+    let phase = |i: usize| period.mul_f64(i as f64 / nodes as f64);
+    for round in 0u32.. {
+        for &i in &mine {
+            let due = start + period * round + phase(i);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            send(i, due);
+        }
+    }
 }
 
 /// Shared by the paced threads.
@@ -272,24 +405,20 @@ pub struct PacedLoad {
 }
 
 impl PacedLoad {
-    /// Thread `t` of `threads`: nodes `t, t + threads, ...`, node `i` due at
-    /// `start + k * period + i * period / nodes`.
+    /// Thread `t` of `threads`, paced by [`pace`].
     pub fn run(&self, t: usize, threads: usize) -> Vec<Sample> {
         let mut samples = Vec::new();
         let mut conn = KeepAlive::new(self.addr);
-        let mine: Vec<usize> = (t..self.nodes).step_by(threads).collect();
-        let phase = |i: usize| self.period.mul_f64(i as f64 / self.nodes as f64);
-        for round in 0u32.. {
-            for &i in &mine {
-                let due = self.start + self.period * round + phase(i);
-                let now = Instant::now();
-                if due > now {
-                    std::thread::sleep(due - now);
-                }
-                if self.stop.load(Ordering::Relaxed) {
-                    return samples;
-                }
+        pace(
+            t,
+            threads,
+            self.nodes,
+            self.period,
+            self.start,
+            &self.stop,
+            |i, due| {
                 let result = self.request(i).and_then(|wire| conn.exchange(&wire));
+                let bytes = result.as_ref().map_or(0, |r| r.body.len());
                 let error = match result {
                     Ok(r) if r.status == 200 => self.absorb(i, &r.body).err(),
                     Ok(r) => Some(format!(
@@ -304,9 +433,11 @@ impl PacedLoad {
                     due,
                     latency: due.elapsed(),
                     error,
+                    node: i,
+                    bytes,
                 });
-            }
-        }
+            },
+        );
         samples
     }
 
@@ -353,6 +484,7 @@ impl PacedLoad {
                         NO_VERSION => None,
                         v => Some(v),
                     },
+                    endpoint_changes: false,
                 })
                 .map_err(|e| e.to_string())?;
                 let path = format!("/nodes/{}/heartbeat", node_id(i));

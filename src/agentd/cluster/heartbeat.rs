@@ -51,6 +51,7 @@ pub fn heartbeat_request(statuses: &[JailStatus]) -> HeartbeatRequest {
         peer_changes: true,
         endpoints_held: None,
         events_seq: None,
+        endpoint_changes: true,
     }
 }
 
@@ -131,7 +132,9 @@ impl PeerCache {
 
 /// The endpoint table the last heartbeat answer carried, so the next one
 /// can say it holds it ([`HeartbeatRequest::endpoints_held`]) and be
-/// answered "unchanged" instead of every service again.
+/// answered "unchanged", or only the services changed since (which this
+/// cache applies, see [`HeartbeatRequest::endpoint_changes`]), instead of
+/// every service again.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EndpointCache {
     held: Option<(EndpointsStamp, Vec<ServiceEndpoints>)>,
@@ -144,14 +147,38 @@ impl EndpointCache {
     }
 
     /// Takes in a heartbeat answer and leaves in `resp.services` the table
-    /// it stands for: the held one when the answer says it is unchanged.
-    /// False when it says so of a table this cache does not hold; the
-    /// services are then empty, and the next heartbeat asks for the table.
+    /// it stands for: the held one when the answer says it is unchanged,
+    /// the held one with the answer's changes applied when it carries
+    /// changes. False when it says either of a table this cache does not
+    /// hold; the services are then empty, and the next heartbeat asks for
+    /// the table.
     pub fn absorb(&mut self, resp: &mut HeartbeatResponse) -> bool {
         let stamp = resp
             .endpoints_origin
             .zip(resp.endpoints_generation)
             .map(|(origin, generation)| EndpointsStamp { origin, generation });
+        if let Some(since) = resp.services_changed {
+            let held = self.held.take();
+            let (Some((had, mut services)), Some(stamp)) = (held, stamp) else {
+                resp.services.clear();
+                return false;
+            };
+            if had.origin != stamp.origin || had.generation != since {
+                resp.services.clear();
+                return false;
+            }
+            // The table is in name order, as the control plane keeps it.
+            services.retain(|s| !resp.services_removed.contains(&s.name));
+            for entry in std::mem::take(&mut resp.services) {
+                match services.binary_search_by(|s| s.name.cmp(&entry.name)) {
+                    Ok(i) => services[i] = entry,
+                    Err(i) => services.insert(i, entry),
+                }
+            }
+            resp.services = services.clone();
+            self.held = Some((stamp, services));
+            return true;
+        }
         if resp.endpoints_unchanged {
             return match &self.held {
                 Some((held, services)) if Some(*held) == stamp => {
@@ -246,6 +273,8 @@ mod tests {
             peers_changed: None,
             peers_removed: Vec::new(),
             endpoints_unchanged: false,
+            services_changed: None,
+            services_removed: Vec::new(),
         }
     }
 
@@ -379,6 +408,46 @@ mod tests {
         // "Unchanged" about a generation it does not hold: nothing to apply.
         let mut confused = stamped(4, Vec::new(), true);
         assert!(!cache.absorb(&mut confused));
+        assert_eq!(cache.held(), None);
+    }
+
+    #[test]
+    fn the_endpoint_cache_applies_changes_to_the_table_it_holds() {
+        let entry = |name: &str, last: u8| ServiceEndpoints {
+            name: name.into(),
+            vip: Ipv4Addr::new(10, 96, 0, last),
+            port: 80,
+            replicas: vec![SocketAddrV4::new(Ipv4Addr::new(10, 20, 1, last), 80)],
+            unsettled: false,
+        };
+        let stamped = |generation: u64, services: Vec<ServiceEndpoints>| {
+            let mut a = answer(Vec::new(), None, false);
+            a.endpoints_origin = Some(5);
+            a.endpoints_generation = Some(generation);
+            a.services = services;
+            a
+        };
+        let mut cache = EndpointCache::default();
+        let full = vec![entry("api", 1), entry("db", 2), entry("web", 3)];
+        assert!(cache.absorb(&mut stamped(3, full)));
+        // Generation 3 to 5: web changed, db went, cache came.
+        let mut delta = stamped(5, vec![entry("cache", 4), entry("web", 9)]);
+        delta.services_changed = Some(3);
+        delta.services_removed = vec!["db".into()];
+        assert!(cache.absorb(&mut delta));
+        let expected = vec![entry("api", 1), entry("cache", 4), entry("web", 9)];
+        assert_eq!(delta.services, expected, "in name order, as the table is");
+        assert_eq!(cache.held().map(|s| s.generation), Some(5));
+        let mut same = stamped(5, Vec::new());
+        same.endpoints_unchanged = true;
+        assert!(cache.absorb(&mut same));
+        assert_eq!(same.services, expected);
+        // Changes since a generation it does not hold: nothing to apply,
+        // and the next heartbeat asks for the table.
+        let mut behind = stamped(7, vec![entry("web", 1)]);
+        behind.services_changed = Some(6);
+        assert!(!cache.absorb(&mut behind));
+        assert!(behind.services.is_empty());
         assert_eq!(cache.held(), None);
     }
 }

@@ -23,19 +23,81 @@
 //! [`super::dirty`]): the table is kept by service name as well, and a
 //! recomputation with nothing marked costs nothing.
 //!
+//! A heartbeat answer carries the whole table to every agent that does not
+//! hold its generation, so after a change every node is sent it once. With
+//! 1,000 services that is about 130 KB per answer; copying the table on the
+//! worker thread and encoding it again for every answer put a heartbeat's
+//! p99 at 5,000 nodes from 1.5 ms to 50 ms for a period after each change.
+//! So each generation's table is shared as [`EncodedEndpoints`], encoded
+//! once, by the first answer that needs it, on a handler thread.
+//!
+//! Changes, not tables: even shared, 130 KB to every node after each change
+//! (a death changes the few services with replicas there) is most of a
+//! heartbeat's cost for a period. So each generation logs the services it
+//! changed ([`ENDPOINT_LOG_LEN`] generations at most), and an agent that
+//! applies changes (`HeartbeatRequest::endpoint_changes`) and holds a
+//! generation the log still reaches is answered only the entries changed
+//! or gone since ([`Cluster::endpoint_changes_since`]). An agent further
+//! behind, from another process, or behind by more than half the table
+//! gets the whole table.
+//!
 //! This file must never compute the table itself (that is
 //! [`super::services`], through [`Cluster::endpoints`]) nor decide liveness
 //! (that is [`super::liveness`]); it only compares, numbers and remembers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddrV4;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use super::Cluster;
 use super::dirty::Marked;
 use super::peers::first_peers_version;
 use crate::common::wire::{Liveness, ServiceEndpoints};
+
+/// Generations whose changed services the log keeps: an agent further
+/// behind gets the whole table. A change is a few names; a period of churn
+/// is far fewer generations than this.
+pub const ENDPOINT_LOG_LEN: usize = 1024;
+
+/// The endpoint changes since a generation an agent holds: the entries
+/// added or changed (shared and encoded once, like a whole table: after a
+/// change most agents hold the same generation), and the names of those
+/// gone.
+#[derive(Debug, Default)]
+pub struct EndpointChanges {
+    /// The current entries of the services added or changed, in name order.
+    pub changed: Arc<EncodedEndpoints>,
+    /// The services gone, in name order.
+    pub removed: Vec<String>,
+}
+
+/// One generation's table, shared with the handler threads, and its JSON
+/// array once an answer needed it; see the module docs.
+#[derive(Debug, Default)]
+pub struct EncodedEndpoints {
+    services: Arc<Vec<ServiceEndpoints>>,
+    json: OnceLock<Vec<u8>>,
+}
+
+impl EncodedEndpoints {
+    fn new(services: Arc<Vec<ServiceEndpoints>>) -> Arc<EncodedEndpoints> {
+        Arc::new(EncodedEndpoints {
+            services,
+            json: OnceLock::new(),
+        })
+    }
+
+    /// The table as a JSON array, encoded on the first call.
+    pub fn json(&self) -> Result<&[u8], serde_json::Error> {
+        if let Some(done) = self.json.get() {
+            return Ok(done);
+        }
+        // Two threads may both encode the first time; one result is kept.
+        let encoded = serde_json::to_vec(self.services.as_ref())?;
+        Ok(self.json.get_or_init(|| encoded))
+    }
+}
 
 /// The table last published and its numbering; see the module docs.
 #[derive(Debug, Default)]
@@ -46,17 +108,28 @@ pub(super) struct PublishedEndpoints {
     origin: u64,
     /// The table of `generation`.
     services: Arc<Vec<ServiceEndpoints>>,
+    /// The same, as heartbeat answers splice it in.
+    encoded: Arc<EncodedEndpoints>,
     /// The same entries by service name, the ones a recomputation rebuilds
     /// (see [`super::dirty`]).
     by_name: BTreeMap<String, ServiceEndpoints>,
     /// The generation [`Cluster::refresh_endpoints`] last handed out.
     announced: u64,
+    /// The generation before the log's first entry: every generation from
+    /// it to `generation` can be answered with changes.
+    log_base: u64,
+    /// The services each generation after `log_base` changed, in order:
+    /// entry `i` made generation `log_base + 1 + i`.
+    log: VecDeque<Vec<String>>,
+    /// The changes to `generation` answered so far, by the generation they
+    /// start from; emptied with every new generation.
+    changes: BTreeMap<u64, Arc<EndpointChanges>>,
 }
 
 impl Cluster {
     /// Generation 1: the table at the start (every node Unknown).
     pub(super) fn start_endpoints(&mut self, now: Instant) {
-        let services = self.endpoints(now);
+        let services = Arc::new(self.endpoints(now));
         self.published = PublishedEndpoints {
             generation: 1,
             origin: first_peers_version(),
@@ -64,8 +137,12 @@ impl Cluster {
                 .iter()
                 .map(|s| (s.name.clone(), s.clone()))
                 .collect(),
-            services: Arc::new(services),
+            encoded: EncodedEndpoints::new(Arc::clone(&services)),
+            services,
             announced: 0,
+            log_base: 1,
+            log: VecDeque::new(),
+            changes: BTreeMap::new(),
         };
         // Built from scratch just now.
         self.take_endpoint_marks();
@@ -88,24 +165,32 @@ impl Cluster {
             }
             Marked::Only(names) => names.into_iter().collect(),
         };
-        let mut changed = false;
+        let mut changed = Vec::new();
         for name in names {
             self.dirty.work.endpoints_rebuilt += 1;
             let entry = self.service_endpoints(&name, now);
             if self.published.by_name.get(&name) == entry.as_ref() {
                 continue;
             }
-            changed = true;
             match entry {
-                Some(entry) => self.published.by_name.insert(name, entry),
+                Some(entry) => self.published.by_name.insert(name.clone(), entry),
                 None => self.published.by_name.remove(&name),
             };
+            changed.push(name);
         }
-        if !changed {
+        if changed.is_empty() {
             return false;
         }
+        let p = &mut self.published;
+        p.log.push_back(changed);
+        if p.log.len() > ENDPOINT_LOG_LEN {
+            p.log.pop_front();
+            p.log_base += 1;
+        }
         self.published.generation += 1;
+        self.published.changes.clear();
         self.published.services = Arc::new(self.published.by_name.values().cloned().collect());
+        self.published.encoded = EncodedEndpoints::new(Arc::clone(&self.published.services));
         true
     }
 
@@ -126,12 +211,46 @@ impl Cluster {
 
     /// The current table and its generation, recomputed first (a heartbeat
     /// answer carries them).
-    pub(super) fn current_endpoints(&mut self, now: Instant) -> (u64, Arc<Vec<ServiceEndpoints>>) {
+    pub(super) fn current_endpoints(&mut self, now: Instant) -> (u64, Arc<EncodedEndpoints>) {
         self.recompute_endpoints(now);
         (
             self.published.generation,
-            Arc::clone(&self.published.services),
+            Arc::clone(&self.published.encoded),
         )
+    }
+
+    /// The entries changed and gone between generation `held` and the
+    /// current one; `None` when the log does not reach back to `held`, or
+    /// when more than half the table changed (the whole table, encoded
+    /// once per generation, is then cheaper). Call after
+    /// [`Cluster::current_endpoints`].
+    pub fn endpoint_changes_since(&mut self, held: u64) -> Option<Arc<EndpointChanges>> {
+        let p = &mut self.published;
+        if held < p.log_base || held >= p.generation {
+            return None;
+        }
+        if let Some(done) = p.changes.get(&held) {
+            return Some(Arc::clone(done));
+        }
+        let skip = usize::try_from(held - p.log_base).ok()?;
+        let names: BTreeSet<&String> = p.log.iter().skip(skip).flatten().collect();
+        if names.len() * 2 > p.by_name.len().max(1) {
+            return None;
+        }
+        let mut changed = Vec::new();
+        let mut removed = Vec::new();
+        for name in names {
+            match p.by_name.get(name) {
+                Some(entry) => changed.push(entry.clone()),
+                None => removed.push(name.clone()),
+            }
+        }
+        let changes = Arc::new(EndpointChanges {
+            changed: EncodedEndpoints::new(Arc::new(changed)),
+            removed,
+        });
+        p.changes.insert(held, Arc::clone(&changes));
+        Some(changes)
     }
 
     /// The generation of the table last published, without recomputing.

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Cluster, HeartbeatAnswer, Refusal, Reported};
@@ -174,6 +175,21 @@ impl Cluster {
                 origin: self.endpoints_origin(),
                 generation,
             });
+        let endpoint_changes = match req.endpoints_held {
+            Some(held)
+                if req.endpoint_changes
+                    && !endpoints_unchanged
+                    && held.origin == self.endpoints_origin() =>
+            {
+                self.endpoint_changes_since(held.generation)
+                    .map(|c| (held.generation, c))
+            }
+            _ => None,
+        };
+        let (services_changed, changed_services, services_removed) = match endpoint_changes {
+            Some((since, c)) => (Some(since), Some(Arc::clone(&c.changed)), c.removed.clone()),
+            None => (None, None, Vec::new()),
+        };
         let full_list = !unchanged && changes.is_none();
         let (peers_changed, changed, removed) = match changes {
             Some(c) => (req.peers_version, c.changed, c.removed),
@@ -183,11 +199,7 @@ impl Cluster {
             response: HeartbeatResponse {
                 peers: changed,
                 stale,
-                services: if endpoints_unchanged {
-                    Vec::new()
-                } else {
-                    services.as_ref().clone()
-                },
+                services: Vec::new(),
                 peers_version: Some(self.peers_version),
                 peers_unchanged: unchanged,
                 endpoints_generation: Some(generation),
@@ -195,8 +207,15 @@ impl Cluster {
                 peers_changed,
                 peers_removed: removed,
                 endpoints_unchanged,
+                services_changed,
+                services_removed,
             },
             peers: full_list.then(|| self.peer_list()),
+            // The whole table, or only what changed since the agent's.
+            services: match changed_services {
+                Some(changed) => Some(changed),
+                None => (!endpoints_unchanged).then_some(services),
+            },
         })
     }
 

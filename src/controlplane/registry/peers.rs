@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Cluster;
+use super::endpoints::EncodedEndpoints;
 use crate::common::wire::{HeartbeatResponse, Peer};
 
 /// Every node's peer entry as JSON for one peer list version, shared with
@@ -81,37 +82,66 @@ impl PeerListJson {
 }
 
 /// A heartbeat answer as the worker gives it: the response with its `peers`
-/// left empty, and the list to splice in on the handler thread.
+/// and `services` left empty, and the peer list and endpoint table to
+/// splice in on the handler thread.
 #[derive(Debug)]
 pub struct HeartbeatAnswer {
-    /// `stale`, `services`, the peer list version; `peers` is empty.
+    /// `stale`, the peer changes, the versions; `peers` holds only changed
+    /// peers and `services` is empty.
     pub response: HeartbeatResponse,
     /// Every node's entry, unless the agent's list is current.
     pub peers: Option<Arc<PeerListJson>>,
+    /// The endpoint table, unless the agent holds it; or only the services
+    /// changed since the generation it holds (`response.services_changed`).
+    pub services: Option<Arc<EncodedEndpoints>>,
 }
 
 impl HeartbeatAnswer {
     /// The JSON body for node `node_id`: [`HeartbeatAnswer::response`] with
-    /// every peer but the node itself.
+    /// every peer but the node itself and the endpoint table spliced in.
     pub fn body(&self, node_id: &str) -> Result<Vec<u8>, serde_json::Error> {
-        // `peers` is HeartbeatResponse's first field: empty, it encodes as
-        // this prefix, which is replaced by the list.
-        const EMPTY: &[u8] = br#"{"peers":[]"#;
         let plain = serde_json::to_vec(&self.response)?;
-        let Some(list) = &self.peers else {
+        if self.peers.is_none() && self.services.is_none() {
             return Ok(plain);
-        };
-        let Some(rest) = plain.strip_prefix(EMPTY) else {
+        }
+        // `peers`, `stale` and `services` are HeartbeatResponse's first
+        // fields, so its encoding starts with them; the lists to send
+        // replace them.
+        let peers = serde_json::to_vec(&self.response.peers)?;
+        let stale = serde_json::to_vec(&self.response.stale)?;
+        let services = serde_json::to_vec(&self.response.services)?;
+        let head = [
+            &br#"{"peers":"#[..],
+            &peers,
+            br#","stale":"#,
+            &stale,
+            br#","services":"#,
+            &services,
+        ]
+        .concat();
+        let Some(rest) = plain.strip_prefix(head.as_slice()) else {
             return Err(serde::ser::Error::custom(
-                "the heartbeat answer does not start with its peer list",
+                "the heartbeat answer does not start with its peers, stale jails and services",
             ));
         };
-        let peers = list.array_without(node_id);
-        let mut out = Vec::with_capacity(peers.len() + plain.len());
-        out.extend_from_slice(br#"{"peers":"#);
-        out.extend_from_slice(&peers);
-        out.extend_from_slice(rest);
-        Ok(out)
+        let peers = match &self.peers {
+            Some(list) => list.array_without(node_id),
+            None => peers,
+        };
+        let services = match &self.services {
+            Some(table) => table.json()?,
+            None => &services,
+        };
+        Ok([
+            &br#"{"peers":"#[..],
+            &peers,
+            br#","stale":"#,
+            &stale,
+            br#","services":"#,
+            services,
+            rest,
+        ]
+        .concat())
     }
 }
 

@@ -98,6 +98,7 @@ fn beat_with(c: &mut Cluster, id: &str, version: Option<u64>, now: Instant) -> H
             jails: 0,
             placed: Vec::new(),
             peers_version: version,
+            endpoint_changes: false,
         },
         now,
     )
@@ -377,6 +378,129 @@ fn an_agent_holding_the_current_endpoint_table_is_not_sent_it_again() {
 }
 
 #[test]
+fn an_answer_splices_the_peer_list_and_the_shared_endpoint_table_beside_stale_jails() {
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    register(&mut c, "b", 2, t0);
+    c.put_service("web", &service(2, 80, "d", false), t0)
+        .expect("service");
+    // The full list, a stale jail (placed nowhere) and the table together.
+    let req = HeartbeatRequest {
+        peer_changes: true,
+        ..placed_req(&[("ghost", 7)])
+    };
+    let first = c.heartbeat("a", &req, t0).expect("heartbeat");
+    let resp = decode(&first, "a");
+    assert_eq!(ids(&resp.peers), ["b"]);
+    assert_eq!(resp.stale, ["ghost"]);
+    assert_eq!(resp.services.len(), 1);
+    assert_eq!(resp.services[0].name, "web");
+    assert!(resp.peers_changed.is_none() && !resp.endpoints_unchanged);
+
+    // Only the changed peer, with the table of the same generation, which
+    // every answer shares instead of copying it.
+    register(&mut c, "c", 3, t0);
+    let req = HeartbeatRequest {
+        peer_changes: true,
+        peers_version: resp.peers_version,
+        ..placed_req(&[])
+    };
+    let second = c.heartbeat("a", &req, t0).expect("heartbeat");
+    let changed = decode(&second, "a");
+    assert_eq!(changed.peers_changed, resp.peers_version);
+    assert_eq!(ids(&changed.peers), ["c"]);
+    assert!(changed.stale.is_empty());
+    assert_eq!(changed.services, resp.services);
+    assert_eq!(changed.endpoints_generation, resp.endpoints_generation);
+    let shared = |a: &HeartbeatAnswer| a.services.clone().expect("the table is sent");
+    assert!(Arc::ptr_eq(&shared(&first), &shared(&second)));
+}
+
+#[test]
+fn an_agent_that_applies_endpoint_changes_gets_only_the_services_that_changed() {
+    use crate::common::wire::EndpointsStamp;
+    let t0 = Instant::now();
+    let mut c = cluster();
+    register(&mut c, "a", 1, t0);
+    for name in ["api", "db", "web"] {
+        c.put_service(name, &service(1, 80, "d", false), t0)
+            .expect("service");
+    }
+    let beat = |c: &mut Cluster, held: Option<EndpointsStamp>, changes: bool| {
+        let req = HeartbeatRequest {
+            endpoints_held: held,
+            endpoint_changes: changes,
+            ..placed_req(&[])
+        };
+        c.heartbeat("a", &req, t0)
+            .map(|a| decode(&a, "a"))
+            .expect("heartbeat")
+    };
+    let stamp = |r: &HeartbeatResponse| {
+        r.endpoints_origin
+            .zip(r.endpoints_generation)
+            .map(|(origin, generation)| EndpointsStamp { origin, generation })
+    };
+    let first = beat(&mut c, None, true);
+    assert_eq!(first.services.len(), 3);
+    assert_eq!(first.services_changed, None, "nothing held: the table");
+    let held = stamp(&first);
+
+    // db goes: only its name, none of the unchanged entries.
+    c.remove_service("db", t0).expect("removed");
+    let delta = beat(&mut c, held, true);
+    assert_eq!(delta.services_changed, held.map(|s| s.generation));
+    assert!(delta.services.is_empty(), "{:?}", delta.services);
+    assert_eq!(delta.services_removed, ["db"]);
+    assert!(!delta.endpoints_unchanged);
+    assert_ne!(stamp(&delta), held);
+    // Every agent holding that generation is answered the same changes,
+    // encoded once.
+    let raw = |c: &mut Cluster| {
+        let req = HeartbeatRequest {
+            endpoints_held: held,
+            endpoint_changes: true,
+            ..placed_req(&[])
+        };
+        c.heartbeat("a", &req, t0).expect("heartbeat")
+    };
+    let (one, two) = (raw(&mut c), raw(&mut c));
+    let shared = |a: &HeartbeatAnswer| a.services.clone().expect("the changes are sent");
+    assert!(Arc::ptr_eq(&shared(&one), &shared(&two)));
+    // The delta's generation is then current.
+    assert!(beat(&mut c, stamp(&delta), true).endpoints_unchanged);
+
+    // An agent that does not apply changes, or holds another process's
+    // generation, gets the whole table.
+    let older = beat(&mut c, held, false);
+    assert_eq!(older.services_changed, None);
+    assert_eq!(older.services.len(), 2);
+    let other = held.map(|s| EndpointsStamp {
+        origin: s.origin ^ 1,
+        ..s
+    });
+    let foreign = beat(&mut c, other, true);
+    assert_eq!(foreign.services_changed, None);
+    assert_eq!(foreign.services.len(), 2);
+
+    // When most of the table changed, the table itself.
+    let before = stamp(&foreign);
+    for name in ["api", "web"] {
+        c.remove_service(name, t0).expect("removed");
+    }
+    c.put_service("new", &service(1, 80, "d", false), t0)
+        .expect("service");
+    let most = beat(&mut c, before, true);
+    assert_eq!(most.services_changed, None);
+    assert_eq!(ids_of(&most.services), ["new"]);
+}
+
+fn ids_of(services: &[crate::common::wire::ServiceEndpoints]) -> Vec<&str> {
+    services.iter().map(|s| s.name.as_str()).collect()
+}
+
+#[test]
 fn liveness_boundaries() {
     let t0 = Instant::now();
     let mut c = cluster();
@@ -472,6 +596,7 @@ fn placed_req(placed: &[(&str, u64)]) -> HeartbeatRequest {
             })
             .collect(),
         peers_version: None,
+        endpoint_changes: false,
     }
 }
 
@@ -674,6 +799,7 @@ proptest! {
                         jails: 0,
                         placed: vec![],
                         peers_version: None,
+                        endpoint_changes: false,
                     };
                     let _ = c.heartbeat(&format!("n{node}"), &req, now);
                 }
@@ -1329,6 +1455,7 @@ fn reported_by(c: &Cluster, node: &str) -> HeartbeatRequest {
         jails: 0,
         placed,
         peers_version: None,
+        endpoint_changes: false,
     }
 }
 
@@ -1527,6 +1654,7 @@ fn a_replica_that_runs_but_is_not_ready_leaves_the_vip_list() {
             address: Some(Ipv4Addr::new(10, 20, 0, 2)),
         }],
         peers_version: None,
+        endpoint_changes: false,
     };
     c.heartbeat("a", &report(Some(false)), t0)
         .expect("heartbeat");
