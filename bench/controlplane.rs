@@ -87,25 +87,25 @@
 //! with the soak (`tests/soak.rs`).
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keel::common::auth::{self, KeyFilePolicy, Signer};
+use keel::common::auth::Signer;
 use keel::common::http::ClientResponse;
 use keel::common::wire::{
     EndpointsStamp, HeartbeatRequest, HeartbeatResponse, PlacedJail, RegisterRequest,
-    RegisterResponse, Resources, ServiceApply,
+    RegisterResponse, ReplicaRequest, Resources, ServiceApply,
 };
 
 #[path = "../tests/util/load.rs"]
 mod load;
 use load::{
-    Agents, JAIL_CPU, JAIL_MEMORY, KeepAlive, NO_VERSION, NODE_CPU, NODE_MEMORY, Paced, PacedLoad,
-    Running, Sample, cpu_seconds, encode, mib, node_id, pace, proc_status, signed,
+    Agents, ControlPlane, JAIL_CPU, JAIL_MEMORY, KeepAlive, NO_VERSION, NODE_CPU, NODE_MEMORY,
+    Paced, PacedLoad, Running, Sample, cpu_seconds, mib, node_id, pace, proc_status, signed,
 };
 
 /// Nodes in the simulated cluster (the targets are stated for 5,000).
@@ -126,8 +126,6 @@ const APPLY_CLIENTS: usize = 32;
 const AGENTS: usize = 8;
 /// Length of the `/healthz` baseline.
 const HEALTHZ_WINDOW: Duration = Duration::from_secs(10);
-/// How long the control plane gets to answer `/healthz` after starting.
-const START_DEADLINE: Duration = Duration::from_secs(20);
 /// The targets (bench/README.md).
 const CPU_TARGET_PERCENT: f64 = 25.0;
 const APPLY_TARGET_PER_SEC: f64 = 2000.0;
@@ -147,87 +145,6 @@ fn jail_yaml(name: &str) -> String {
 }
 
 // ------------------------------------------------------- the control plane
-
-/// The control plane under test; killed on drop.
-struct ControlPlane {
-    child: Child,
-    addr: SocketAddr,
-    dir: tempfile::TempDir,
-}
-
-impl ControlPlane {
-    /// Starts `binary --simulate --listen ADDR` plus `flags`.
-    fn start(binary: &Path, flags: &[&str]) -> Result<ControlPlane, String> {
-        let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
-        // A free port: bind, note, release. Nothing else on this host races us
-        // for loopback ports in the second this takes.
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("finding a free port: {e}"))?
-            .port();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let log = std::fs::File::create(dir.path().join("controlplane.log"))
-            .map_err(|e| format!("log file: {e}"))?;
-        let child = Command::new(binary)
-            .args(["--simulate", "--listen", &addr.to_string()])
-            .args(flags)
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
-        let mut cp = ControlPlane { child, addr, dir };
-        let deadline = Instant::now() + START_DEADLINE;
-        let mut conn = KeepAlive::new(addr);
-        loop {
-            if let Ok(r) = conn.exchange(&encode("GET", "/healthz", addr, &[], b"")) {
-                if r.status == 200 {
-                    return Ok(cp);
-                }
-            }
-            if let Ok(Some(status)) = cp.child.try_wait() {
-                return Err(format!(
-                    "keel-controlplane exited with {status}:\n{}",
-                    cp.log_tail()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "keel-controlplane did not answer /healthz within {}s:\n{}",
-                    START_DEADLINE.as_secs(),
-                    cp.log_tail()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn key(&self, file: &str) -> Result<Signer, String> {
-        let path: PathBuf = self.dir.path().join("keel-sim/keys").join(file);
-        auth::load_key(&path, KeyFilePolicy::for_current_process())
-            .map(Signer::new)
-            .map_err(|e| e.to_string())
-    }
-
-    fn log_tail(&self) -> String {
-        let text =
-            std::fs::read_to_string(self.dir.path().join("controlplane.log")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 // ------------------------------------------------------------- statistics
 
@@ -962,6 +879,11 @@ fn service_apply(name: &str) -> ServiceApply {
         template_digest: format!("{:064x}", name.len()),
         volumes: Vec::new(),
         policy: Default::default(),
+        // As keelctl states it from the template's resources.
+        resources: Some(ReplicaRequest {
+            cpu_millicores: (JAIL_CPU * 1000.0).round() as u64,
+            memory: JAIL_MEMORY,
+        }),
     }
 }
 

@@ -38,15 +38,15 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use keel::common::auth::{self, KeyFilePolicy, Signer};
-use keel::common::http::{Request, Response, Server, ServerLimits, ShutdownSignal};
+use keel::common::auth::Signer;
+use keel::common::http::{Request, Response, Server, ShutdownSignal};
 use keel::common::spec;
 use keel::common::wire::{
     COMMITTED_HEADER, EPOCH_HEADER, HeartbeatRequest, Liveness, NodeStatus, PlacedJail,
@@ -55,7 +55,7 @@ use keel::common::wire::{
 
 #[path = "../tests/util/load.rs"]
 mod load;
-use load::{KeepAlive, encode, node_id, signed};
+use load::{ControlPlane, KeepAlive, encode, node_id, signed, stand_in_limits};
 
 /// Simulated nodes.
 const NODES: usize = 10;
@@ -68,8 +68,6 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 const DEAD_AFTER: Duration = Duration::from_secs(3);
 /// Concurrent clients creating services, and of the baseline.
 const CLIENTS: usize = 32;
-/// How long the control plane gets to answer `/healthz` after starting.
-const START_DEADLINE: Duration = Duration::from_secs(20);
 /// Longest wait for the cluster to settle (all replicas ready) or heal.
 const SETTLE_DEADLINE: Duration = Duration::from_secs(600);
 /// The target: all replaced and ready within this of the node's death.
@@ -92,99 +90,23 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 // ------------------------------------------------------- the control plane
 
-/// The control plane under test; killed on drop.
-struct ControlPlane {
-    child: Child,
-    addr: SocketAddr,
-    dir: tempfile::TempDir,
-}
-
-impl ControlPlane {
-    fn start(binary: &Path) -> Result<ControlPlane, String> {
-        let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("finding a free port: {e}"))?
-            .port();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let log = std::fs::File::create(dir.path().join("controlplane.log"))
-            .map_err(|e| format!("log file: {e}"))?;
-        let heartbeat = format!("{}ms", HEARTBEAT.as_millis());
-        let child = Command::new(binary)
-            .args(["--simulate", "--listen", &addr.to_string()])
-            .args(["--heartbeat-interval", &heartbeat])
-            .args(["--dead-after", &format!("{}s", DEAD_AFTER.as_secs())])
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
-        let mut cp = ControlPlane { child, addr, dir };
-        let deadline = Instant::now() + START_DEADLINE;
-        let mut conn = KeepAlive::new(addr);
-        loop {
-            if let Ok(r) = conn.exchange(&encode("GET", "/healthz", addr, &[], b""))
-                && r.status == 200
-            {
-                return Ok(cp);
-            }
-            if let Ok(Some(status)) = cp.child.try_wait() {
-                return Err(format!(
-                    "keel-controlplane exited with {status}:\n{}",
-                    cp.log_tail()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "keel-controlplane did not answer /healthz within {}s:\n{}",
-                    START_DEADLINE.as_secs(),
-                    cp.log_tail()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+/// A signed operator `GET`, decoded.
+fn get<T: serde::de::DeserializeOwned>(
+    cp: &ControlPlane,
+    conn: &mut KeepAlive,
+    operator: &Signer,
+    path: &str,
+) -> Result<T, String> {
+    let wire = signed(operator, "GET", path, cp.addr, "application/json", b"")?;
+    let r = conn.exchange(&wire)?;
+    if r.status != 200 {
+        return Err(format!(
+            "GET {path}: {}: {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        ));
     }
-
-    fn key(&self, file: &str) -> Result<Signer, String> {
-        let path: PathBuf = self.dir.path().join("keel-sim/keys").join(file);
-        auth::load_key(&path, KeyFilePolicy::for_current_process())
-            .map(Signer::new)
-            .map_err(|e| e.to_string())
-    }
-
-    fn log_tail(&self) -> String {
-        let text =
-            std::fs::read_to_string(self.dir.path().join("controlplane.log")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-
-    /// A signed operator `GET`, decoded.
-    fn get<T: serde::de::DeserializeOwned>(
-        &self,
-        conn: &mut KeepAlive,
-        operator: &Signer,
-        path: &str,
-    ) -> Result<T, String> {
-        let wire = signed(operator, "GET", path, self.addr, "application/json", b"")?;
-        let r = conn.exchange(&wire)?;
-        if r.status != 200 {
-            return Err(format!(
-                "GET {path}: {}: {}",
-                r.status,
-                String::from_utf8_lossy(&r.body)
-            ));
-        }
-        serde_json::from_slice(&r.body).map_err(|e| format!("GET {path}: {e}"))
-    }
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    serde_json::from_slice(&r.body).map_err(|e| format!("GET {path}: {e}"))
 }
 
 // ------------------------------------------------------ simulated agents
@@ -216,14 +138,7 @@ struct Nodes {
 impl Nodes {
     fn start(count: usize) -> Result<Nodes, String> {
         let shutdown = ShutdownSignal::new();
-        // Stand-ins for agents: every connection may be unauthenticated (no
-        // signature is checked) and from one address.
-        let limits = ServerLimits {
-            max_connections: 4096,
-            max_unauthenticated: 4096,
-            max_unauthenticated_per_address: 4096,
-            ..ServerLimits::default()
-        };
+        let limits = stand_in_limits();
         let mut nodes = Vec::new();
         let mut threads = Vec::new();
         for i in 0..count {
@@ -324,6 +239,7 @@ fn heartbeat_body(node: &Node) -> Result<Vec<u8>, String> {
         endpoints_generation: None,
         connections: Vec::new(),
         peer_changes: true,
+        endpoint_changes: false,
         endpoints_held: None,
         events_seq: None,
     };
@@ -483,7 +399,17 @@ fn all_ready(services: &[ServiceStatus], expected: usize, lost: Option<&str>) ->
 fn run() -> Result<bool, String> {
     let services: usize = env_or("KEEL_BENCH_SERVICES", DEFAULT_SERVICES);
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_keel-controlplane"));
-    let cp = ControlPlane::start(&binary)?;
+    let heartbeat = format!("{}ms", HEARTBEAT.as_millis());
+    let dead_after = format!("{}s", DEAD_AFTER.as_secs());
+    let cp = ControlPlane::start(
+        &binary,
+        &[
+            "--heartbeat-interval",
+            &heartbeat,
+            "--dead-after",
+            &dead_after,
+        ],
+    )?;
     let node_key = cp.key("node.key")?;
     let operator = cp.key("operator.key")?;
     let nodes = Arc::new(Nodes::start(NODES)?);
@@ -514,7 +440,7 @@ fn run() -> Result<bool, String> {
     }
     let heartbeats = Heartbeats::start(&nodes, cp.addr, &node_key);
     wait_until("every node Alive", SETTLE_DEADLINE, || {
-        let list: Vec<NodeStatus> = cp.get(&mut conn, &operator, "/nodes")?;
+        let list: Vec<NodeStatus> = get(&cp, &mut conn, &operator, "/nodes")?;
         Ok(list.iter().all(|n| n.status == Liveness::Alive))
     })?;
 
@@ -540,7 +466,7 @@ fn run() -> Result<bool, String> {
         placed as f64 / created.as_secs_f64()
     );
     wait_until("every replica ready", SETTLE_DEADLINE, || {
-        let list: Vec<ServiceStatus> = cp.get(&mut conn, &operator, "/services")?;
+        let list: Vec<ServiceStatus> = get(&cp, &mut conn, &operator, "/services")?;
         Ok(all_ready(&list, services, None))
     })
     .map_err(|e| format!("{e}\n{}", cp.log_tail()))?;
@@ -584,7 +510,7 @@ fn run() -> Result<bool, String> {
 
     // 3. Dead, replaced, ready.
     let dead = wait_until("the node Dead", SETTLE_DEADLINE, || {
-        let list: Vec<NodeStatus> = cp.get(&mut conn, &operator, "/nodes")?;
+        let list: Vec<NodeStatus> = get(&cp, &mut conn, &operator, "/nodes")?;
         Ok(list
             .iter()
             .any(|n| n.node_id == victim.id && n.status == Liveness::Dead))
@@ -601,7 +527,7 @@ fn run() -> Result<bool, String> {
                 replaced_at = Some(Instant::now());
             }
         }
-        let list: Vec<ServiceStatus> = cp.get(&mut conn, &operator, "/services")?;
+        let list: Vec<ServiceStatus> = get(&cp, &mut conn, &operator, "/services")?;
         Ok(all_ready(&list, services, Some(&victim.id)))
     })?;
     let replaced = replaced_at.unwrap_or(healed);

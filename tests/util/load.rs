@@ -4,23 +4,28 @@
 //! (optionally signed) requests, the pacing of simulated nodes' heartbeats
 //! ([`pace`]) and a paced pool of them, in-process simulated agents that
 //! accept every `PUT` and `DELETE /jails/{name}` (noting each `PUT`'s
-//! placement epoch), and readers of a process's CPU time, memory and
-//! file descriptors in `/proc` (Linux).
+//! placement epoch), readers of a process's CPU time, memory and
+//! file descriptors in `/proc` (Linux), and the benchmarks' control plane
+//! ([`ControlPlane`], a release `keel-controlplane --simulate` it starts and
+//! kills).
 //!
 //! It measures and reports; it never asserts (its users decide what a
-//! failure is) and never signals a process.
+//! failure is) and never signals a process but the control plane it
+//! started.
 
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use keel::common::auth::{self, Signer};
+use keel::common::auth::{self, KeyFilePolicy, Signer};
 use keel::common::http::{
     ClientResponse, Peer, Request, Response, Server, ServerLimits, ShutdownSignal, read_response,
 };
@@ -212,15 +217,7 @@ impl Agents {
             }
         };
         let shutdown = ShutdownSignal::new();
-        // Stand-ins for agents under load: every connection may be
-        // unauthenticated (no signature is checked) and from one address.
-        let limits = ServerLimits {
-            max_connections: 4096,
-            max_unauthenticated: 4096,
-            max_unauthenticated_per_address: 4096,
-            ..ServerLimits::default()
-        };
-        let server = Server::new(Arc::new(handler), limits, shutdown.clone());
+        let server = Server::new(Arc::new(handler), stand_in_limits(), shutdown.clone());
         let mut threads = Vec::new();
         for listener in bound {
             threads.push(server.serve_tcp(listener).map_err(|e| e.to_string())?);
@@ -529,5 +526,104 @@ impl Running {
             }
         }
         all
+    }
+}
+
+// ------------------------------------------------------ the control plane
+
+/// How long a benchmark's control plane gets to answer `/healthz`.
+pub const CONTROLPLANE_START: Duration = Duration::from_secs(20);
+
+/// A release `keel-controlplane --simulate` under a benchmark, in a
+/// temporary directory of its own; killed on drop.
+pub struct ControlPlane {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+}
+
+impl ControlPlane {
+    /// Starts `binary --simulate --listen ADDR` plus `flags`.
+    pub fn start(binary: &Path, flags: &[&str]) -> Result<ControlPlane, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+        // A free port: bind, note, release. Nothing else on this host races us
+        // for loopback ports in the second this takes.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("finding a free port: {e}"))?
+            .port();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let log = std::fs::File::create(dir.path().join("controlplane.log"))
+            .map_err(|e| format!("log file: {e}"))?;
+        let child = Command::new(binary)
+            .args(["--simulate", "--listen", &addr.to_string()])
+            .args(flags)
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+        let mut cp = ControlPlane { child, addr, dir };
+        let deadline = Instant::now() + CONTROLPLANE_START;
+        let mut conn = KeepAlive::new(addr);
+        loop {
+            if let Ok(r) = conn.exchange(&encode("GET", "/healthz", addr, &[], b"")) {
+                if r.status == 200 {
+                    return Ok(cp);
+                }
+            }
+            if let Ok(Some(status)) = cp.child.try_wait() {
+                return Err(format!(
+                    "keel-controlplane exited with {status}:\n{}",
+                    cp.log_tail()
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "keel-controlplane did not answer /healthz within {}s:\n{}",
+                    CONTROLPLANE_START.as_secs(),
+                    cp.log_tail()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn key(&self, file: &str) -> Result<Signer, String> {
+        let path: PathBuf = self.dir.path().join("keel-sim/keys").join(file);
+        auth::load_key(&path, KeyFilePolicy::for_current_process())
+            .map(Signer::new)
+            .map_err(|e| e.to_string())
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.path().join("controlplane.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The admission of an in-process stand-in for agents under load: every
+/// connection may be unauthenticated (no signature is checked) and from
+/// one address.
+pub fn stand_in_limits() -> ServerLimits {
+    ServerLimits {
+        max_connections: 4096,
+        max_unauthenticated: 4096,
+        max_unauthenticated_per_address: 4096,
+        ..ServerLimits::default()
     }
 }
