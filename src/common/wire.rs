@@ -419,7 +419,9 @@ pub struct NodeStatus {
     pub capacity: Resources,
     /// What its jails have committed.
     pub committed: Resources,
-    /// Jails it tracks.
+    /// Jails it holds as far as the control plane knows: what its last
+    /// heartbeat reported plus the applies it answered since (what the
+    /// scheduler breaks equal headroom with).
     pub jails: u32,
     /// Seconds since its last heartbeat; `None` when not heard from since the
     /// control plane started.

@@ -233,7 +233,7 @@ impl Cluster {
                     pod_cidr: n.pod_cidr.to_string(),
                     capacity: n.capacity,
                     committed: live.committed,
-                    jails: live.jails,
+                    jails: live.known_jails(),
                     last_seen_secs: live
                         .last_heartbeat
                         .map(|t| now.saturating_duration_since(t).as_secs()),
