@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::net::{SocketAddr, SocketAddrV4};
 
 use keel::common::http::{Client, Endpoint};
-use keel::common::wire::ServiceStatus;
+use keel::common::wire::{EventsAnswer, NodeStatus, ServiceStatus};
 use serde::Deserialize;
 
 use crate::util::cluster::{
@@ -151,6 +151,24 @@ fn a_readiness_flip_reaches_the_other_proxy_without_its_heartbeat() {
         let running = jails.iter().filter(|j| j["state"] == "Running").count();
         (running == 2).then_some(())
     });
+    // And the heartbeat each settling sent is done: the control plane has
+    // seen every node's newest event, so no heartbeat nudged by one is
+    // still on its way when the counts below are read.
+    for node in ["n1", "n2"] {
+        cluster.wait_for(
+            "the control plane to have seen the node's newest event",
+            || {
+                let events: EventsAnswer =
+                    serde_json::from_slice(&agent(&cluster, node, "/events")?).ok()?;
+                let nodes: Vec<NodeStatus> = serde_json::from_str(
+                    &cluster.keelctl_ok(&["get", "nodes", "-o", "json"]).stdout,
+                )
+                .ok()?;
+                let seen = nodes.iter().find(|n| n.node_id == node)?.events_seq?;
+                (seen >= events.last_seq).then_some(())
+            },
+        );
+    }
     let observer_beats = counter(&cluster, &observer, HEARTBEATS);
     let observer_pushes = counter(&cluster, &observer, PUSHED);
     let victim_beats = counter(&cluster, &victim_node, HEARTBEATS);
