@@ -96,6 +96,7 @@ use std::time::{Duration, Instant};
 
 use keel::common::auth::Signer;
 use keel::common::http::ClientResponse;
+use keel::common::sync::lock;
 use keel::common::wire::{
     EndpointsStamp, HeartbeatRequest, HeartbeatResponse, PlacedJail, RegisterRequest,
     RegisterResponse, ReplicaRequest, Resources, ServiceApply,
@@ -595,10 +596,6 @@ const ON_SCHEDULE: Duration = Duration::from_millis(50);
 const STEADY_RATE_TOLERANCE: f64 = 0.05;
 /// How often the bench checks for what it waits on.
 const RESOLVE_EVERY: Duration = Duration::from_millis(250);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// What a simulated agent holds between heartbeats (its jails are its
 /// listener's in [`Agents::jails`]).

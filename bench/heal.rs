@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use keel::common::auth::Signer;
 use keel::common::http::{Request, Response, Server, ShutdownSignal};
 use keel::common::spec;
+use keel::common::sync::lock;
 use keel::common::wire::{
     COMMITTED_HEADER, EPOCH_HEADER, HeartbeatRequest, Liveness, NodeStatus, PlacedJail,
     RegisterRequest, Resources, ServiceStatus, format_committed,
@@ -211,10 +212,6 @@ fn committed(jails: usize) -> Resources {
         cpu: JAIL_CPU * jails as f64,
         memory: JAIL_MEMORY * jails as u64,
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What node `node` reports: every jail it was given, running and ready,
