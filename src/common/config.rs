@@ -2044,6 +2044,7 @@ mod tests {
                 "[agent]\nreconcile_interval = \"0s\"\n",
                 "agent.reconcile_interval",
             ),
+            ("[agent]\nusage_interval = \"0s\"\n", "agent.usage_interval"),
             (
                 "[controlplane]\nservice_cidr = \"10.20.128.0/17\"\n",
                 "controlplane.service_cidr",

@@ -109,3 +109,38 @@ pub fn parse_args(
 pub fn main() -> i32 {
     config::daemon_main(&DAEMON, super::run)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::config::StateTransfer;
+
+    fn parse(args: &[&str]) -> Result<Options, CliError> {
+        parse_args(args.iter().map(OsString::from), Path::new("/srv/keel-test"))
+    }
+
+    #[test]
+    fn export_and_import_take_a_path_relative_to_the_cwd_or_dash() {
+        let export = parse(&["--simulate", "--export-state", "out.json"]).expect("parses");
+        assert_eq!(
+            export.transfer,
+            Some(StateTransfer::Export(Some(
+                "/srv/keel-test/out.json".into()
+            )))
+        );
+        let import = parse(&["--simulate", "--import-state", "-"]).expect("parses");
+        assert_eq!(import.transfer, Some(StateTransfer::Import(None)));
+        assert_eq!(parse(&["--simulate"]).expect("parses").transfer, None);
+    }
+
+    #[test]
+    fn export_and_import_together_or_without_a_path_are_usage_errors() {
+        let both = parse(&["--export-state", "a", "--import-state", "b"]).expect_err("refused");
+        assert!(
+            matches!(&both, CliError::Usage(m) if m.contains("--import-state")),
+            "{both}"
+        );
+        let bare = parse(&["--export-state"]).expect_err("refused");
+        assert!(matches!(bare, CliError::Usage(_)), "{bare}");
+    }
+}
