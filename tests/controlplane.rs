@@ -452,6 +452,20 @@ fn every_route_refuses_bad_signatures_and_wrong_roles() {
     assert_eq!(cp.call(None, "GET", "/healthz", b"").status, 200);
 }
 
+/// A stateless service of `replicas` on port 8080, as keelctl would send.
+fn service_apply(replicas: u32) -> ServiceApply {
+    ServiceApply {
+        document: "kind: Service\n".into(),
+        replicas,
+        port: 8080,
+        stateful: false,
+        template_digest: "t".into(),
+        volumes: Vec::new(),
+        policy: Default::default(),
+        resources: None,
+    }
+}
+
 /// `GET /nodes/{id}/endpoints?after=G` on a real control plane: signed by a
 /// node key only, `after` checked, unknown nodes refused like a heartbeat,
 /// and a poll waiting on the current generation answered with the next one
@@ -504,16 +518,7 @@ fn the_endpoint_long_poll_answers_the_next_generation() {
 
     // A service with one replica, placed on node-a (the fake agent takes
     // the apply): the table has the service, with no ready replica yet.
-    let apply = ServiceApply {
-        document: "kind: Service\n".into(),
-        replicas: 1,
-        port: 8080,
-        stateful: false,
-        template_digest: "t".into(),
-        volumes: Vec::new(),
-        policy: Default::default(),
-        resources: None,
-    };
+    let apply = service_apply(1);
     let r = cp.call(Some(&operator), "PUT", "/services/web", &json(&apply));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let read = |r: &ClientResponse| -> EndpointsAnswer {
@@ -650,16 +655,7 @@ fn a_flood_of_idle_connections_never_evicts_a_waiting_endpoint_poll() {
     assert!(polls_waiting(), "the poll still waits");
 
     // A change: the service table gains a service; the poll is answered.
-    let apply = ServiceApply {
-        document: "kind: Service\n".into(),
-        replicas: 0,
-        port: 8080,
-        stateful: false,
-        template_digest: "t".into(),
-        volumes: Vec::new(),
-        policy: Default::default(),
-        resources: None,
-    };
+    let apply = service_apply(0);
     let r = cp.call(Some(&operator), "PUT", "/services/web", &json(&apply));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let answer = waiting
@@ -676,6 +672,118 @@ fn a_flood_of_idle_connections_never_evicts_a_waiting_endpoint_poll() {
     assert!(woken.generation > current.generation);
     assert_eq!(woken.services.len(), 1);
     drop(flood);
+}
+
+/// An endpoint poll that names the origin of the table it holds is
+/// answered only the services changed since, waiting or not; one from
+/// another origin, or without `origin`, gets the whole table.
+#[test]
+fn an_endpoint_poll_holding_a_table_is_answered_only_the_changes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = ControlPlane::start(dir.path(), free_port(), "10s");
+    let node = cp.key("node.key");
+    let operator = cp.key("operator.key");
+    let agent = FakeAgent::start(dir.path());
+    register(&cp, &node, "node-a", agent.addr, 4.0);
+    let put_service = |name: &str| {
+        let apply = service_apply(0);
+        let r = cp.call(
+            Some(&operator),
+            "PUT",
+            &format!("/services/{name}"),
+            &json(&apply),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    };
+    for name in ["api", "db", "web"] {
+        put_service(name);
+    }
+    let poll = |query: &str| {
+        let path = format!("/nodes/node-a/endpoints{query}");
+        let headers = auth::sign_headers(&node, "GET", &path, b"", auth::unix_now()).expect("sign");
+        // Below the control plane's wait: only an answer at once, or a
+        // wake-up, can answer it.
+        let r = Client::new(Endpoint::Tcp(cp.addr.to_string()))
+            .with_timeout(ENDPOINTS_WAIT / 2)
+            .request("GET", &path, &headers, b"")
+            .expect("answered");
+        assert_eq!(
+            r.status,
+            200,
+            "{query}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        serde_json::from_slice::<EndpointsAnswer>(&r.body).expect("an endpoints answer")
+    };
+    let whole = poll("");
+    assert_eq!(whole.services.len(), 3);
+    assert_eq!(whole.services_changed, None);
+
+    // A poll holding the current table waits; a new service wakes it with
+    // that service alone.
+    let held = format!("?after={}&origin={}", whole.generation, whole.origin);
+    let waiting = std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| poll(&held));
+        poll_until("the poll to wait on the board", || {
+            let r = cp.call(Some(&operator), "GET", "/metrics", b"");
+            String::from_utf8_lossy(&r.body).contains("keel_endpoint_polls_waiting 1\n")
+        });
+        put_service("cache");
+        waiting.join().expect("poller")
+    });
+    assert!(waiting.generation > whole.generation, "{waiting:?}");
+    assert_eq!(waiting.services_changed, Some(whole.generation));
+    let names: Vec<&str> = waiting.services.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["cache"], "{waiting:?}");
+    assert!(waiting.services_removed.is_empty());
+
+    // Behind already: the changes at once. Another process's table, or a
+    // poll that does not apply changes: the whole table at once.
+    let behind = poll(&held);
+    assert_eq!(
+        (behind.generation, behind.services_changed),
+        (waiting.generation, Some(whole.generation))
+    );
+    assert_eq!(behind.services, waiting.services);
+    let other = poll(&format!(
+        "?after={}&origin={}",
+        waiting.generation,
+        whole.origin + 1
+    ));
+    assert_eq!((other.services_changed, other.services.len()), (None, 4));
+    let old_agent = poll(&format!("?after={}", whole.generation));
+    assert_eq!(
+        (old_agent.services_changed, old_agent.services.len()),
+        (None, 4)
+    );
+    let metrics = cp.call(Some(&operator), "GET", "/metrics", b"");
+    let metrics = String::from_utf8_lossy(&metrics.body);
+    for sample in [
+        "keel_endpoint_poll_answers_total{kind=\"changes\"} 2\n",
+        "keel_endpoint_poll_answers_total{kind=\"table\"} 3\n",
+    ] {
+        assert!(metrics.contains(sample), "{sample} in {metrics}");
+    }
+
+    // Bad parameters name themselves.
+    for (query, field) in [
+        ("?origin=7", "origin"),
+        ("?after=1&origin=x", "origin"),
+        ("?after=1&origin=7&origin=7", "origin"),
+    ] {
+        let r = cp.call(
+            Some(&node),
+            "GET",
+            &format!("/nodes/node-a/endpoints{query}"),
+            b"",
+        );
+        let body = String::from_utf8_lossy(&r.body);
+        assert_eq!(r.status, 400, "{query}: {body}");
+        assert!(
+            body.contains(field),
+            "{query}: the error names {field}: {body}"
+        );
+    }
 }
 
 /// The key rotation procedure of docs/security.md with continuous traffic: add the new key to
@@ -855,16 +963,7 @@ fn a_heal_sends_a_node_several_replicas_at_once_within_its_bound() {
     let agent = GatheringAgent::start(dir.path(), PER_NODE);
     register(&cp, &node, "node-a", agent.addr, 64.0);
     heartbeat(&cp, &node, "node-a", 0.0);
-    let apply = ServiceApply {
-        document: "kind: Service\n".into(),
-        replicas: 2 * PER_NODE as u32,
-        port: 8080,
-        stateful: false,
-        template_digest: "t".into(),
-        volumes: Vec::new(),
-        policy: Default::default(),
-        resources: None,
-    };
+    let apply = service_apply(2 * PER_NODE as u32);
     let r = cp.call(Some(&operator), "PUT", "/services/web", &json(&apply));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let most = *agent.most.lock().expect("lock");

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use crate::util::cluster::{
     Cluster, free_port, node_ip, port_free_on_nodes, standard_controlplane_args,
 };
-use crate::util::fixture_service;
+use crate::util::{fixture_service, service_doc};
 
 /// No periodic heartbeat within a test run.
 const HEARTBEAT: &str = "1h";
@@ -73,6 +73,18 @@ fn counter(cluster: &Cluster, node: &str, sample: &str) -> u64 {
         .unwrap_or_else(|| panic!("{sample} in {}", String::from_utf8_lossy(&text)))
 }
 
+/// A counter of the control plane's `GET /metrics` (the full sample name).
+fn controlplane_counter(cluster: &Cluster, sample: &str) -> u64 {
+    let answer = cluster
+        .operator_call("GET", "/metrics", b"")
+        .expect("metrics");
+    let text = String::from_utf8_lossy(&answer.body);
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{sample} in {text}"))
+}
+
+const POLL_CHANGES: &str = "keel_endpoint_poll_answers_total{kind=\"changes\"}";
 const HEARTBEATS: &str = "keel_heartbeats_total";
 const PUSHED: &str = "keel_endpoint_tables_applied_total{path=\"push\"}";
 
@@ -120,7 +132,13 @@ fn a_readiness_flip_reaches_the_other_proxy_without_its_heartbeat() {
             &crate::util::require_python3()
         )
     );
-    let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&doc));
+    // Two more services without replicas, so that web's change is a third
+    // of the table and the watchers are sent that change alone.
+    let spares: String = ["spare-a", "spare-b"]
+        .iter()
+        .map(|name| format!("---\n{}", service_doc(name, 0, port, "/usr/bin/true")))
+        .collect();
+    let run = cluster.keelctl_with(&["apply", "-f", "-"], Some(&format!("{doc}{spares}")));
     assert_eq!(run.code, 0, "{run:?}\n{}", cluster.logs());
 
     // Both replicas ready and in both proxies: the tables got there by
@@ -169,6 +187,7 @@ fn a_readiness_flip_reaches_the_other_proxy_without_its_heartbeat() {
             },
         );
     }
+    let changes_answered = controlplane_counter(&cluster, POLL_CHANGES);
     let observer_beats = counter(&cluster, &observer, HEARTBEATS);
     let observer_pushes = counter(&cluster, &observer, PUSHED);
     let victim_beats = counter(&cluster, &victim_node, HEARTBEATS);
@@ -191,6 +210,10 @@ fn a_readiness_flip_reaches_the_other_proxy_without_its_heartbeat() {
     assert!(
         counter(&cluster, &observer, PUSHED) > observer_pushes,
         "the watcher applied it"
+    );
+    assert!(
+        controlplane_counter(&cluster, POLL_CHANGES) > changes_answered,
+        "it was sent as changes to the table the watcher held"
     );
     assert!(
         counter(&cluster, &victim_node, HEARTBEATS) > victim_beats,

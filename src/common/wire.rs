@@ -253,8 +253,9 @@ pub struct ReplicaConnections {
 /// read timeout on that request must be longer.
 pub const ENDPOINTS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
-/// `GET /nodes/{id}/endpoints?after=G`: the service table the control plane
-/// publishes, with its generation.
+/// `GET /nodes/{id}/endpoints?after=G[&origin=O]`: the service table the
+/// control plane publishes, with its generation, or (for a poll that named
+/// the `origin` of the table it holds) only the changes since `G`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointsAnswer {
     /// Numbers the published tables of one control-plane process: starts at
@@ -264,8 +265,20 @@ pub struct EndpointsAnswer {
     /// (random at its start, below 2^53): generations of two processes are
     /// not comparable.
     pub origin: u64,
-    /// Every service, as [`HeartbeatResponse::services`].
+    /// Every service, as [`HeartbeatResponse::services`] (only the changed
+    /// ones with `services_changed`).
     pub services: Vec<ServiceEndpoints>,
+    /// Set when the answer carries only the changes since this generation
+    /// (the poll's `after`, for a poll that gave the `origin` it holds):
+    /// `services` then holds the services added or changed since,
+    /// `services_removed` the names of those gone, as
+    /// [`HeartbeatResponse::services_changed`]. Both empty: the table of
+    /// `after` is still current.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services_changed: Option<u64>,
+    /// Names of the services gone since `services_changed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services_removed: Vec<String>,
 }
 
 /// One cluster member as peers see it.

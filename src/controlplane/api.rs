@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `POST /nodes/register` | node | join; answers the pod_cidr |
 //! | `POST /nodes/{id}/heartbeat` | node | lease renewal; answers peers, stale jails and the endpoint table with its generation |
-//! | `GET /nodes/{id}/endpoints?after=G` | node | long poll: the endpoint table once its generation is above `G` (at once without `after`, or when `G` is above the current one, numbered by a previous process), else the current one after [`ENDPOINTS_WAIT`] |
+//! | `GET /nodes/{id}/endpoints?after=G[&origin=O]` | node | long poll: the endpoint table once its generation is above `G` (at once without `after`, or when `G` is above the current one, numbered by a previous process), else the current one after [`ENDPOINTS_WAIT`]; with the `origin` of the table held, only the services changed since `G` when the board still has them ([`EndpointBoard`]) |
 //! | `GET /nodes` | operator | nodes with liveness computed on read |
 //! | `POST /nodes/{id}/cordon`, `POST /nodes/{id}/uncordon` | operator | nothing new is placed on a cordoned node; what runs there stays |
 //! | `DELETE /nodes/{id}` | operator | forgets a Dead node, its placements and its volumes ([`Cluster::remove_node`](crate::controlplane::registry::Cluster::remove_node)) |
@@ -80,7 +80,7 @@ use crate::common::http::{Client, Endpoint, Handler, OutgoingRequest, Request, R
 use crate::common::names::validate_name;
 use crate::common::supervise::{self, HEALTH_WAIT};
 use crate::common::wire::{
-    AppliedDocument, COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EndpointsAnswer, EventsAnswer,
+    AppliedDocument, COMMITTED_HEADER, ENDPOINTS_WAIT, EPOCH_HEADER, EventsAnswer,
     HeartbeatRequest, Liveness, RegisterRequest, ServiceApply, UnreachedNode, VersionInfo,
     VolumeStatus, parse_committed, parse_volumes_query,
 };
@@ -504,12 +504,12 @@ impl ControlPlaneApi {
         )
     }
 
-    /// `GET /nodes/{id}/endpoints?after=G`: see the module docs. Reads the
-    /// board only, never the worker.
+    /// `GET /nodes/{id}/endpoints?after=G[&origin=O]`: see the module
+    /// docs. Reads the board only, never the worker.
     fn endpoints(&self, id: &str, req: &Request) -> Response {
-        let after = match parse_after(req.query.as_deref()) {
-            Ok(after) => after,
-            Err(why) => return Response::error(400, &why, Some("after")),
+        let poll = match parse_poll(req.query.as_deref()) {
+            Ok(poll) => poll,
+            Err((field, why)) => return Response::error(400, &why, Some(&field)),
         };
         let board: &EndpointBoard = self.worker.endpoint_board();
         if !board.knows(id) {
@@ -520,15 +520,15 @@ impl ControlPlaneApi {
                 None,
             );
         }
-        let (generation, services) = match after {
-            None => board.current(),
-            Some(after) => {
-                let current = board.current();
-                // Above the current one, `after` was numbered by a previous
-                // control plane: the agent needs this one's table now.
-                if current.0 != after {
-                    current
-                } else if self.waiting_polls.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING_POLLS {
+        if let Some(after) = poll.after {
+            // Wait only on the current generation of this process: above
+            // it, or from another origin, `after` was numbered by a
+            // previous control plane and the agent needs this one's table
+            // now; below it, a newer table is there already.
+            let current =
+                poll.origin.is_none_or(|o| o == board.origin()) && board.generation() == after;
+            if current {
+                if self.waiting_polls.fetch_add(1, Ordering::SeqCst) >= MAX_WAITING_POLLS {
                     self.waiting_polls.fetch_sub(1, Ordering::SeqCst);
                     return Response::error(
                         503,
@@ -537,21 +537,20 @@ impl ControlPlaneApi {
                         ),
                         None,
                     );
-                } else {
-                    let newer = board.wait_newer(after, ENDPOINTS_WAIT);
-                    self.waiting_polls.fetch_sub(1, Ordering::SeqCst);
-                    newer
                 }
+                board.wait_newer(after, ENDPOINTS_WAIT);
+                self.waiting_polls.fetch_sub(1, Ordering::SeqCst);
             }
-        };
-        Response::json(
-            200,
-            &EndpointsAnswer {
-                generation,
-                origin: board.origin(),
-                services: services.as_ref().clone(),
-            },
-        )
+        }
+        let answer = board.answer(poll.after.zip(poll.origin).map(|(g, o)| (o, g)));
+        match answer.body() {
+            Ok(body) => Response::raw(
+                200,
+                vec![("Content-Type".into(), "application/json".into())],
+                body.to_vec(),
+            ),
+            Err(e) => Response::error(500, &format!("cannot encode the endpoint table: {e}"), None),
+        }
     }
 
     /// `DELETE /services/{name}`, first half: takes every replica out of
@@ -998,25 +997,51 @@ struct UndoRequest {
     revision: Option<u64>,
 }
 
-/// The `after` parameter of `GET /nodes/{id}/endpoints`; `None` without one.
-fn parse_after(query: Option<&str>) -> Result<Option<u64>, String> {
-    let mut after = None;
+/// The parameters of `GET /nodes/{id}/endpoints`.
+#[derive(Debug, Default, PartialEq)]
+struct Poll {
+    /// The generation the agent holds; `None`: answer the table at once.
+    after: Option<u64>,
+    /// The origin of the table it holds: it applies changes.
+    origin: Option<u64>,
+}
+
+/// The parameters of `GET /nodes/{id}/endpoints`, or the parameter at
+/// fault and why.
+fn parse_poll(query: Option<&str>) -> Result<Poll, (String, String)> {
+    let mut poll = Poll::default();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if key != "after" {
-            return Err(format!(
-                "unknown parameter {key:?}; the only one is after (an endpoint generation)"
-            ));
+        let (field, slot, what) = match key {
+            "after" => ("after", &mut poll.after, "an endpoint generation"),
+            "origin" => ("origin", &mut poll.origin, "a control plane's origin"),
+            _ => {
+                return Err((
+                    key.to_string(),
+                    format!(
+                        "unknown parameter {key:?}; the parameters are after (an endpoint generation) and origin (the origin of the table held)"
+                    ),
+                ));
+            }
+        };
+        if slot.is_some() {
+            return Err((field.into(), format!("{field} is given twice")));
         }
-        if after.is_some() {
-            return Err("after is given twice".into());
-        }
-        let generation = value.parse::<u64>().map_err(|_| {
-            format!("after must be an endpoint generation (a whole number), not {value:?}")
+        let number = value.parse::<u64>().map_err(|_| {
+            (
+                field.to_string(),
+                format!("{field} must be {what} (a whole number), not {value:?}"),
+            )
         })?;
-        after = Some(generation);
+        *slot = Some(number);
     }
-    Ok(after)
+    if poll.origin.is_some() && poll.after.is_none() {
+        return Err((
+            "origin".into(),
+            "origin names the table held at generation after; give after too".into(),
+        ));
+    }
+    Ok(poll)
 }
 
 /// The volumes a jail request declares (`?volumes=`), or the 400.

@@ -323,6 +323,22 @@ impl Render for ControlPlaneMetrics {
             &[],
             self.waiting_polls.load(Ordering::SeqCst),
         );
+        let (changes, tables) = self.worker.endpoint_board().answered();
+        exp.family(
+            "keel_endpoint_poll_answers_total",
+            Kind::Counter,
+            "Endpoint long polls answered, by what the answer carried: only the services changed since the table the poll held, or the whole table.",
+        );
+        exp.sample(
+            "keel_endpoint_poll_answers_total",
+            &[("kind", "changes")],
+            changes,
+        );
+        exp.sample(
+            "keel_endpoint_poll_answers_total",
+            &[("kind", "table")],
+            tables,
+        );
         exp.family(
             "keel_endpoint_generation",
             Kind::Gauge,
@@ -331,7 +347,7 @@ impl Render for ControlPlaneMetrics {
         exp.sample(
             "keel_endpoint_generation",
             &[],
-            self.worker.endpoint_board().current().0,
+            self.worker.endpoint_board().generation(),
         );
         text.push_str(&exp.finish());
         Ok(text)

@@ -557,12 +557,13 @@ impl Worker {
     pub fn spawn(mut self) -> std::io::Result<(WorkerHandle, JoinHandle<()>)> {
         let (tx, rx) = mpsc::channel();
         let now = Instant::now();
-        let (generation, services) = self.cluster.refresh_endpoints(now).unwrap_or_else(|| {
-            (
+        let (generation, services) = match self.cluster.refresh_endpoints(now) {
+            Some(first) => (first.generation, first.services),
+            None => (
                 self.cluster.endpoints_generation(),
-                self.cluster.endpoints(now),
-            )
-        });
+                Arc::new(self.cluster.endpoints(now)),
+            ),
+        };
         let board = Arc::new(EndpointBoard::new(
             self.cluster.endpoints_origin(),
             generation,
@@ -583,8 +584,8 @@ impl Worker {
 
     /// Pins a changed endpoint table to `board`; see the module docs.
     fn publish_endpoints(&mut self, board: &EndpointBoard, now: Instant) {
-        if let Some((generation, services)) = self.cluster.refresh_endpoints(now) {
-            board.publish(generation, services);
+        if let Some(next) = self.cluster.refresh_endpoints(now) {
+            board.publish(next);
         }
     }
 

@@ -31,7 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use keel::common::http::{Client, Endpoint};
+use keel::common::auth::{self, KeyFilePolicy, Signer};
+use keel::common::http::{Client, ClientResponse, Endpoint};
 use keel::common::wire::{Liveness, NodeStatus};
 use keel::host::JailRuntime;
 use keel::host::jail::Removal;
@@ -488,6 +489,18 @@ impl Cluster {
     /// The operator key the simulated control plane created and accepts.
     pub fn operator_key(&self) -> PathBuf {
         self.dir().join("keel-sim/keys/operator.key")
+    }
+
+    /// A request to the control plane signed with [`Cluster::operator_key`];
+    /// `None` when it does not answer.
+    pub fn operator_call(&self, method: &str, path: &str, body: &[u8]) -> Option<ClientResponse> {
+        let key = auth::load_key(&self.operator_key(), KeyFilePolicy::for_current_process())
+            .expect("the operator key");
+        let headers = auth::sign_headers(&Signer::new(key), method, path, body, auth::unix_now())
+            .expect("sign");
+        Client::new(Endpoint::Tcp(self.controlplane_addr().to_string()))
+            .request(method, path, &headers, body)
+            .ok()
     }
 
     /// Node `id`'s state directory.

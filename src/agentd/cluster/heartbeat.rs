@@ -167,14 +167,8 @@ impl EndpointCache {
                 resp.services.clear();
                 return false;
             }
-            // The table is in name order, as the control plane keeps it.
-            services.retain(|s| !resp.services_removed.contains(&s.name));
-            for entry in std::mem::take(&mut resp.services) {
-                match services.binary_search_by(|s| s.name.cmp(&entry.name)) {
-                    Ok(i) => services[i] = entry,
-                    Err(i) => services.insert(i, entry),
-                }
-            }
+            let changed = std::mem::take(&mut resp.services);
+            apply_endpoint_changes(&mut services, changed, &resp.services_removed);
             resp.services = services.clone();
             self.held = Some((stamp, services));
             return true;
@@ -193,6 +187,23 @@ impl EndpointCache {
         }
         self.held = stamp.map(|s| (s, resp.services.clone()));
         true
+    }
+}
+
+/// Applies endpoint changes (the entries `changed`, the names `removed`)
+/// to `services`, a table in name order as the control plane keeps it:
+/// what heartbeat answers and endpoint polls with `services_changed` carry.
+pub fn apply_endpoint_changes(
+    services: &mut Vec<ServiceEndpoints>,
+    changed: Vec<ServiceEndpoints>,
+    removed: &[String],
+) {
+    services.retain(|s| !removed.contains(&s.name));
+    for entry in changed {
+        match services.binary_search_by(|s| s.name.cmp(&entry.name)) {
+            Ok(i) => services[i] = entry,
+            Err(i) => services.insert(i, entry),
+        }
     }
 }
 

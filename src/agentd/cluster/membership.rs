@@ -233,11 +233,20 @@ impl ControlPlane {
         self
     }
 
-    /// `GET /nodes/{id}/endpoints[?after=G]`: the endpoint table once its
-    /// generation is above `after` (or at once), else the current one after
-    /// the control plane's wait; a 404 is [`ClusterError::UnknownNode`].
-    pub fn endpoints(&self, after: Option<u64>) -> Result<EndpointsAnswer, ClusterError> {
-        let query = after.map(|g| format!("after={g}"));
+    /// `GET /nodes/{id}/endpoints[?after=G[&origin=O]]`: the endpoint
+    /// table once its generation is above `after` (or at once), else the
+    /// current one after the control plane's wait; with `origin` (the
+    /// table held applies changes), only the changes since `after` where
+    /// the control plane has them. A 404 is [`ClusterError::UnknownNode`].
+    pub fn endpoints(
+        &self,
+        after: Option<u64>,
+        origin: Option<u64>,
+    ) -> Result<EndpointsAnswer, ClusterError> {
+        let query = after.map(|g| match origin {
+            Some(o) => format!("after={g}&origin={o}"),
+            None => format!("after={g}"),
+        });
         match self.send("GET", &endpoints_path(&self.node_id), query.as_deref(), &[]) {
             Err(ClusterError::Status { status: 404, .. }) => Err(ClusterError::UnknownNode),
             other => other,

@@ -31,6 +31,13 @@
 //! `agent.proxy_listen` no VIP is aliased and every newer table is applied
 //! directly.
 //!
+//! The watcher holds the whole table it was last sent and polls with its
+//! stamp (`after` and `origin`), so the control plane answers only the
+//! services changed since ([`WatchedTable`] applies them, as the heartbeat
+//! path's `EndpointCache` does); after a change every node would otherwise
+//! be sent the whole table again. A control plane that refuses the
+//! `origin` parameter (one from before it) is polled for whole tables.
+//!
 //! On any error (the control plane is down, refuses, or has too many polls
 //! waiting) the watcher backs off (1 s doubling to 30 s) and polls again;
 //! the heartbeat path goes on alone meanwhile. The thread is not joined at
@@ -46,6 +53,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::agentd::cluster::error::ClusterError;
+use crate::agentd::cluster::heartbeat;
 use crate::agentd::cluster::membership::{CONTROLPLANE_TIMEOUT, ControlPlane, Wake};
 use crate::agentd::proxy::{Proxy, ProxyError};
 use crate::common::backoff::{Backoff, Clock, Policy, SystemClock};
@@ -86,6 +94,49 @@ pub fn aliased_already(
     services
         .iter()
         .all(|s| aliased.is_some_and(|a| a.contains(&s.vip)))
+}
+
+/// The whole table the watcher was last sent, kept so that polls can be
+/// answered with changes; see the module docs.
+#[derive(Debug, Default)]
+pub struct WatchedTable {
+    held: Option<(Stamp, Vec<ServiceEndpoints>)>,
+}
+
+impl WatchedTable {
+    /// The stamp to poll with; `None`: ask for the whole table at once.
+    pub fn stamp(&self) -> Option<Stamp> {
+        self.held.as_ref().map(|(stamp, _)| *stamp)
+    }
+
+    /// Forgets the table, so the next poll asks for the whole one.
+    pub fn forget(&mut self) {
+        self.held = None;
+    }
+
+    /// Takes in a poll's answer and returns the whole table it stands for,
+    /// with its stamp; `None` when it carries changes to a table this does
+    /// not hold (the next poll then asks for the whole table).
+    pub fn absorb(&mut self, answer: EndpointsAnswer) -> Option<(Stamp, &[ServiceEndpoints])> {
+        let stamp = Stamp {
+            origin: answer.origin,
+            generation: answer.generation,
+        };
+        let services = match answer.services_changed {
+            None => answer.services,
+            Some(since) => {
+                let (held, mut services) = self.held.take()?;
+                if held.origin != stamp.origin || held.generation != since {
+                    return None;
+                }
+                let removed = &answer.services_removed;
+                heartbeat::apply_endpoint_changes(&mut services, answer.services, removed);
+                services
+            }
+        };
+        let (stamp, services) = self.held.insert((stamp, services));
+        Some((*stamp, services))
+    }
 }
 
 /// Counters the agent's `GET /metrics` shows: heartbeats sent and endpoint
@@ -198,20 +249,17 @@ impl ProxyTable {
         errors
     }
 
-    /// The watcher's path; see [`Pushed`].
-    pub fn push(&self, answer: &EndpointsAnswer) -> Pushed {
-        let stamp = Stamp {
-            origin: answer.origin,
-            generation: answer.generation,
-        };
+    /// The watcher's path, with the whole table `services` stamped
+    /// `stamp`; see [`Pushed`].
+    pub fn push(&self, stamp: Stamp, services: &[ServiceEndpoints]) -> Pushed {
         let mut applied = lock(&self.applied);
         if !is_newer(applied.stamp, Some(stamp)) {
             return Pushed::Old;
         }
-        if self.alias_vips && !aliased_already(applied.aliased.as_ref(), &answer.services) {
+        if self.alias_vips && !aliased_already(applied.aliased.as_ref(), services) {
             return Pushed::NeedsAliases;
         }
-        let errors = self.proxy.update(&answer.services);
+        let errors = self.proxy.update(services);
         applied.stamp = Some(stamp);
         *lock(&self.reported) = Some(stamp);
         self.counters.pushed_tables.fetch_add(1, Ordering::Relaxed);
@@ -240,31 +288,42 @@ fn run(cp: &ControlPlane, table: &Weak<ProxyTable>, wake: &Wake) {
         cap: POLL_RETRY_CAP,
         ..Policy::default()
     });
-    // The newest stamp seen (applied or waiting for its aliases): the next
-    // poll asks for a later one. None: ask for the current table at once.
-    let mut seen: Option<Stamp> = None;
+    // The newest table seen (applied or waiting for its aliases): the next
+    // poll asks for a later one. Empty: ask for the whole table at once.
+    let mut watched = WatchedTable::default();
+    // False once the control plane refused the `origin` parameter.
+    let mut changes = true;
     let mut last_problem: Option<String> = None;
     while !wake.is_stopped() {
-        let problem = match cp.endpoints(seen.map(|s| s.generation)) {
+        let held = watched.stamp();
+        let origin = held.filter(|_| changes).map(|s| s.origin);
+        let problem = match cp.endpoints(held.map(|s| s.generation), origin) {
+            Err(ClusterError::Status { status: 400, .. }) if origin.is_some() => {
+                log::info!(
+                    "the control plane does not answer endpoint changes (it predates them); polling for whole tables"
+                );
+                changes = false;
+                continue;
+            }
             Ok(answer) => {
                 let Some(table) = table.upgrade() else {
                     return;
                 };
-                let stamp = Stamp {
-                    origin: answer.origin,
-                    generation: answer.generation,
-                };
-                if seen.is_some_and(|s| s.origin != stamp.origin) {
+                if held.is_some_and(|s| s.origin != answer.origin) {
                     // A restarted control plane (it answers a generation it
                     // has not reached at once): ask by its own numbers now.
                     log::info!("the control plane restarted; following its endpoint generations");
                 }
-                seen = Some(stamp);
                 retry.forget(&());
-                match table.push(&answer) {
+                let generation = answer.generation;
+                let Some((stamp, services)) = watched.absorb(answer) else {
+                    // Changes to a table this watcher no longer holds: the
+                    // next poll asks for the whole one.
+                    continue;
+                };
+                match table.push(stamp, services) {
                     Pushed::Applied(errors) if !errors.is_empty() => Some(format!(
-                        "applying endpoint generation {}: {}",
-                        answer.generation,
+                        "applying endpoint generation {generation}: {}",
                         errors.join("; ")
                     )),
                     Pushed::Applied(_) | Pushed::Old => None,
@@ -277,11 +336,11 @@ fn run(cp: &ControlPlane, table: &Weak<ProxyTable>, wake: &Wake) {
             Err(e) => {
                 // Unreachable: maybe a control plane restarting, whose
                 // numbers start over, so ask for its current table first.
-                // A refusal (503: too many polls waiting) keeps `seen`, so
+                // A refusal (503: too many polls waiting) keeps the table, so
                 // the retry waits its turn instead of taking the table at
                 // once and coming straight back.
                 if matches!(e, ClusterError::Unreachable(_)) {
-                    seen = None;
+                    watched.forget();
                 }
                 let delay = retry.record_failure(&(), clock.now());
                 let problem = format!(
@@ -360,6 +419,110 @@ mod tests {
             !aliased_already(None, &[service(1)]),
             "no heartbeat answer applied yet"
         );
+    }
+
+    fn entry(name: &str, port: u16) -> ServiceEndpoints {
+        ServiceEndpoints {
+            name: name.into(),
+            vip: Ipv4Addr::new(10, 96, 0, 1),
+            port,
+            replicas: Vec::new(),
+            unsettled: false,
+        }
+    }
+
+    fn answer(
+        origin: u64,
+        generation: u64,
+        services: Vec<ServiceEndpoints>,
+        changes: Option<(u64, &[&str])>,
+    ) -> EndpointsAnswer {
+        EndpointsAnswer {
+            generation,
+            origin,
+            services,
+            services_changed: changes.map(|(since, _)| since),
+            services_removed: changes
+                .map(|(_, gone)| gone.iter().map(|g| g.to_string()).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn the_watched_table_applies_changes_to_the_table_it_holds() {
+        let mut watched = WatchedTable::default();
+        assert_eq!(watched.stamp(), None, "the first poll asks for the table");
+        let whole = vec![entry("a", 80), entry("b", 80), entry("c", 80)];
+        let (stamp, services) = watched
+            .absorb(answer(7, 3, whole.clone(), None))
+            .expect("whole");
+        assert_eq!(
+            (stamp, services),
+            (
+                Stamp {
+                    origin: 7,
+                    generation: 3
+                },
+                &whole[..]
+            )
+        );
+
+        // Generation 5 changed b, added d, removed c.
+        let changes = answer(
+            7,
+            5,
+            vec![entry("b", 81), entry("d", 80)],
+            Some((3, &["c"])),
+        );
+        let (stamp, services) = watched.absorb(changes).expect("changes to the held table");
+        assert_eq!(stamp.generation, 5);
+        assert_eq!(services, [entry("a", 80), entry("b", 81), entry("d", 80)]);
+        // Nothing changed since (a wait that ended at its timeout).
+        let (stamp, services) = watched
+            .absorb(answer(7, 5, Vec::new(), Some((5, &[]))))
+            .expect("unchanged");
+        assert_eq!((stamp.generation, services.len()), (5, 3));
+        assert_eq!(
+            watched.stamp(),
+            Some(Stamp {
+                origin: 7,
+                generation: 5
+            })
+        );
+    }
+
+    #[test]
+    fn changes_to_a_table_not_held_are_refused_and_the_table_asked_for_again() {
+        let mut watched = WatchedTable::default();
+        assert!(
+            watched
+                .absorb(answer(7, 5, Vec::new(), Some((3, &[]))))
+                .is_none()
+        );
+        watched
+            .absorb(answer(7, 3, vec![entry("a", 80)], None))
+            .expect("whole");
+        assert!(
+            watched
+                .absorb(answer(7, 6, Vec::new(), Some((4, &[]))))
+                .is_none(),
+            "changes from a generation not held"
+        );
+        assert_eq!(
+            watched.stamp(),
+            None,
+            "the next poll asks for the whole table"
+        );
+        watched
+            .absorb(answer(7, 3, vec![entry("a", 80)], None))
+            .expect("whole");
+        assert!(
+            watched
+                .absorb(answer(9, 4, Vec::new(), Some((3, &[]))))
+                .is_none(),
+            "another control plane's numbers"
+        );
+        assert_eq!(watched.stamp(), None);
     }
 
     #[test]

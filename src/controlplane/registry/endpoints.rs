@@ -99,6 +99,21 @@ impl EncodedEndpoints {
     }
 }
 
+/// A generation [`Cluster::refresh_endpoints`] hands out for the worker to
+/// publish: the whole table, and which services changed since the
+/// generation handed out before, so long polls can be answered with
+/// changes too.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewGeneration {
+    /// Its number.
+    pub generation: u64,
+    /// The whole table, in name order.
+    pub services: Arc<Vec<ServiceEndpoints>>,
+    /// The generation handed out before and the services changed since;
+    /// `None` for the first one, or when the log no longer reaches back.
+    pub changed: Option<(u64, BTreeSet<String>)>,
+}
+
 /// The table last published and its numbering; see the module docs.
 #[derive(Debug, Default)]
 pub(super) struct PublishedEndpoints {
@@ -124,6 +139,18 @@ pub(super) struct PublishedEndpoints {
     /// The changes to `generation` answered so far, by the generation they
     /// start from; emptied with every new generation.
     changes: BTreeMap<u64, Arc<EndpointChanges>>,
+}
+
+impl PublishedEndpoints {
+    /// The services changed from generation `held` to the current one;
+    /// `None` when the log does not reach back to `held`.
+    fn names_changed_since(&self, held: u64) -> Option<BTreeSet<&String>> {
+        if held < self.log_base || held > self.generation {
+            return None;
+        }
+        let skip = usize::try_from(held - self.log_base).ok()?;
+        Some(self.log.iter().skip(skip).flatten().collect())
+    }
 }
 
 impl Cluster {
@@ -194,19 +221,27 @@ impl Cluster {
         true
     }
 
-    /// Recomputes the table (see the module docs) and answers it with its
-    /// generation when that generation was not handed out by an earlier
-    /// call: the worker publishes what this answers to the API's board.
-    pub fn refresh_endpoints(&mut self, now: Instant) -> Option<(u64, Vec<ServiceEndpoints>)> {
+    /// Recomputes the table (see the module docs) and answers it when its
+    /// generation was not handed out by an earlier call: the worker
+    /// publishes what this answers to the API's board. The table is shared,
+    /// not copied.
+    pub fn refresh_endpoints(&mut self, now: Instant) -> Option<NewGeneration> {
         self.recompute_endpoints(now);
-        if self.published.generation == self.published.announced {
+        let p = &mut self.published;
+        if p.generation == p.announced {
             return None;
         }
-        self.published.announced = self.published.generation;
-        Some((
-            self.published.generation,
-            self.published.services.as_ref().clone(),
-        ))
+        let before = p.announced;
+        p.announced = p.generation;
+        let changed = (before > 0)
+            .then(|| p.names_changed_since(before))
+            .flatten()
+            .map(|names| (before, names.into_iter().cloned().collect()));
+        Some(NewGeneration {
+            generation: p.generation,
+            services: Arc::clone(&p.services),
+            changed,
+        })
     }
 
     /// The current table and its generation, recomputed first (a heartbeat
@@ -232,8 +267,7 @@ impl Cluster {
         if let Some(done) = p.changes.get(&held) {
             return Some(Arc::clone(done));
         }
-        let skip = usize::try_from(held - p.log_base).ok()?;
-        let names: BTreeSet<&String> = p.log.iter().skip(skip).flatten().collect();
+        let names = p.names_changed_since(held)?;
         if names.len() * 2 > p.by_name.len().max(1) {
             return None;
         }

@@ -41,6 +41,7 @@ use crate::common::wire::Resources;
 use crate::controlplane::state::{ClusterState, Op};
 
 pub use dirty::HealWork;
+pub use endpoints::NewGeneration;
 use endpoints::PublishedEndpoints;
 use liveness::Rank;
 use peers::first_peers_version;

@@ -2032,9 +2032,9 @@ fn settled_web() -> (Cluster, Instant, u64) {
         let req = reported_by(&c, id);
         c.heartbeat(id, &req, t0).expect("beat");
     }
-    let (generation, table) = c.refresh_endpoints(t0).expect("a first table");
-    assert_eq!(table[0].replicas.len(), 3, "{table:?}");
-    (c, t0, generation)
+    let first = c.refresh_endpoints(t0).expect("a first table");
+    assert_eq!(first.services[0].replicas.len(), 3, "{first:?}");
+    (c, t0, first.generation)
 }
 
 #[test]
@@ -2060,8 +2060,16 @@ fn the_endpoint_generation_grows_only_when_the_table_changes() {
     assert_eq!(resp.endpoints_generation, Some(generation + 1));
     assert_eq!(resp.endpoints_origin, Some(c.endpoints_origin()));
     assert_eq!(resp.services[0].replicas.len(), 2);
-    let (next, table) = c.refresh_endpoints(t0).expect("the change is published");
-    assert_eq!((next, table), (generation + 1, resp.services));
+    let next = c.refresh_endpoints(t0).expect("the change is published");
+    assert_eq!(
+        (next.generation, next.services.as_ref()),
+        (generation + 1, &resp.services)
+    );
+    assert_eq!(
+        next.changed,
+        Some((generation, ["web".to_string()].into())),
+        "which services changed since the generation handed out before"
+    );
     assert_eq!(c.refresh_endpoints(t0), None, "handed out once");
 }
 
@@ -2074,11 +2082,11 @@ fn liveness_alone_changes_the_endpoint_generation() {
         let req = reported_by(&c, id);
         c.heartbeat(id, &req, later).expect("beat");
     }
-    let (next, table) = c
+    let next = c
         .refresh_endpoints(later)
         .expect("c's death changes the table");
-    assert!(next > generation);
-    assert_eq!(table[0].replicas.len(), 2, "{table:?}");
+    assert!(next.generation > generation);
+    assert_eq!(next.services[0].replicas.len(), 2, "{next:?}");
 }
 
 #[test]
@@ -2368,9 +2376,9 @@ fn a_readiness_report_heals_and_rebuilds_only_its_service() {
         c.plan_heal(None, t0).is_empty(),
         "a not-ready replica stays"
     );
-    let (next, services) = c.refresh_endpoints(t0).expect("a new table");
-    assert!(next > generation);
-    let web = services.iter().find(|s| s.name == "web").expect("web");
+    let next = c.refresh_endpoints(t0).expect("a new table");
+    assert!(next.generation > generation);
+    let web = next.services.iter().find(|s| s.name == "web").expect("web");
     assert_eq!(web.replicas.len(), 1, "web-0 left the rotation");
     assert_eq!(work_since(&c, before), (1, 1), "web only, api untouched");
 }
