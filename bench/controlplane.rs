@@ -76,7 +76,10 @@
 //!
 //! Run with `cargo bench --bench controlplane` (Linux: CPU and RSS come from
 //! /proc). In the plain mode `KEEL_BENCH_NODES`, `KEEL_BENCH_APPLIES` and
-//! `KEEL_BENCH_WINDOW` (seconds) shrink a run. Nothing is asserted on time
+//! `KEEL_BENCH_WINDOW` (seconds) shrink a run; in the realistic mode
+//! `KEEL_BENCH_TRACE=file` also writes every heartbeat's latency and answer
+//! size as CSV, timed from the steady window and from the death, to tell a
+//! stall (slow answers together) from load (spread out). Nothing is asserted on time
 //! but the targets; the bench also exits non-zero when the control plane
 //! cannot be started, a request fails or a heal does not happen within two
 //! minutes. It kills the control plane it started (on every path, by its
@@ -1178,6 +1181,9 @@ fn realistic(binary: &Path, nodes: usize) -> Result<Vec<Target>, String> {
     let death_bytes = bytes_p99_max(&after_death);
     let heal_bytes = bytes_p99_max(&after_heal);
     let steady_rate = answered(&samples, s0, s1) as f64 / (s1 - s0).as_secs_f64();
+    if let Ok(path) = std::env::var("KEEL_BENCH_TRACE") {
+        write_trace(&path, &samples, s0, td)?;
+    }
 
     println!(
         "registration: {nodes} nodes in {:.2} s; {services} services in {:.2} s ({:.0}/s); {with_replicas} nodes hold the {replicas} replicas",
@@ -1290,6 +1296,29 @@ fn realistic(binary: &Path, nodes: usize) -> Result<Vec<Target>, String> {
     drop(cp);
     drop(agents);
     Ok(targets)
+}
+
+/// `KEEL_BENCH_TRACE=path`: every heartbeat sample as CSV (seconds since
+/// the steady window's start and since the death, latency in ms, answer
+/// bytes, node), to see whether a period's slow answers come together (a
+/// stall) or spread out (load).
+fn write_trace(path: &str, samples: &[Sample], s0: Instant, td: Instant) -> Result<(), String> {
+    let since = |from: Instant, t: Instant| {
+        t.saturating_duration_since(from).as_secs_f64()
+            - from.saturating_duration_since(t).as_secs_f64()
+    };
+    let mut out = String::from("since_steady_s,since_death_s,latency_ms,bytes,node\n");
+    for s in samples.iter().filter(|s| s.error.is_none()) {
+        out.push_str(&format!(
+            "{:.6},{:.6},{:.3},{},{}\n",
+            since(s0, s.due),
+            since(td, s.due),
+            s.latency.as_secs_f64() * 1e3,
+            s.bytes,
+            s.node
+        ));
+    }
+    std::fs::write(path, out).map_err(|e| format!("KEEL_BENCH_TRACE {path}: {e}"))
 }
 
 /// The realistic mode at every size asked for; false when a target was

@@ -19,7 +19,6 @@ use crate::common::wire::{
     EventType, Liveness, ObjectKind, ReplicaStatus, Resources, ServiceApply, ServiceEndpoints,
     ServiceStatus,
 };
-use crate::controlplane::scheduler::{Candidate, pick_node_spread};
 use crate::controlplane::state::{Op, Placement, ServiceRecord};
 
 /// One step of bringing a service to its desired replicas, carried out by a
@@ -434,9 +433,7 @@ impl Cluster {
                     }
                     Ok(None) => {
                         let avoid: BTreeSet<&str> = occupied.iter().map(String::as_str).collect();
-                        let candidates = with_planned(self.candidates(now), &planned);
-                        let Some(node) = pick_node_spread(&candidates, &avoid).map(str::to_string)
-                        else {
+                        let Some(node) = self.heal_pick(&planned, &avoid, now) else {
                             waits = true;
                             break; // no Alive node: the next heartbeat tries again
                         };
@@ -585,20 +582,4 @@ impl Cluster {
         }]);
         Ok((ops, removals))
     }
-}
-
-/// `candidates` with what the current plan placed on each added to its
-/// committed resources and jails.
-fn with_planned<'a>(
-    mut candidates: Vec<Candidate<'a>>,
-    planned: &BTreeMap<String, (Resources, u32)>,
-) -> Vec<Candidate<'a>> {
-    for c in &mut candidates {
-        if let Some((resources, jails)) = planned.get(c.node_id) {
-            c.committed.cpu += resources.cpu;
-            c.committed.memory = c.committed.memory.saturating_add(resources.memory);
-            c.jails = c.jails.saturating_add(*jails);
-        }
-    }
-    candidates
 }

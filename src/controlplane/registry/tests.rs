@@ -6,7 +6,7 @@ use crate::common::wire::{
     HeartbeatRequest, HeartbeatResponse, Liveness, NodeRemoval, Peer, RegisterRequest,
     ReplicaRequest, RolloutPolicy, ServiceApply,
 };
-use crate::controlplane::scheduler::pick_node;
+use crate::controlplane::scheduler::{Candidate, pick_node, pick_node_spread};
 use proptest::prelude::*;
 
 const DEAD_AFTER: Duration = Duration::from_secs(15);
@@ -754,14 +754,43 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// `candidates` with what a heal plan placed on each added to its committed
+/// resources and jails: what [`Cluster::heal_pick`] ranks by.
+fn with_planned<'a>(
+    mut candidates: Vec<Candidate<'a>>,
+    planned: &BTreeMap<String, (Resources, u32)>,
+) -> Vec<Candidate<'a>> {
+    for c in &mut candidates {
+        if let Some((resources, jails)) = planned.get(c.node_id) {
+            c.committed.cpu += resources.cpu;
+            c.committed.memory = c.committed.memory.saturating_add(resources.memory);
+            c.jails = c.jails.saturating_add(*jails);
+        }
+    }
+    candidates
+}
+
 proptest! {
     /// The ranked index picks exactly what `pick_node` picks over every
-    /// Alive node, through registrations (new capacities), heartbeats
-    /// (new commitments, ties included), deaths and resets.
+    /// Alive node, and a heal's pick what `pick_node_spread` picks with the
+    /// plan's placements counted, through registrations (new capacities),
+    /// heartbeats (new commitments, ties included), deaths and resets.
     #[test]
     fn the_ranked_pick_is_pick_node_over_the_candidates(
         steps in proptest::collection::vec(step(), 1..60),
+        planned in proptest::collection::vec((0u8..8, 0u8..4, 0u8..3), 0..4),
+        avoid in proptest::collection::btree_set(0u8..8, 0..4),
     ) {
+        // What a heal plan placed so far, and the service's own nodes.
+        let planned: BTreeMap<String, (Resources, u32)> = planned
+            .into_iter()
+            .map(|(node, cpu, jails)| {
+                let placed = Resources { cpu: f64::from(cpu) / 4.0, memory: u64::from(cpu) << 28 };
+                (format!("n{node}"), (placed, u32::from(jails)))
+            })
+            .collect();
+        let avoid: Vec<String> = avoid.into_iter().map(|n| format!("n{n}")).collect();
+        let avoid: BTreeSet<&str> = avoid.iter().map(String::as_str).collect();
         let mut now = Instant::now();
         let mut c = cluster();
         let mut on_disk = c.state().clone();
@@ -808,6 +837,10 @@ proptest! {
             }
             let expected = pick_node(&c.candidates(now)).map(str::to_string);
             prop_assert_eq!(c.scheduled_pick(now), expected);
+            let expected =
+                pick_node_spread(&with_planned(c.candidates(now), &planned), &avoid)
+                    .map(str::to_string);
+            prop_assert_eq!(c.heal_pick(&planned, &avoid, now), expected);
         }
     }
 }
