@@ -161,6 +161,10 @@ mod tests {
             .apply(jail("web", None), None)
             .expect("worker")
             .expect("applied");
+        // The worker publishes its statuses after answering a command and
+        // before taking the next: once a later command is answered, the
+        // apply's publication is there.
+        worker.list().expect("worker");
         let probe = FakeUsage::new();
         probe.set("web", used(2.5, 4096));
         probe.set("gone", used(9.0, 1));

@@ -15,9 +15,13 @@
 //!   record (a registration with new details, a cordon), a node's removal
 //!   or a volume's removal marks every service, being rare and able to
 //!   unblock any of them;
-//! - a node's liveness changing (it comes alive, or dies) marks every
-//!   service: a death concerns the services with replicas there, a return
-//!   can let any service short of replicas place them;
+//! - a node's liveness changing (it comes alive, or dies) marks the
+//!   services with replicas placed there: their heal and their endpoints
+//!   depend on it. A service short of replicas elsewhere needs no mark for
+//!   a return to let it place them: a plan that could not place a replica
+//!   keeps its service in the heal set (below). Marking every service
+//!   instead made each death a sweep of all of them, on the worker, while
+//!   heartbeats waited;
 //! - a heartbeat marks the services whose replicas' reports differ from the
 //!   node's previous ones, and nothing when they are the same;
 //! - an apply beginning or ending, a drain starting or ending, a service
@@ -103,6 +107,20 @@ impl Cluster {
         }
     }
 
+    /// Node `id` died or came alive: the services with replicas there.
+    pub(super) fn mark_node(&mut self, id: &str) {
+        let replicas: Vec<String> = self
+            .state
+            .placements
+            .iter()
+            .filter(|(_, p)| p.node == id)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &replicas {
+            self.mark_replica(name);
+        }
+    }
+
     /// Something every service depends on changed.
     pub(super) fn mark_every_service(&mut self) {
         self.dirty.heal_all = true;
@@ -117,7 +135,10 @@ impl Cluster {
             Op::PutPlacement { name, .. }
             | Op::RemovePlacement { name }
             | Op::MarkDeleting { name } => self.mark_replica(name),
-            Op::PutService { name, .. } | Op::RemoveService { name } => self.mark_service(name),
+            Op::PutService { name, .. } | Op::RemoveService { name } => {
+                self.note_rollout(name);
+                self.mark_service(name)
+            }
             // Comes with its replica's placement.
             Op::PutVolume { .. } => {}
             Op::PutNode { .. } | Op::RemoveNode { .. } | Op::RemoveVolume { .. } => {

@@ -95,7 +95,7 @@ impl Cluster {
                 );
                 self.rank(&id, false);
                 self.peer_changed(&id, now);
-                self.mark_every_service();
+                self.mark_node(&id);
             }
         }
     }
@@ -127,7 +127,7 @@ impl Cluster {
                 Some(id),
             );
             self.peer_changed(id, now);
-            self.mark_every_service();
+            self.mark_node(id);
         }
     }
 

@@ -152,6 +152,9 @@ pub struct Cluster {
     /// progress then: replicas on the new template plus those of them ready
     /// (see [`rollout`]).
     progress: BTreeMap<String, (Instant, u32)>,
+    /// The services whose record says a rollout is in progress, kept as
+    /// records change (see [`rollout`]): every heartbeat's heal asks.
+    progressing: BTreeSet<String>,
     cluster_cidr: Ipv4Net,
     service_cidr: Ipv4Net,
     dead_after: Duration,
@@ -226,6 +229,7 @@ impl Cluster {
             draining: BTreeMap::new(),
             retiring: BTreeSet::new(),
             progress: BTreeMap::new(),
+            progressing: BTreeSet::new(),
             cluster_cidr,
             service_cidr,
             dead_after,
@@ -241,6 +245,7 @@ impl Cluster {
             fenced: BTreeSet::new(),
         };
         cluster.encode_every_peer(now);
+        cluster.index_rollouts();
         // A rollout in progress gets a whole deadline from this start: the
         // time this process was not running is no evidence against it.
         cluster.restart_rollout_clocks(now);
@@ -281,6 +286,7 @@ impl Cluster {
         self.draining.clear();
         self.retiring.clear();
         self.progress.clear();
+        self.index_rollouts();
         self.mark_every_service();
     }
 

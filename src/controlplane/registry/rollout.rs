@@ -94,12 +94,30 @@ impl Cluster {
 
     /// The services whose rollout is in progress.
     fn progressing_services(&self) -> Vec<String> {
-        self.state
+        self.progressing.iter().cloned().collect()
+    }
+
+    /// Finds the services whose rollout is in progress from scratch (at
+    /// the start, and when the state was reloaded).
+    pub(super) fn index_rollouts(&mut self) {
+        self.progressing = self
+            .state
             .services
             .iter()
             .filter(|(_, r)| progressing(r))
             .map(|(n, _)| n.clone())
-            .collect()
+            .collect();
+    }
+
+    /// Service `name`'s record changed (or is gone): whether its rollout is
+    /// in progress now. Scanning every record instead cost a sweep of every
+    /// service per heartbeat.
+    pub(super) fn note_rollout(&mut self, name: &str) {
+        if self.state.services.get(name).is_some_and(progressing) {
+            self.progressing.insert(name.to_string());
+        } else {
+            self.progressing.remove(name);
+        }
     }
 
     /// How far a rollout got: replicas below the desired count on the

@@ -2399,6 +2399,58 @@ fn a_heartbeat_that_changes_nothing_plans_and_rebuilds_nothing() {
 }
 
 #[test]
+fn a_death_heals_and_rebuilds_only_the_services_with_replicas_there() {
+    let t0 = Instant::now();
+    let mut c = settled_pair(t0);
+    let services_on = |c: &Cluster, node: &str| -> BTreeSet<String> {
+        c.state()
+            .placements
+            .iter()
+            .filter(|(_, p)| p.node == node)
+            .filter_map(|(name, _)| {
+                crate::common::names::replica_of(name).map(|(s, _)| s.to_string())
+            })
+            .collect()
+    };
+    let victim = ["a", "b", "c"]
+        .into_iter()
+        .find(|n| services_on(&c, n).len() == 1)
+        .expect("a node with the replicas of one service only");
+    let only: Vec<String> = services_on(&c, victim).into_iter().collect();
+    // The others heartbeat on; the victim falls silent.
+    let beat_others = |c: &mut Cluster, now: Instant| {
+        for node in ["a", "b", "c"].into_iter().filter(|n| *n != victim) {
+            let req = reported_by(c, node);
+            c.heartbeat(node, &req, now).expect("heartbeat");
+        }
+    };
+    beat_others(&mut c, t0 + DEAD_AFTER / 2);
+    let before = c.heal_work();
+    let t1 = t0 + DEAD_AFTER + Duration::from_secs(1);
+    beat_others(&mut c, t1);
+    assert_eq!(c.liveness(victim, t1), Some(Liveness::Dead));
+    let plan = c.plan_heal(None, t1);
+    let healed: BTreeSet<&str> = plan
+        .iter()
+        .filter_map(|a| match a {
+            HealAction::Place { service, .. } => Some(service.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        healed,
+        only.iter().map(String::as_str).collect(),
+        "{plan:?}"
+    );
+    c.refresh_endpoints(t1);
+    assert_eq!(
+        work_since(&c, before),
+        (1, 1),
+        "{only:?} planned and rebuilt, the other service untouched"
+    );
+}
+
+#[test]
 fn a_readiness_report_heals_and_rebuilds_only_its_service() {
     let t0 = Instant::now();
     let mut c = settled_pair(t0);
