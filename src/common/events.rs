@@ -22,6 +22,14 @@
 //! interrupted. Losing those is acceptable where losing a desired jail is not,
 //! which is why events are not in the desired-state file.
 //!
+//! Writing the ring is a whole-file rewrite (about 280 KB at [`CAPACITY`])
+//! with two fsyncs; on the control plane's worker, where heartbeats wait
+//! behind every batch, a heal's few batches with events each paid it. So a
+//! daemon may give the writes a thread of their own
+//! ([`EventLog::write_in_background`]): the worker then only asks
+//! ([`EventLog::flush_soon`]), and asks that are pending when a write starts
+//! are one write. What a crash can lose grows by the write in progress.
+//!
 //! Must never: block a recorder on a reader, or grow without bound (the ring
 //! and the number of waiting long polls are both capped).
 
@@ -207,7 +215,21 @@ struct Shared {
     changed: Condvar,
     store: Mutex<Option<Store<Vec<Event>>>>,
     waiting: AtomicUsize,
+    /// A write is asked of the background writer, when there is one.
+    write: Mutex<WriteAsk>,
+    write_asked: Condvar,
 }
+
+#[derive(Default)]
+struct WriteAsk {
+    /// The background writer runs.
+    writer: bool,
+    /// A write is due.
+    due: bool,
+}
+
+/// How often the background writer checks that its ring still exists.
+const WRITER_CHECK: Duration = Duration::from_secs(1);
 
 /// The ring and its sink; see the module docs.
 #[derive(Clone)]
@@ -246,6 +268,8 @@ impl EventLog {
                 changed: Condvar::new(),
                 store: Mutex::new(store),
                 waiting: AtomicUsize::new(0),
+                write: Mutex::new(WriteAsk::default()),
+                write_asked: Condvar::new(),
             }),
         }
     }
@@ -384,6 +408,33 @@ impl EventLog {
         }
     }
 
+    /// Starts the thread that writes the ring from now on when
+    /// [`EventLog::flush_soon`] asks; see the module docs. It holds the ring
+    /// weakly and ends once every other holder is gone.
+    pub fn write_in_background(&self) -> std::io::Result<()> {
+        let shared = Arc::downgrade(&self.shared);
+        std::thread::Builder::new()
+            .name("keel-events".into())
+            .spawn(move || write_when_asked(&shared))?;
+        lock(&self.shared.write).writer = true;
+        Ok(())
+    }
+
+    /// [`EventLog::flush`] on the background writer when there is one, else
+    /// here and now. A failed background write is logged; the next ask
+    /// retries it.
+    pub fn flush_soon(&self) -> Result<(), StoreError> {
+        let mut ask = lock(&self.shared.write);
+        if !ask.writer {
+            drop(ask);
+            return self.flush();
+        }
+        ask.due = true;
+        drop(ask);
+        self.shared.write_asked.notify_one();
+        Ok(())
+    }
+
     /// Writes the ring to its file when events were recorded since the last
     /// write (see the module docs); nothing for a ring in memory. On failure
     /// the next flush tries again.
@@ -404,6 +455,36 @@ impl EventLog {
         ring.saved_seq = ring.saved_seq.max(last_seq);
         Ok(())
     }
+}
+
+/// The background writer's loop; see [`EventLog::write_in_background`].
+fn write_when_asked(shared: &std::sync::Weak<Shared>) {
+    while serve_one_ask(shared) {}
+}
+
+/// Waits (up to [`WRITER_CHECK`]) for an ask and writes the ring for it;
+/// false once the ring is gone.
+fn serve_one_ask(shared: &std::sync::Weak<Shared>) -> bool {
+    let Some(strong) = shared.upgrade() else {
+        return false;
+    };
+    let log = EventLog { shared: strong };
+    let mut ask = lock(&log.shared.write);
+    if !ask.due {
+        ask = log
+            .shared
+            .write_asked
+            .wait_timeout(ask, WRITER_CHECK)
+            .map(|(guard, _)| guard)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+    // Asks that came while the last write ran are this one write.
+    let due = std::mem::take(&mut ask.due);
+    drop(ask);
+    if due && let Err(e) = log.flush() {
+        log::warn!("events are not saved: {e}");
+    }
+    true
 }
 
 impl std::fmt::Debug for EventLog {
@@ -516,6 +597,36 @@ mod tests {
         assert_eq!(events[1].message, "status 3");
         log.normal(ObjectKind::Jail, "web", "Started", String::new());
         assert_eq!(log.since(Some(2), None).0[0].seq, 3);
+    }
+
+    #[test]
+    fn with_a_background_writer_an_ask_is_written_there_and_the_writer_ends_with_the_ring() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = EventLog::open(dir.path(), "n1").expect("open");
+        // The writer's part is played here, one ask at a time.
+        lock(&log.shared.write).writer = true;
+        let writer = Arc::downgrade(&log.shared);
+        log.normal(ObjectKind::Jail, "web", "Created", String::new());
+        log.normal(ObjectKind::Jail, "web", "Started", String::new());
+        log.flush_soon().expect("asked");
+        log.flush_soon().expect("asked again");
+        assert!(
+            !dir.path().join(EVENTS_FILE).exists(),
+            "the asker writes nothing itself"
+        );
+        assert!(serve_one_ask(&writer));
+        let saved: Vec<Event> = Store::open(dir.path(), EVENTS_FILE)
+            .expect("open")
+            .1
+            .expect("written");
+        assert_eq!(
+            reasons(&saved),
+            ["Created", "Started"],
+            "both asks, one write"
+        );
+        assert!(!lock(&log.shared.write).due, "nothing left to write");
+        drop(log);
+        assert!(!serve_one_ask(&writer), "the ring is gone: the writer ends");
     }
 
     #[test]

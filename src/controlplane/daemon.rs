@@ -170,6 +170,10 @@ pub fn run(options: Options) -> Result<(), RunError> {
     // model, and losing the last batch's in a crash is acceptable.
     let events = EventLog::open(&c.state_dir, "")
         .map_err(|e| RunError::Setup(format!("the event log: {e}")))?;
+    // Written on its own thread: the worker answers heartbeats meanwhile.
+    events
+        .write_in_background()
+        .map_err(|e| RunError::Setup(format!("the event log's writer thread: {e}")))?;
     cluster.set_events(events);
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
     let mut signals = SignalLoop::new().map_err(setup)?;

@@ -659,12 +659,18 @@ impl Worker {
                 break;
             }
         }
+        // The last events are written before the daemon exits, not left to
+        // the writer thread.
+        if let Err(e) = self.cluster.events().flush() {
+            log::warn!("events are not saved: {e}");
+        }
     }
 
-    /// One write for the events of a batch, not one per event
-    /// (`common::events`); the next batch retries a failed one.
+    /// One write for the events of a batch, not one per event, on the
+    /// events' own writer where the daemon started one (`common::events`):
+    /// heartbeats never wait for it. The next batch retries a failed one.
     fn flush_events(&self) {
-        if let Err(e) = self.cluster.events().flush() {
+        if let Err(e) = self.cluster.events().flush_soon() {
             log::warn!("events are not saved: {e}");
         }
     }
