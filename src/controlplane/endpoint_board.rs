@@ -33,8 +33,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::common::sync::lock;
-use crate::common::wire::{EndpointsAnswer, ServiceEndpoints};
+use crate::common::wire::EndpointsAnswer;
 use crate::controlplane::registry::NewGeneration;
+use crate::controlplane::registry::endpoints::Table;
 
 /// Generations whose changed services the board keeps: a poll further
 /// behind gets the whole table. As the registry's own log.
@@ -48,7 +49,7 @@ pub struct Answer {
     generation: u64,
     origin: u64,
     /// The pinned table.
-    services: Arc<Vec<ServiceEndpoints>>,
+    services: Table,
     /// For changes: the generation they start from and the services
     /// changed since. `None`: the whole table.
     changes: Option<(u64, BTreeSet<String>)>,
@@ -82,7 +83,7 @@ impl Answer {
             return EndpointsAnswer {
                 generation: self.generation,
                 origin: self.origin,
-                services: self.services.as_ref().clone(),
+                services: self.services.iter().map(|s| s.as_ref().clone()).collect(),
                 services_changed: None,
                 services_removed: Vec::new(),
             };
@@ -92,7 +93,7 @@ impl Answer {
         for name in names {
             // The table is in name order, as the registry keeps it.
             match self.services.binary_search_by(|s| s.name.cmp(name)) {
-                Ok(i) => services.push(self.services[i].clone()),
+                Ok(i) => services.push(self.services[i].as_ref().clone()),
                 Err(_) => removed.push(name.clone()),
             }
         }
@@ -109,7 +110,7 @@ impl Answer {
 struct Pinned {
     generation: u64,
     /// The table of `generation`, in name order.
-    services: Arc<Vec<ServiceEndpoints>>,
+    services: Table,
     /// Each pinned generation after `log_base` with the services changed
     /// since the one pinned before it, oldest first.
     log: VecDeque<(u64, BTreeSet<String>)>,
@@ -140,7 +141,7 @@ impl EndpointBoard {
     pub fn new(
         origin: u64,
         generation: u64,
-        services: Arc<Vec<ServiceEndpoints>>,
+        services: Table,
         nodes: BTreeSet<String>,
     ) -> EndpointBoard {
         EndpointBoard {
@@ -294,6 +295,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
+    use crate::common::wire::ServiceEndpoints;
 
     fn service(name: &str, port: u16) -> ServiceEndpoints {
         ServiceEndpoints {
@@ -306,17 +308,18 @@ mod tests {
     }
 
     /// `names` on port `port`, in name order, as the registry keeps them.
-    fn table(names: &[&str], port: u16) -> Arc<Vec<ServiceEndpoints>> {
+    fn table(names: &[&str], port: u16) -> Table {
         let mut services: Vec<ServiceEndpoints> = names.iter().map(|n| service(n, port)).collect();
         services.sort_by(|a, b| a.name.cmp(&b.name));
-        Arc::new(services)
+        Arc::new(services.into_iter().map(Arc::new).collect())
     }
 
-    fn next(
-        generation: u64,
-        services: Arc<Vec<ServiceEndpoints>>,
-        changed: Option<(u64, &[&str])>,
-    ) -> NewGeneration {
+    /// The entries of `table`, as an answer carries them.
+    fn plain(table: &Table) -> Vec<ServiceEndpoints> {
+        table.iter().map(|s| s.as_ref().clone()).collect()
+    }
+
+    fn next(generation: u64, services: Table, changed: Option<(u64, &[&str])>) -> NewGeneration {
         NewGeneration {
             generation,
             services,
@@ -327,7 +330,7 @@ mod tests {
 
     const ORIGIN: u64 = 7;
 
-    fn board(services: Arc<Vec<ServiceEndpoints>>) -> EndpointBoard {
+    fn board(services: Table) -> EndpointBoard {
         EndpointBoard::new(ORIGIN, 3, services, BTreeSet::new())
     }
 
@@ -335,7 +338,7 @@ mod tests {
     fn a_poll_without_a_held_table_gets_the_whole_table() {
         let b = board(table(&["a", "b"], 80));
         let answer = b.answer(None);
-        assert_eq!(answer.answer().services, *table(&["a", "b"], 80));
+        assert_eq!(answer.answer().services, plain(&table(&["a", "b"], 80)));
         assert_eq!(
             (answer.generation(), answer.answer().services_changed),
             (3, None)
@@ -347,7 +350,7 @@ mod tests {
         let b = board(table(&["a", "b", "c", "d", "e"], 80));
         // Generation 4 changes c; 5 removes e.
         let mut four = table(&["a", "b", "d", "e"], 80).as_ref().clone();
-        four.push(service("c", 81));
+        four.push(Arc::new(service("c", 81)));
         four.sort_by(|x, y| x.name.cmp(&y.name));
         b.publish(next(4, Arc::new(four.clone()), Some((3, &["c"]))));
         four.retain(|s| s.name != "e");
@@ -452,7 +455,7 @@ mod tests {
         let b = board(table(&["a"], 80));
         b.publish(next(2, table(&["old"], 80), None));
         assert_eq!(b.generation(), 3);
-        assert_eq!(b.answer(None).answer().services, *table(&["a"], 80));
+        assert_eq!(b.answer(None).answer().services, plain(&table(&["a"], 80)));
     }
 
     #[test]

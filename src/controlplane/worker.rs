@@ -561,7 +561,13 @@ impl Worker {
             Some(first) => (first.generation, first.services),
             None => (
                 self.cluster.endpoints_generation(),
-                Arc::new(self.cluster.endpoints(now)),
+                Arc::new(
+                    self.cluster
+                        .endpoints(now)
+                        .into_iter()
+                        .map(Arc::new)
+                        .collect(),
+                ),
             ),
         };
         let board = Arc::new(EndpointBoard::new(

@@ -72,16 +72,22 @@ pub struct EndpointChanges {
     pub removed: Vec<String>,
 }
 
+/// A published table: its entries in name order, each shared between the
+/// generations it did not change in. A new generation copies pointers, not
+/// entries: copying 1,000 entries on the worker for every generation of a
+/// heal was a share of the stall heartbeats waited behind at a death.
+pub type Table = Arc<Vec<Arc<ServiceEndpoints>>>;
+
 /// One generation's table, shared with the handler threads, and its JSON
 /// array once an answer needed it; see the module docs.
 #[derive(Debug, Default)]
 pub struct EncodedEndpoints {
-    services: Arc<Vec<ServiceEndpoints>>,
+    services: Table,
     json: OnceLock<Vec<u8>>,
 }
 
 impl EncodedEndpoints {
-    fn new(services: Arc<Vec<ServiceEndpoints>>) -> Arc<EncodedEndpoints> {
+    fn new(services: Table) -> Arc<EncodedEndpoints> {
         Arc::new(EncodedEndpoints {
             services,
             json: OnceLock::new(),
@@ -94,7 +100,8 @@ impl EncodedEndpoints {
             return Ok(done);
         }
         // Two threads may both encode the first time; one result is kept.
-        let encoded = serde_json::to_vec(self.services.as_ref())?;
+        let entries: Vec<&ServiceEndpoints> = self.services.iter().map(Arc::as_ref).collect();
+        let encoded = serde_json::to_vec(&entries)?;
         Ok(self.json.get_or_init(|| encoded))
     }
 }
@@ -108,7 +115,7 @@ pub struct NewGeneration {
     /// Its number.
     pub generation: u64,
     /// The whole table, in name order.
-    pub services: Arc<Vec<ServiceEndpoints>>,
+    pub services: Table,
     /// The generation handed out before and the services changed since;
     /// `None` for the first one, or when the log no longer reaches back.
     pub changed: Option<(u64, BTreeSet<String>)>,
@@ -122,12 +129,12 @@ pub(super) struct PublishedEndpoints {
     /// Identifies this process's generations.
     origin: u64,
     /// The table of `generation`.
-    services: Arc<Vec<ServiceEndpoints>>,
+    services: Table,
     /// The same, as heartbeat answers splice it in.
     encoded: Arc<EncodedEndpoints>,
     /// The same entries by service name, the ones a recomputation rebuilds
     /// (see [`super::dirty`]).
-    by_name: BTreeMap<String, ServiceEndpoints>,
+    by_name: BTreeMap<String, Arc<ServiceEndpoints>>,
     /// The generation [`Cluster::refresh_endpoints`] last handed out.
     announced: u64,
     /// The generation before the log's first entry: every generation from
@@ -156,13 +163,13 @@ impl PublishedEndpoints {
 impl Cluster {
     /// Generation 1: the table at the start (every node Unknown).
     pub(super) fn start_endpoints(&mut self, now: Instant) {
-        let services = Arc::new(self.endpoints(now));
+        let services: Table = Arc::new(self.endpoints(now).into_iter().map(Arc::new).collect());
         self.published = PublishedEndpoints {
             generation: 1,
             origin: first_peers_version(),
             by_name: services
                 .iter()
-                .map(|s| (s.name.clone(), s.clone()))
+                .map(|s| (s.name.clone(), Arc::clone(s)))
                 .collect(),
             encoded: EncodedEndpoints::new(Arc::clone(&services)),
             services,
@@ -196,11 +203,11 @@ impl Cluster {
         for name in names {
             self.dirty.work.endpoints_rebuilt += 1;
             let entry = self.service_endpoints(&name, now);
-            if self.published.by_name.get(&name) == entry.as_ref() {
+            if self.published.by_name.get(&name).map(Arc::as_ref) == entry.as_ref() {
                 continue;
             }
             match entry {
-                Some(entry) => self.published.by_name.insert(name.clone(), entry),
+                Some(entry) => self.published.by_name.insert(name.clone(), Arc::new(entry)),
                 None => self.published.by_name.remove(&name),
             };
             changed.push(name);
@@ -275,7 +282,7 @@ impl Cluster {
         let mut removed = Vec::new();
         for name in names {
             match p.by_name.get(name) {
-                Some(entry) => changed.push(entry.clone()),
+                Some(entry) => changed.push(Arc::clone(entry)),
                 None => removed.push(name.clone()),
             }
         }
