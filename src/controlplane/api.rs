@@ -186,14 +186,13 @@ impl ControlPlaneApi {
             },
             ("POST", ["nodes", id, "heartbeat"]) => match parse_json::<HeartbeatRequest>(req) {
                 Err(r) => r,
-                Ok(body) => {
-                    let answer = match self.worker.heartbeat(id, body)? {
-                        Err(r) => refused(&r),
-                        Ok(answer) => heartbeat_response(&answer, id),
-                    };
-                    self.heal_in_background()?;
-                    answer
-                }
+                Ok(body) => match self.worker.heartbeat(id, body)? {
+                    Err(r) => refused(&r),
+                    Ok((answer, heal)) => {
+                        heal_in_background(&self.worker, &self.forwarder, heal);
+                        heartbeat_response(&answer, id)
+                    }
+                },
             },
             ("GET", ["nodes", id, "endpoints"]) => self.endpoints(id, req),
             ("GET", ["services"]) => Response::json(200, &self.worker.services()?),
@@ -616,29 +615,6 @@ impl ControlPlaneApi {
                 None,
             ),
         })
-    }
-
-    /// Self-healing rides on heartbeats: the worker plans (no network), a
-    /// short-lived thread carries the plan out so the heartbeat is answered
-    /// at once. A service being healed is skipped by later plans until its
-    /// heal is done, so heals never pile up.
-    fn heal_in_background(&self) -> Result<(), WorkerGone> {
-        let actions = self.worker.plan_heal()?;
-        if actions.is_empty() {
-            return Ok(());
-        }
-        let (worker, forwarder) = (self.worker.clone(), self.forwarder.clone());
-        let spawned = std::thread::Builder::new()
-            .name("keel-heal".into())
-            .spawn(move || {
-                for failure in heal(&worker, &forwarder, actions) {
-                    log::warn!("self-healing: {failure}");
-                }
-            });
-        if let Err(e) = spawned {
-            log::error!("cannot start a heal thread: {e}");
-        }
-        Ok(())
     }
 
     fn delete(
@@ -1064,6 +1040,27 @@ fn reply<T: Serialize>(result: Result<T, Refusal>) -> Response {
 }
 
 /// The peer list is spliced in here, on the handler thread, not on the worker.
+/// Self-healing rides on heartbeats: the worker plans (no network) in the
+/// heartbeat's own visit, a short-lived thread carries the plan out so the
+/// heartbeat is answered at once. A service being healed is skipped by
+/// later plans until its heal is done, so heals never pile up.
+fn heal_in_background(worker: &WorkerHandle, forwarder: &Forwarder, actions: Vec<HealAction>) {
+    if actions.is_empty() {
+        return;
+    }
+    let (worker, forwarder) = (worker.clone(), forwarder.clone());
+    let spawned = std::thread::Builder::new()
+        .name("keel-heal".into())
+        .spawn(move || {
+            for failure in heal(&worker, &forwarder, actions) {
+                log::warn!("self-healing: {failure}");
+            }
+        });
+    if let Err(e) = spawned {
+        log::error!("cannot start a heal thread: {e}");
+    }
+}
+
 fn heartbeat_response(answer: &HeartbeatAnswer, node_id: &str) -> Response {
     match answer.body(node_id) {
         Ok(body) => Response::raw(

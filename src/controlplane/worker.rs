@@ -62,8 +62,14 @@ type Reply<T> = Sender<Result<T, Refusal>>;
 pub enum Command {
     /// `POST /nodes/register`.
     Register(RegisterRequest, Reply<RegisterResponse>),
-    /// `POST /nodes/{id}/heartbeat`.
-    Heartbeat(String, HeartbeatRequest, Reply<HeartbeatAnswer>),
+    /// `POST /nodes/{id}/heartbeat`: the answer, and the heal the cluster
+    /// needs after it (for every service not already healing), planned in
+    /// the same visit: one round trip per heartbeat, not two.
+    Heartbeat(
+        String,
+        HeartbeatRequest,
+        Reply<(HeartbeatAnswer, Vec<HealAction>)>,
+    ),
     /// `GET /nodes`.
     Nodes(Sender<Vec<NodeStatus>>),
     /// A node's committed resources from an apply's answer (no reply).
@@ -162,8 +168,6 @@ pub enum Command {
     /// The volume registry grouped by node, with each node's address when
     /// Alive (`GET /volumes`).
     VolumeHomes(Sender<Vec<VolumeHome>>),
-    /// Heal every service not already healing (after a heartbeat).
-    PlanHeal(Sender<Vec<HealAction>>),
     /// A heal is over.
     HealDone(Vec<String>),
     /// Answer at once (`/healthz`: the worker is alive and not stuck).
@@ -241,7 +245,7 @@ impl WorkerHandle {
         &self,
         id: &str,
         req: HeartbeatRequest,
-    ) -> Result<Result<HeartbeatAnswer, Refusal>, WorkerGone> {
+    ) -> Result<Result<(HeartbeatAnswer, Vec<HealAction>), Refusal>, WorkerGone> {
         self.ask(|r| Command::Heartbeat(id.to_string(), req, r))
     }
 
@@ -461,11 +465,6 @@ impl WorkerHandle {
     /// See [`Command::ServiceDocument`].
     pub fn service_document(&self, name: &str) -> Result<Option<(String, String)>, WorkerGone> {
         self.get(|r| Command::ServiceDocument(name.to_string(), r))
-    }
-
-    /// See [`Command::PlanHeal`].
-    pub fn plan_heal(&self) -> Result<Vec<HealAction>, WorkerGone> {
-        self.get(Command::PlanHeal)
     }
 
     /// See [`Command::HealDone`].
@@ -771,12 +770,13 @@ impl Worker {
                 }
             },
             Command::Heartbeat(id, req, reply) => {
-                let answer = self.cluster.heartbeat(&id, &req, now);
-                if answer.is_ok() {
+                let answer = self.cluster.heartbeat(&id, &req, now).map(|answer| {
                     // Persisted with the batch; a failed append reloads the
                     // state from disk and the next heartbeat tries again.
                     ops.extend(self.cluster.reap_deleted(&id, &req));
-                }
+                    ops.extend(self.cluster.advance_rollouts(now));
+                    (answer, self.cluster.plan_heal(None, now))
+                });
                 let _ = reply.send(answer);
             }
             Command::NoteCommitted(id, committed) => self.cluster.note_committed(&id, committed),
@@ -903,10 +903,6 @@ impl Worker {
             }
             Command::ServiceDocument(name, reply) => {
                 let _ = reply.send(self.cluster.service_document(&name));
-            }
-            Command::PlanHeal(reply) => {
-                ops.extend(self.cluster.advance_rollouts(now));
-                let _ = reply.send(self.cluster.plan_heal(None, now));
             }
             Command::HealDone(services) => self.cluster.heal_done(&services),
             Command::ResolveVolume(name, reply) => {
