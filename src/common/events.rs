@@ -231,6 +231,13 @@ struct WriteAsk {
 /// How often the background writer checks that its ring still exists.
 const WRITER_CHECK: Duration = Duration::from_secs(1);
 
+/// Least time between two background writes (the writer rests this long
+/// after each): a burst of batches with events
+/// (a thousand nodes registering) is a few writes, not one 280 KB rewrite
+/// per batch taking a core from the worker. A crash loses at most this much
+/// more of the newest events.
+pub const WRITE_EVERY: Duration = Duration::from_millis(250);
+
 /// The ring and its sink; see the module docs.
 #[derive(Clone)]
 pub struct EventLog {
@@ -459,15 +466,19 @@ impl EventLog {
 
 /// The background writer's loop; see [`EventLog::write_in_background`].
 fn write_when_asked(shared: &std::sync::Weak<Shared>) {
-    while serve_one_ask(shared) {}
+    while let Some(wrote) = serve_one_ask(shared) {
+        if wrote {
+            // Pacing, not waiting for a condition: the asks made meanwhile
+            // are one write once the interval is over.
+            std::thread::sleep(WRITE_EVERY);
+        }
+    }
 }
 
-/// Waits (up to [`WRITER_CHECK`]) for an ask and writes the ring for it;
-/// false once the ring is gone.
-fn serve_one_ask(shared: &std::sync::Weak<Shared>) -> bool {
-    let Some(strong) = shared.upgrade() else {
-        return false;
-    };
+/// Waits (up to [`WRITER_CHECK`]) for an ask and writes the ring for it:
+/// whether it wrote, `None` once the ring is gone.
+fn serve_one_ask(shared: &std::sync::Weak<Shared>) -> Option<bool> {
+    let strong = shared.upgrade()?;
     let log = EventLog { shared: strong };
     let mut ask = lock(&log.shared.write);
     if !ask.due {
@@ -484,7 +495,7 @@ fn serve_one_ask(shared: &std::sync::Weak<Shared>) -> bool {
     if due && let Err(e) = log.flush() {
         log::warn!("events are not saved: {e}");
     }
-    true
+    Some(due)
 }
 
 impl std::fmt::Debug for EventLog {
@@ -614,7 +625,7 @@ mod tests {
             !dir.path().join(EVENTS_FILE).exists(),
             "the asker writes nothing itself"
         );
-        assert!(serve_one_ask(&writer));
+        assert_eq!(serve_one_ask(&writer), Some(true));
         let saved: Vec<Event> = Store::open(dir.path(), EVENTS_FILE)
             .expect("open")
             .1
@@ -626,7 +637,11 @@ mod tests {
         );
         assert!(!lock(&log.shared.write).due, "nothing left to write");
         drop(log);
-        assert!(!serve_one_ask(&writer), "the ring is gone: the writer ends");
+        assert_eq!(
+            serve_one_ask(&writer),
+            None,
+            "the ring is gone: the writer ends"
+        );
     }
 
     #[test]
