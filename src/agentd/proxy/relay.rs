@@ -26,23 +26,32 @@
 //! as soon as the replica answers.
 //!
 //! Half-close: end of stream from one side becomes `shutdown(SHUT_WR)` on the
-//! other, and the opposite direction keeps flowing. An error on either
-//! direction (a reset, a broken pipe) ends both and closes both sockets.
+//! other, and the opposite direction keeps flowing. The shutdown waits one
+//! turn of the event loop: when the other side ends within it (a client
+//! closing after the last answer), closing both sockets ends the
+//! connection without it. An error on either direction (a reset, a broken
+//! pipe) ends both and closes both sockets.
+//!
+//! System calls per connection are what the rate of new connections
+//! depends on, so the common path avoids the ones that tell nothing new:
+//! no `getsockopt(SO_ERROR)` after a connect the poller reported as
+//! established, no read that would return `EAGAIN` (see `pipe`), no
+//! `shutdown` when both sides end together.
 
 use std::cell::RefCell;
 use std::future::poll_fn;
 use std::io;
-use std::net::{Shutdown, SocketAddrV4};
+use std::net::{Shutdown, SocketAddr, SocketAddrV4};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use socket2::SockRef;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
-use tokio::net::{TcpSocket, TcpStream};
 
 use super::balance::Backends;
 use super::stats::ServiceCounters;
@@ -299,9 +308,7 @@ async fn send_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
 /// Connects to `addr` within `timeout` (`agent.proxy_connect_timeout`) instead
 /// of the OS default (about two minutes against a silent address).
 async fn connect(addr: SocketAddrV4, timeout: Duration) -> io::Result<TcpStream> {
-    let sock = TcpSocket::new_v4()?;
-    sock.set_nodelay(true)?;
-    match tokio::time::timeout(timeout, sock.connect(addr.into())).await {
+    match tokio::time::timeout(timeout, connect_now(addr)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
@@ -310,10 +317,42 @@ async fn connect(addr: SocketAddrV4, timeout: Duration) -> io::Result<TcpStream>
     }
 }
 
+/// A non-blocking connect, done when the socket turns writable.
+///
+/// Not tokio's `TcpSocket::connect`: that one asks the kernel for the
+/// socket's error (`getsockopt(SO_ERROR)`) after every connect, one system
+/// call per connection. The readiness the poller reports already tells a
+/// failed connect (Linux: `EPOLLHUP`/`EPOLLERR`, FreeBSD: `EV_EOF`) from an
+/// established one, so the error is asked for only when there is one.
+async fn connect_now(addr: SocketAddrV4) -> io::Result<TcpStream> {
+    let socket = Socket::new(
+        Domain::IPV4,
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )?;
+    socket.set_tcp_nodelay(true)?;
+    match socket.connect(&SocketAddr::V4(addr).into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    let stream = TcpStream::from_std(std::net::TcpStream::from(socket))?;
+    let ready = stream.ready(Interest::WRITABLE | Interest::ERROR).await?;
+    if ready.is_write_closed() || ready.is_error() {
+        return Err(stream.take_error()?.unwrap_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "connection closed while connecting",
+            )
+        }));
+    }
+    Ok(stream)
+}
+
 /// What both directions of one relayed connection share.
 struct Ends<'a> {
-    /// One direction reached its end.
-    one_ended: AtomicBool,
+    /// How many directions reached their end (0, 1 or 2).
+    ended: AtomicU8,
     /// The service's counters.
     counters: &'a ServiceCounters,
 }
@@ -341,7 +380,7 @@ async fn relay(
     let (mut client_r, mut client_w) = client.split();
     let (mut backend_r, mut backend_w) = backend.split();
     let ends = Ends {
-        one_ended: AtomicBool::new(false),
+        ended: AtomicU8::new(0),
         counters,
     };
     tokio::try_join!(
@@ -358,8 +397,17 @@ async fn relay(
 }
 
 /// Copies `src` to `dst` until `src` ends, then shuts down `dst`'s write half
-/// unless the other direction ended first: then both sockets are about to be
+/// unless the other direction ended too: then both sockets are about to be
 /// closed, their read sides are drained, and the close sends the FIN.
+///
+/// The direction that ends first waits one turn of the event loop before it
+/// shuts down: in request/response traffic the side that reads the last
+/// answer usually closes at once (an HTTP client after `Connection: close`),
+/// and when its end arrives within that turn, the close alone ends both
+/// sockets and the `shutdown(SHUT_WR)` system call (and the proxy's socket
+/// going through FIN_WAIT to TIME_WAIT) is saved. When it does not arrive,
+/// the shutdown goes out one turn later, which no peer can tell from
+/// network delay.
 ///
 /// Reads and writes go through `poll_read`/`poll_write` rather than
 /// `readable()` + `try_read`: tokio's poll functions treat a short read or
@@ -382,14 +430,39 @@ async fn pipe(
             == Flow::Ended
         {
             // Relaxed: both directions are polled by the same task.
-            if !ends.one_ended.swap(true, Ordering::Relaxed) {
-                // The other side may already be gone; the opposite direction
-                // decides how the connection ends, not this shutdown.
-                let _ = dst.shutdown().await;
+            if ends.ended.fetch_add(1, Ordering::Relaxed) == 0 {
+                // Deferred past the events of this turn; the other
+                // direction, polled by the same task, may end meanwhile.
+                tokio::task::yield_now().await;
+                // `try_join!` rotates which direction it polls first, so
+                // the other one may not have seen those events yet: one
+                // more poll of the task, without waiting for the loop.
+                repoll().await;
+                if ends.ended.load(Ordering::Relaxed) == 1 {
+                    // The other side may already be gone; the opposite
+                    // direction decides how the connection ends, not this
+                    // shutdown.
+                    let _ = dst.shutdown().await;
+                }
             }
             return Ok(());
         }
     }
+}
+
+/// Pending once, the task woken at once: it is polled again after the
+/// tasks already woken, before the event loop looks for new events.
+async fn repoll() {
+    let mut polled = false;
+    poll_fn(|cx| {
+        if polled {
+            return Poll::Ready(());
+        }
+        polled = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -468,6 +541,32 @@ impl Backlog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `connect` tells a refused connect from an established one by the
+    /// readiness alone; the error must still be the kernel's.
+    #[test]
+    fn a_refused_connect_fails_with_the_kernels_error() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = match listener.local_addr().expect("addr") {
+                SocketAddr::V4(a) => a,
+                SocketAddr::V6(a) => panic!("bound {a}"),
+            };
+            let stream = connect(addr, Duration::from_secs(5))
+                .await
+                .expect("a listening port connects");
+            assert_eq!(stream.peer_addr().expect("peer"), SocketAddr::V4(addr));
+            drop(listener);
+            let err = connect(addr, Duration::from_secs(5))
+                .await
+                .expect_err("a closed port refuses");
+            assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");
+        });
+    }
 
     /// The state of a relayed connection must not hold a buffer (the whole
     /// point of the loop above); a regression would show here long before it
