@@ -400,9 +400,8 @@ fn half_close_still_delivers_the_rest_of_the_response() {
 }
 
 /// The other way round: the replica ends its side first and the client
-/// keeps sending. The relay waits a turn before it passes the end on (to
-/// spare the shutdown when the client closes as well); it must still pass
-/// it on while the client stays open, and keep relaying the client's bytes.
+/// keeps sending. The client must see the end while it stays open, and its
+/// bytes must still reach the replica.
 #[test]
 fn a_replica_that_ends_first_still_hears_the_client() {
     let listener = TcpListener::bind((ip(31, 10), 0)).expect("bind replica");

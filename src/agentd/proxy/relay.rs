@@ -26,17 +26,13 @@
 //! as soon as the replica answers.
 //!
 //! Half-close: end of stream from one side becomes `shutdown(SHUT_WR)` on the
-//! other, and the opposite direction keeps flowing. The shutdown waits one
-//! turn of the event loop: when the other side ends within it (a client
-//! closing after the last answer), closing both sockets ends the
-//! connection without it. An error on either direction (a reset, a broken
-//! pipe) ends both and closes both sockets.
+//! other, and the opposite direction keeps flowing. An error on either
+//! direction (a reset, a broken pipe) ends both and closes both sockets.
 //!
 //! System calls per connection are what the rate of new connections
 //! depends on, so the common path avoids the ones that tell nothing new:
 //! no `getsockopt(SO_ERROR)` after a connect the poller reported as
-//! established, no read that would return `EAGAIN` (see `pipe`), no
-//! `shutdown` when both sides end together.
+//! established, no read that would return `EAGAIN` (see `pipe`).
 
 use std::cell::RefCell;
 use std::future::poll_fn;
@@ -44,7 +40,7 @@ use std::io;
 use std::net::{Shutdown, SocketAddr, SocketAddrV4};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -351,8 +347,8 @@ async fn connect_now(addr: SocketAddrV4) -> io::Result<TcpStream> {
 
 /// What both directions of one relayed connection share.
 struct Ends<'a> {
-    /// How many directions reached their end (0, 1 or 2).
-    ended: AtomicU8,
+    /// One direction reached its end.
+    one_ended: AtomicBool,
     /// The service's counters.
     counters: &'a ServiceCounters,
 }
@@ -380,7 +376,7 @@ async fn relay(
     let (mut client_r, mut client_w) = client.split();
     let (mut backend_r, mut backend_w) = backend.split();
     let ends = Ends {
-        ended: AtomicU8::new(0),
+        one_ended: AtomicBool::new(false),
         counters,
     };
     tokio::try_join!(
@@ -397,17 +393,15 @@ async fn relay(
 }
 
 /// Copies `src` to `dst` until `src` ends, then shuts down `dst`'s write half
-/// unless the other direction ended too: then both sockets are about to be
+/// unless the other direction ended first: then both sockets are about to be
 /// closed, their read sides are drained, and the close sends the FIN.
 ///
-/// The direction that ends first waits one turn of the event loop before it
-/// shuts down: in request/response traffic the side that reads the last
-/// answer usually closes at once (an HTTP client after `Connection: close`),
-/// and when its end arrives within that turn, the close alone ends both
-/// sockets and the `shutdown(SHUT_WR)` system call (and the proxy's socket
-/// going through FIN_WAIT to TIME_WAIT) is saved. When it does not arrive,
-/// the shutdown goes out one turn later, which no peer can tell from
-/// network delay.
+/// The shutdown goes out at once. Waiting a turn of the event loop for
+/// the other side's end, to close both instead, saved the `shutdown(2)`
+/// for about half the connections of the connections-per-second bench but
+/// cost the proxy more CPU per connection (bench/README.md, "proxy
+/// accepting faster"): a peer that closes second leaves its TIME_WAIT to be
+/// built inside the proxy's `close(2)`.
 ///
 /// Reads and writes go through `poll_read`/`poll_write` rather than
 /// `readable()` + `try_read`: tokio's poll functions treat a short read or
@@ -430,39 +424,14 @@ async fn pipe(
             == Flow::Ended
         {
             // Relaxed: both directions are polled by the same task.
-            if ends.ended.fetch_add(1, Ordering::Relaxed) == 0 {
-                // Deferred past the events of this turn; the other
-                // direction, polled by the same task, may end meanwhile.
-                tokio::task::yield_now().await;
-                // `try_join!` rotates which direction it polls first, so
-                // the other one may not have seen those events yet: one
-                // more poll of the task, without waiting for the loop.
-                repoll().await;
-                if ends.ended.load(Ordering::Relaxed) == 1 {
-                    // The other side may already be gone; the opposite
-                    // direction decides how the connection ends, not this
-                    // shutdown.
-                    let _ = dst.shutdown().await;
-                }
+            if !ends.one_ended.swap(true, Ordering::Relaxed) {
+                // The other side may already be gone; the opposite direction
+                // decides how the connection ends, not this shutdown.
+                let _ = dst.shutdown().await;
             }
             return Ok(());
         }
     }
-}
-
-/// Pending once, the task woken at once: it is polled again after the
-/// tasks already woken, before the event loop looks for new events.
-async fn repoll() {
-    let mut polled = false;
-    poll_fn(|cx| {
-        if polled {
-            return Poll::Ready(());
-        }
-        polled = true;
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    })
-    .await
 }
 
 #[derive(Debug, PartialEq, Eq)]
