@@ -399,6 +399,40 @@ fn half_close_still_delivers_the_rest_of_the_response() {
     assert_eq!(back.len(), payload.len() + trailer.len());
 }
 
+/// The other way round: the replica ends its side first and the client
+/// keeps sending. The client must see the end while it stays open, and its
+/// bytes must still reach the replica.
+#[test]
+fn a_replica_that_ends_first_still_hears_the_client() {
+    let listener = TcpListener::bind((ip(31, 10), 0)).expect("bind replica");
+    let replica = match listener.local_addr().expect("replica addr") {
+        SocketAddr::V4(a) => a,
+        SocketAddr::V6(_) => unreachable!("bound an IPv4 address"),
+    };
+    let serving = thread::spawn(move || {
+        let (mut conn, _) = listener.accept().expect("accept");
+        conn.set_read_timeout(Some(HANG)).expect("timeout");
+        conn.write_all(b"bye\n").expect("answer");
+        conn.shutdown(Shutdown::Write).expect("half-close");
+        let mut heard = Vec::new();
+        conn.read_to_end(&mut heard)
+            .expect("read until the client ends");
+        heard
+    });
+    let proxy = start(Duration::from_secs(1));
+    update_ok(&proxy, &[service("first", ip(31, 1), &[replica])]);
+    let (mut s, greeting) = connect(listen_addr(&proxy, "first"));
+    assert_eq!(greeting, "bye");
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest)
+        .expect("the replica's end reaches the client");
+    assert!(rest.is_empty(), "nothing after the answer: {rest:?}");
+    s.write_all(b"still here")
+        .expect("write after the replica ended");
+    s.shutdown(Shutdown::Write).expect("half-close");
+    assert_eq!(serving.join().expect("replica"), b"still here");
+}
+
 #[test]
 fn a_connect_timeout_moves_on_to_the_next_replica() {
     // A listener whose accept queue is full drops further SYNs, so a connect

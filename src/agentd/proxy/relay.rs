@@ -28,21 +28,26 @@
 //! Half-close: end of stream from one side becomes `shutdown(SHUT_WR)` on the
 //! other, and the opposite direction keeps flowing. An error on either
 //! direction (a reset, a broken pipe) ends both and closes both sockets.
+//!
+//! System calls per connection are what the rate of new connections
+//! depends on, so the common path avoids the ones that tell nothing new:
+//! no `getsockopt(SO_ERROR)` after a connect the poller reported as
+//! established, no read that would return `EAGAIN` (see `pipe`).
 
 use std::cell::RefCell;
 use std::future::poll_fn;
 use std::io;
-use std::net::{Shutdown, SocketAddrV4};
+use std::net::{Shutdown, SocketAddr, SocketAddrV4};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use socket2::SockRef;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
-use tokio::net::{TcpSocket, TcpStream};
 
 use super::balance::Backends;
 use super::stats::ServiceCounters;
@@ -299,15 +304,45 @@ async fn send_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
 /// Connects to `addr` within `timeout` (`agent.proxy_connect_timeout`) instead
 /// of the OS default (about two minutes against a silent address).
 async fn connect(addr: SocketAddrV4, timeout: Duration) -> io::Result<TcpStream> {
-    let sock = TcpSocket::new_v4()?;
-    sock.set_nodelay(true)?;
-    match tokio::time::timeout(timeout, sock.connect(addr.into())).await {
+    match tokio::time::timeout(timeout, connect_now(addr)).await {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
             format!("no answer within {} ms", timeout.as_millis()),
         )),
     }
+}
+
+/// A non-blocking connect, done when the socket turns writable.
+///
+/// Not tokio's `TcpSocket::connect`: that one asks the kernel for the
+/// socket's error (`getsockopt(SO_ERROR)`) after every connect, one system
+/// call per connection. The readiness the poller reports already tells a
+/// failed connect (Linux: `EPOLLHUP`/`EPOLLERR`, FreeBSD: `EV_EOF`) from an
+/// established one, so the error is asked for only when there is one.
+async fn connect_now(addr: SocketAddrV4) -> io::Result<TcpStream> {
+    let socket = Socket::new(
+        Domain::IPV4,
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )?;
+    socket.set_tcp_nodelay(true)?;
+    match socket.connect(&SocketAddr::V4(addr).into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    let stream = TcpStream::from_std(std::net::TcpStream::from(socket))?;
+    let ready = stream.ready(Interest::WRITABLE | Interest::ERROR).await?;
+    if ready.is_write_closed() || ready.is_error() {
+        return Err(stream.take_error()?.unwrap_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "connection closed while connecting",
+            )
+        }));
+    }
+    Ok(stream)
 }
 
 /// What both directions of one relayed connection share.
@@ -360,6 +395,13 @@ async fn relay(
 /// Copies `src` to `dst` until `src` ends, then shuts down `dst`'s write half
 /// unless the other direction ended first: then both sockets are about to be
 /// closed, their read sides are drained, and the close sends the FIN.
+///
+/// The shutdown goes out at once. Waiting a turn of the event loop for
+/// the other side's end, to close both instead, saved the `shutdown(2)`
+/// for about half the connections of the connections-per-second bench but
+/// cost the proxy more CPU per connection (bench/README.md, "proxy
+/// accepting faster"): a peer that closes second leaves its TIME_WAIT to be
+/// built inside the proxy's `close(2)`.
 ///
 /// Reads and writes go through `poll_read`/`poll_write` rather than
 /// `readable()` + `try_read`: tokio's poll functions treat a short read or
@@ -468,6 +510,32 @@ impl Backlog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `connect` tells a refused connect from an established one by the
+    /// readiness alone; the error must still be the kernel's.
+    #[test]
+    fn a_refused_connect_fails_with_the_kernels_error() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = match listener.local_addr().expect("addr") {
+                SocketAddr::V4(a) => a,
+                SocketAddr::V6(a) => panic!("bound {a}"),
+            };
+            let stream = connect(addr, Duration::from_secs(5))
+                .await
+                .expect("a listening port connects");
+            assert_eq!(stream.peer_addr().expect("peer"), SocketAddr::V4(addr));
+            drop(listener);
+            let err = connect(addr, Duration::from_secs(5))
+                .await
+                .expect_err("a closed port refuses");
+            assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused, "{err}");
+        });
+    }
 
     /// The state of a relayed connection must not hold a buffer (the whole
     /// point of the loop above); a regression would show here long before it
