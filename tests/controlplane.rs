@@ -466,6 +466,47 @@ fn service_apply(replicas: u32) -> ServiceApply {
     }
 }
 
+/// A control plane with one registered node, `node-a`, whose applies a
+/// fake agent takes, and the node and operator keys.
+struct OneNode {
+    cp: ControlPlane,
+    node: Signer,
+    operator: Signer,
+    agent: FakeAgent,
+}
+
+fn one_node(dir: &Path) -> OneNode {
+    let cp = ControlPlane::start(dir, free_port(), "10s");
+    let node = cp.key("node.key");
+    let operator = cp.key("operator.key");
+    let agent = FakeAgent::start(dir);
+    register(&cp, &node, "node-a", agent.addr, 4.0);
+    OneNode {
+        cp,
+        node,
+        operator,
+        agent,
+    }
+}
+
+/// `GET /nodes/node-a/endpoints{query}` signed with `node`, to send from
+/// any thread, with a read timeout below the control plane's wait: only an
+/// answer at once, or a wake-up, can answer it.
+fn endpoint_poll(
+    cp: &ControlPlane,
+    node: &Signer,
+    query: &str,
+) -> impl FnOnce() -> Result<ClientResponse, keel::common::http::HttpError> + Send + 'static {
+    let path = format!("/nodes/node-a/endpoints{query}");
+    let headers = auth::sign_headers(node, "GET", &path, b"", auth::unix_now()).expect("sign");
+    let addr = cp.addr;
+    move || {
+        Client::new(Endpoint::Tcp(addr.to_string()))
+            .with_timeout(ENDPOINTS_WAIT / 2)
+            .request("GET", &path, &headers, b"")
+    }
+}
+
 /// `GET /nodes/{id}/endpoints?after=G` on a real control plane: signed by a
 /// node key only, `after` checked, unknown nodes refused like a heartbeat,
 /// and a poll waiting on the current generation answered with the next one
@@ -473,11 +514,12 @@ fn service_apply(replicas: u32) -> ServiceApply {
 #[test]
 fn the_endpoint_long_poll_answers_the_next_generation() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cp = ControlPlane::start(dir.path(), free_port(), "10s");
-    let node = cp.key("node.key");
-    let operator = cp.key("operator.key");
-    let agent = FakeAgent::start(dir.path());
-    register(&cp, &node, "node-a", agent.addr, 4.0);
+    let OneNode {
+        cp,
+        node,
+        operator,
+        agent,
+    } = one_node(dir.path());
     heartbeat(&cp, &node, "node-a", 0.0);
 
     let poll = |id: &str, query: &str| {
@@ -532,17 +574,11 @@ fn the_endpoint_long_poll_answers_the_next_generation() {
     // A poll on the current generation waits; a heartbeat reporting the
     // replica ready wakes it with the next generation. Its read timeout is
     // below the control plane's wait, so only the wake-up can answer it.
-    let client_timeout = ENDPOINTS_WAIT / 2;
-    let waiting = {
-        let path = format!("/nodes/node-a/endpoints?after={}", current.generation);
-        let headers = auth::sign_headers(&node, "GET", &path, b"", auth::unix_now()).expect("sign");
-        let addr = cp.addr;
-        std::thread::spawn(move || {
-            Client::new(Endpoint::Tcp(addr.to_string()))
-                .with_timeout(client_timeout)
-                .request("GET", &path, &headers, b"")
-        })
-    };
+    let waiting = std::thread::spawn(endpoint_poll(
+        &cp,
+        &node,
+        &format!("?after={}", current.generation),
+    ));
     let epoch = {
         let r = cp.call(Some(&operator), "GET", "/services/web", b"");
         let status: keel::common::wire::ServiceStatus =
@@ -607,11 +643,7 @@ fn the_endpoint_long_poll_answers_the_next_generation() {
     // is for a generation above the current one (numbered by a previous
     // control plane): within a read timeout shorter than the wait.
     assert_eq!(read(&poll("node-a", "")).generation, woken.generation);
-    let path = format!("/nodes/node-a/endpoints?after={}", woken.generation + 1000);
-    let headers = auth::sign_headers(&node, "GET", &path, b"", auth::unix_now()).expect("sign");
-    let ahead = Client::new(Endpoint::Tcp(cp.addr.to_string()))
-        .with_timeout(client_timeout)
-        .request("GET", &path, &headers, b"")
+    let ahead = endpoint_poll(&cp, &node, &format!("?after={}", woken.generation + 1000))()
         .expect("answered at once");
     assert_eq!(read(&ahead).generation, woken.generation);
 }
@@ -622,25 +654,22 @@ fn the_endpoint_long_poll_answers_the_next_generation() {
 #[test]
 fn a_flood_of_idle_connections_never_evicts_a_waiting_endpoint_poll() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cp = ControlPlane::start(dir.path(), free_port(), "10s");
-    let node = cp.key("node.key");
-    let operator = cp.key("operator.key");
-    let agent = FakeAgent::start(dir.path());
-    register(&cp, &node, "node-a", agent.addr, 4.0);
+    // `_agent` keeps the fake agent answering until the test ends.
+    let OneNode {
+        cp,
+        node,
+        operator,
+        agent: _agent,
+    } = one_node(dir.path());
     let r = cp.call(Some(&node), "GET", "/nodes/node-a/endpoints", b"");
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let current: EndpointsAnswer = serde_json::from_slice(&r.body).expect("endpoints");
 
-    let waiting = {
-        let path = format!("/nodes/node-a/endpoints?after={}", current.generation);
-        let headers = auth::sign_headers(&node, "GET", &path, b"", auth::unix_now()).expect("sign");
-        let addr = cp.addr;
-        std::thread::spawn(move || {
-            Client::new(Endpoint::Tcp(addr.to_string()))
-                .with_timeout(ENDPOINTS_WAIT / 2)
-                .request("GET", &path, &headers, b"")
-        })
-    };
+    let waiting = std::thread::spawn(endpoint_poll(
+        &cp,
+        &node,
+        &format!("?after={}", current.generation),
+    ));
     let polls_waiting = || {
         let r = cp.call(Some(&operator), "GET", "/metrics", b"");
         String::from_utf8_lossy(&r.body).contains("keel_endpoint_polls_waiting 1\n")
@@ -680,11 +709,13 @@ fn a_flood_of_idle_connections_never_evicts_a_waiting_endpoint_poll() {
 #[test]
 fn an_endpoint_poll_holding_a_table_is_answered_only_the_changes() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cp = ControlPlane::start(dir.path(), free_port(), "10s");
-    let node = cp.key("node.key");
-    let operator = cp.key("operator.key");
-    let agent = FakeAgent::start(dir.path());
-    register(&cp, &node, "node-a", agent.addr, 4.0);
+    // `_agent` keeps the fake agent answering until the test ends.
+    let OneNode {
+        cp,
+        node,
+        operator,
+        agent: _agent,
+    } = one_node(dir.path());
     let put_service = |name: &str| {
         let apply = service_apply(0);
         let r = cp.call(
@@ -699,14 +730,7 @@ fn an_endpoint_poll_holding_a_table_is_answered_only_the_changes() {
         put_service(name);
     }
     let poll = |query: &str| {
-        let path = format!("/nodes/node-a/endpoints{query}");
-        let headers = auth::sign_headers(&node, "GET", &path, b"", auth::unix_now()).expect("sign");
-        // Below the control plane's wait: only an answer at once, or a
-        // wake-up, can answer it.
-        let r = Client::new(Endpoint::Tcp(cp.addr.to_string()))
-            .with_timeout(ENDPOINTS_WAIT / 2)
-            .request("GET", &path, &headers, b"")
-            .expect("answered");
+        let r = endpoint_poll(&cp, &node, query)().expect("answered");
         assert_eq!(
             r.status,
             200,

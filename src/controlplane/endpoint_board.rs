@@ -53,32 +53,22 @@ pub struct Answer {
     /// For changes: the generation they start from and the services
     /// changed since. `None`: the whole table.
     changes: Option<(u64, BTreeSet<String>)>,
-    built: OnceLock<EndpointsAnswer>,
     body: OnceLock<Vec<u8>>,
 }
 
 impl Answer {
-    /// The generation it brings the poll to.
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
-
-    /// What it says, built on the first call.
-    pub fn answer(&self) -> &EndpointsAnswer {
-        self.built.get_or_init(|| self.build())
-    }
-
-    /// The JSON body, encoded on the first call.
+    /// The JSON body, encoded on the first call; only the bytes are kept.
     pub fn body(&self) -> Result<&[u8], serde_json::Error> {
         if let Some(done) = self.body.get() {
             return Ok(done);
         }
         // Two threads may both encode the first time; one result is kept.
-        let encoded = serde_json::to_vec(self.answer())?;
+        let encoded = serde_json::to_vec(&self.answer())?;
         Ok(self.body.get_or_init(|| encoded))
     }
 
-    fn build(&self) -> EndpointsAnswer {
+    /// What it says, built from the shared table.
+    pub fn answer(&self) -> EndpointsAnswer {
         let Some((since, names)) = &self.changes else {
             return EndpointsAnswer {
                 generation: self.generation,
@@ -259,7 +249,6 @@ impl EndpointBoard {
                 origin: self.origin,
                 services: Arc::clone(&pinned.services),
                 changes,
-                built: OnceLock::new(),
                 body: OnceLock::new(),
             }),
         };
@@ -340,7 +329,7 @@ mod tests {
         let answer = b.answer(None);
         assert_eq!(answer.answer().services, plain(&table(&["a", "b"], 80)));
         assert_eq!(
-            (answer.generation(), answer.answer().services_changed),
+            (answer.answer().generation, answer.answer().services_changed),
             (3, None)
         );
     }
@@ -382,10 +371,10 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &b.answer(None)));
         assert_eq!(
             first.body().expect("body"),
-            serde_json::to_vec(first.answer()).expect("json")
+            serde_json::to_vec(&first.answer()).expect("json")
         );
         b.publish(next(5, table(&["a", "b", "c"], 82), None));
-        assert_eq!(b.answer(None).generation(), 5);
+        assert_eq!(b.answer(None).answer().generation, 5);
     }
 
     #[test]

@@ -556,19 +556,9 @@ impl Worker {
     pub fn spawn(mut self) -> std::io::Result<(WorkerHandle, JoinHandle<()>)> {
         let (tx, rx) = mpsc::channel();
         let now = Instant::now();
-        let (generation, services) = match self.cluster.refresh_endpoints(now) {
-            Some(first) => (first.generation, first.services),
-            None => (
-                self.cluster.endpoints_generation(),
-                Arc::new(
-                    self.cluster
-                        .endpoints(now)
-                        .into_iter()
-                        .map(Arc::new)
-                        .collect(),
-                ),
-            ),
-        };
+        // Handed out now, so the first refresh after a batch starts from it.
+        self.cluster.refresh_endpoints(now);
+        let (generation, services) = self.cluster.published_endpoints();
         let board = Arc::new(EndpointBoard::new(
             self.cluster.endpoints_origin(),
             generation,

@@ -294,6 +294,15 @@ impl Cluster {
         Some(changes)
     }
 
+    /// The table last published and its generation, shared, without
+    /// recomputing.
+    pub fn published_endpoints(&self) -> (u64, Table) {
+        (
+            self.published.generation,
+            Arc::clone(&self.published.services),
+        )
+    }
+
     /// The generation of the table last published, without recomputing.
     pub fn endpoints_generation(&self) -> u64 {
         self.published.generation
