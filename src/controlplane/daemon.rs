@@ -32,6 +32,7 @@ use crate::common::replay_floor::{self, FloorError};
 use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
 use crate::controlplane::api::ControlPlaneApi;
 use crate::controlplane::cli::Options;
+use crate::controlplane::commit::JournalLog;
 use crate::controlplane::metrics::Metered;
 use crate::controlplane::registry::Cluster;
 use crate::controlplane::transfer::{self, TransferError};
@@ -177,9 +178,10 @@ pub fn run(options: Options) -> Result<(), RunError> {
     cluster.set_events(events);
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
     let mut signals = SignalLoop::new().map_err(setup)?;
-    let (worker, worker_thread) = Worker::new(cluster, journal, c.state_dir.clone())
-        .spawn()
-        .map_err(setup)?;
+    let (worker, worker_thread) =
+        Worker::new(cluster, JournalLog::new(journal, c.state_dir.clone()))
+            .spawn()
+            .map_err(setup)?;
     let watcher = signals.watch(worker_thread).map_err(setup)?;
     let verifier = Verifier::new(keyring, cfg.auth.max_clock_skew.0)
         .with_not_before(not_before)

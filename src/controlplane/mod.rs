@@ -5,7 +5,8 @@
 //! | [`registry`] | nodes and liveness, pod_cidrs, placements, applies in flight |
 //! | [`scheduler`] | `pick_node`: a pure ranking of Alive nodes by headroom |
 //! | [`state`] | what is persisted, and the ops that change it |
-//! | [`worker`] | the one thread owning the registry and the journal |
+//! | [`worker`] | the one thread owning the registry, and the batches it hands to the journal |
+//! | [`commit`] | the journal's writer thread: batches made durable in order, then answered |
 //! | [`endpoint_board`] | the endpoint table the worker publishes and long polls wait on |
 //! | [`api`] | the route table, request signing checks, forwarding to agents |
 //! | [`heal`] | carrying out a planned heal, concurrently with a bound per node |
@@ -20,6 +21,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod commit;
 pub mod daemon;
 pub mod diff;
 pub mod endpoint_board;

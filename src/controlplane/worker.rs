@@ -7,20 +7,23 @@
 //! one slow node cannot stall the cluster.
 //!
 //! Group commit: the worker takes every command already queued (up to
-//! [`MAX_BATCH`]), applies them in memory, appends all their ops to the journal
-//! with one fsync, and only then answers them. Under load many applies share
-//! one fsync; alone, a request costs one. If the journal write fails, the
-//! worker reloads the state from disk (which holds exactly what was
-//! acknowledged before) and answers every command of the batch with the error.
+//! [`MAX_BATCH`]), applies them in memory, and hands all their ops to the
+//! journal's writer thread ([`super::commit`]), which appends them with one
+//! fsync and only then answers the commands that changed something. Under
+//! load many applies share one fsync; alone, a request costs one. The worker
+//! does not wait for the disk: it goes on with the next batch (heartbeats,
+//! reads) while the writer syncs. When a write fails, the writer refuses
+//! that batch and every later one, and the worker, at its next wake, takes
+//! the state on disk (exactly what was acknowledged) as its own.
 //!
 //! Endpoints: after every batch that held a request able to change the
 //! endpoint table (a heartbeat, a service put or delete, a placement
 //! change, a node removal), and at least every quarter of the stall
 //! threshold whatever it held (liveness changes with time alone), the worker
 //! asks the registry for a changed table
-//! ([`Cluster::refresh_endpoints`]) and pins it, once durable, to the
-//! [`EndpointBoard`], where the API's long polls read it without asking
-//! this thread.
+//! ([`Cluster::refresh_endpoints`]) and hands it to the writer with the
+//! batch, which pins it, once durable, to the [`EndpointBoard`], where the
+//! API's long polls read it without asking this thread.
 //!
 //! Events: the registry records its decisions in a ring
 //! ([`crate::common::events`]) that the API reads through
@@ -34,7 +37,6 @@
 //! prove nothing, so every lease still running restarts
 //! ([`Cluster::observation_gap`]) instead of expiring on the next read.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
@@ -49,6 +51,9 @@ use crate::common::wire::{
     HeartbeatRequest, NodeStatus, RegisterRequest, RegisterResponse, Resources, ServiceApply,
     ServiceRevision, ServiceStatus,
 };
+#[cfg(doc)]
+use crate::controlplane::commit::JournalLog;
+use crate::controlplane::commit::{Batch, Committer, Deferred, Log};
 use crate::controlplane::endpoint_board::EndpointBoard;
 use crate::controlplane::registry::{Cluster, HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::state::{ClusterState, Op, STATE_NAME};
@@ -532,27 +537,23 @@ pub struct VolumeHome {
     pub volumes: Vec<String>,
 }
 
-/// A reply held back until the batch's ops are durable.
-type Deferred = Box<dyn FnOnce(Result<(), Refusal>) + Send>;
-
 /// The worker's owned state.
 pub struct Worker {
     cluster: Cluster,
-    journal: Journal<ClusterState, Op>,
-    state_dir: PathBuf,
+    log: Box<dyn Log>,
 }
 
 impl Worker {
-    /// A worker over the state in `state_dir` (opened with [`open_state`]).
-    pub fn new(cluster: Cluster, journal: Journal<ClusterState, Op>, state_dir: PathBuf) -> Worker {
+    /// A worker over `cluster`, whose state `log` holds (the journal
+    /// opened with [`open_state`], in a [`JournalLog`]).
+    pub fn new(cluster: Cluster, log: impl Log) -> Worker {
         Worker {
             cluster,
-            journal,
-            state_dir,
+            log: Box::new(log),
         }
     }
 
-    /// Starts the worker thread.
+    /// Starts the worker thread (and the journal's writer thread).
     pub fn spawn(mut self) -> std::io::Result<(WorkerHandle, JoinHandle<()>)> {
         let (tx, rx) = mpsc::channel();
         let now = Instant::now();
@@ -565,26 +566,35 @@ impl Worker {
             services,
             self.node_ids(),
         ));
-        let published = Arc::clone(&board);
         let events = self.cluster.events().clone();
+        let Worker { cluster, log } = self;
+        let durable = cluster.state().clone();
+        let committer = Committer::spawn(log, durable, Arc::clone(&board))?;
+        let running = Running { cluster, committer };
         let handle = std::thread::Builder::new()
             .name("keel-cp-worker".into())
-            .spawn(move || self.run(rx, &published))?;
+            .spawn(move || running.run(rx))?;
         Ok((WorkerHandle { tx, board, events }, handle))
     }
 
     fn node_ids(&self) -> std::collections::BTreeSet<String> {
-        self.cluster.state().nodes.keys().cloned().collect()
+        node_ids(&self.cluster)
     }
+}
 
-    /// Pins a changed endpoint table to `board`; see the module docs.
-    fn publish_endpoints(&mut self, board: &EndpointBoard, now: Instant) {
-        if let Some(next) = self.cluster.refresh_endpoints(now) {
-            board.publish(next);
-        }
-    }
+fn node_ids(cluster: &Cluster) -> std::collections::BTreeSet<String> {
+    cluster.state().nodes.keys().cloned().collect()
+}
 
-    fn run(mut self, rx: Receiver<Command>, board: &EndpointBoard) {
+/// The worker thread's state: the cluster, and the writer that makes its
+/// changes durable.
+struct Running {
+    cluster: Cluster,
+    committer: Committer,
+}
+
+impl Running {
+    fn run(mut self, rx: Receiver<Command>) {
         // Stall detection: the loop wakes at least every quarter of the
         // stall threshold, idle or not, so when more than the threshold has
         // passed since it last woke, this thread could not run (a batch took
@@ -600,62 +610,57 @@ impl Worker {
                 self.cluster.observation_gap(previous, now);
             }
             previous = now;
+            let reloaded = self.committer.failed() && self.reload();
             self.cluster.notice_deaths(now);
             let first = match received {
-                Ok(cmd) => cmd,
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    self.publish_endpoints(board, now);
-                    refreshed = now;
-                    self.flush_events();
-                    continue;
-                }
+                Ok(cmd) => Some(cmd),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             };
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => break,
-                }
-            }
-            let mut ops = Vec::new();
-            let mut deferred: Vec<Deferred> = Vec::new();
+            let mut batch = Batch::default();
             let mut stop = false;
-            let mut endpoints_may_change = false;
-            let mut nodes_may_change = false;
-            for cmd in batch {
+            let mut endpoints_may_change = reloaded;
+            let mut nodes_may_change = reloaded;
+            let mut next = first;
+            let mut taken = 0;
+            while let Some(cmd) = next.take() {
+                taken += 1;
                 if matches!(cmd, Command::Shutdown) {
                     stop = true;
-                    continue;
+                } else {
+                    endpoints_may_change |= changes_endpoints(&cmd);
+                    nodes_may_change |=
+                        matches!(cmd, Command::Register(..) | Command::RemoveNode(..));
+                    self.handle(cmd, &mut batch.ops, &mut batch.replies);
                 }
-                endpoints_may_change |= changes_endpoints(&cmd);
-                nodes_may_change |= matches!(cmd, Command::Register(..) | Command::RemoveNode(..));
-                self.handle(cmd, &mut ops, &mut deferred);
-            }
-            let outcome = self.persist(&ops);
-            // Once durable (a failed append reloaded the state, and the
-            // table is recomputed from what was reloaded).
-            if nodes_may_change || outcome.is_err() {
-                board.set_nodes(self.node_ids());
+                if taken < MAX_BATCH {
+                    next = rx.try_recv().ok();
+                }
             }
             let now = Instant::now();
-            if endpoints_may_change
-                || outcome.is_err()
-                || now.saturating_duration_since(refreshed) >= threshold / 4
-            {
-                self.publish_endpoints(board, now);
+            if endpoints_may_change || now.saturating_duration_since(refreshed) >= threshold / 4 {
+                batch.publish.endpoints = self.cluster.refresh_endpoints(now);
                 refreshed = now;
             }
-            for reply in deferred {
-                reply(outcome.clone());
+            if nodes_may_change {
+                batch.publish.nodes = Some(node_ids(&self.cluster));
+            }
+            let idle = batch.ops.is_empty()
+                && batch.replies.is_empty()
+                && batch.publish.endpoints.is_none()
+                && batch.publish.nodes.is_none();
+            if !idle && self.committer.commit(batch).is_err() {
+                log::error!("the journal's writer thread has stopped; the control plane stops");
+                break;
             }
             self.flush_events();
             if stop {
                 break;
             }
         }
-        // The last events are written before the daemon exits, not left to
-        // the writer thread.
+        // Every acknowledged change on disk, and the last events written,
+        // before the daemon exits (not left to the writer threads).
+        self.committer.stop();
         if let Err(e) = self.cluster.events().flush() {
             log::warn!("events are not saved: {e}");
         }
@@ -670,43 +675,20 @@ impl Worker {
         }
     }
 
-    fn persist(&mut self, ops: &[Op]) -> Result<(), Refusal> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        match self.journal.append(ops) {
-            Ok(()) => {
-                if self.journal.wants_compaction()
-                    && let Err(e) = self.journal.compact(self.cluster.state())
-                {
-                    // The log still holds everything; compaction retries later.
-                    log::warn!("state compaction failed: {e}");
-                }
-                Ok(())
-            }
-            Err(e) => {
-                log::error!("could not persist the cluster state: {e}");
-                self.reload();
-                Err(Refusal {
-                    status: 500,
-                    message: format!(
-                        "the control plane could not persist this change and did not make it: {e}"
-                    ),
-                    field: None,
-                })
-            }
-        }
-    }
-
-    /// After a failed append: memory may hold changes the disk lacks, so take
-    /// the disk's word.
-    fn reload(&mut self) {
-        match open_state(&self.state_dir) {
-            Ok((journal, state)) => {
-                self.journal = journal;
+    /// After a failed write: memory holds changes the disk lacks, so take
+    /// the disk's word. True when the state was replaced; on failure the
+    /// next wake tries again, and the writer refuses every change meanwhile.
+    fn reload(&mut self) -> bool {
+        match self.committer.reload() {
+            Ok(Ok(state)) => {
                 self.cluster.reset(state);
+                true
             }
-            Err(e) => log::error!("could not reload the cluster state: {e}"),
+            Ok(Err(e)) => {
+                log::error!("could not reload the cluster state: {e}; retrying");
+                false
+            }
+            Err(_) => false,
         }
     }
 
@@ -961,4 +943,62 @@ pub fn open_state(
     state_dir: &std::path::Path,
 ) -> Result<(Journal<ClusterState, Op>, ClusterState), JournalError> {
     Journal::open(state_dir, STATE_NAME)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controlplane::commit::JournalLog;
+    use crate::controlplane::commit::test_log::TestLog;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn register(handle: &WorkerHandle, id: &str) -> Result<RegisterResponse, Refusal> {
+        handle
+            .register(RegisterRequest {
+                node_id: id.into(),
+                advertise_addr: std::net::SocketAddr::from(([127, 0, 0, 1], 7000)),
+                capacity: Resources::default(),
+            })
+            .expect("the worker runs")
+    }
+
+    #[test]
+    fn after_a_failed_write_the_worker_takes_the_state_on_disk_and_goes_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, state) = open_state(dir.path()).expect("opens");
+        let fail_next = Arc::new(AtomicBool::new(false));
+        let log = TestLog {
+            inner: JournalLog::new(journal, dir.path().to_path_buf()),
+            gate: None,
+            fail_next: Arc::clone(&fail_next),
+            snapshots: Arc::new(Mutex::new(Vec::new())),
+        };
+        let cluster = Cluster::new(
+            state,
+            "10.20.0.0/16".parse().expect("cidr"),
+            "10.96.0.0/16".parse().expect("cidr"),
+            Duration::from_secs(15),
+        );
+        let (handle, thread) = Worker::new(cluster, log).spawn().expect("spawns");
+        register(&handle, "a").expect("registers");
+        fail_next.store(true, Ordering::SeqCst);
+        let refused = register(&handle, "b").expect_err("the write fails");
+        assert_eq!(refused.status, 500);
+        assert!(
+            refused.message.contains("did not make it"),
+            "{}",
+            refused.message
+        );
+        // The worker reloads before it handles the next command.
+        register(&handle, "c").expect("registers after the reload");
+        let ids = |nodes: Vec<NodeStatus>| nodes.into_iter().map(|n| n.node_id).collect::<Vec<_>>();
+        assert_eq!(ids(handle.nodes().expect("answers")), ["a", "c"]);
+        assert!(!handle.endpoint_board().knows("b"));
+        assert!(handle.endpoint_board().knows("c"));
+        handle.shutdown();
+        thread.join().expect("the worker stops");
+        let (_, on_disk) = open_state(dir.path()).expect("reopens");
+        assert_eq!(on_disk.nodes.keys().collect::<Vec<_>>(), ["a", "c"]);
+    }
 }
