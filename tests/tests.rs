@@ -10,6 +10,7 @@ mod cluster_e2e;
 mod config_cli;
 mod conformance;
 mod controlplane;
+mod controlplane_failover;
 mod crash_campaign;
 mod ctl;
 mod ctl_config;

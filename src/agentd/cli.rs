@@ -74,8 +74,8 @@ pub const FLAGS: &[Flag] = &[
     set(
         "controlplane",
         "agent.controlplane",
-        "HOST:PORT",
-        "register with this control plane (empty: single node)",
+        "HOST:PORT,...",
+        "register with this control plane, or one of several (empty: single node)",
     ),
     set(
         "node-id",

@@ -95,7 +95,9 @@ pub struct AgentConfig {
     /// Period of the per-jail usage sample for the metrics (one rctl(8)
     /// `-u` per 64 jails, off the worker). Default `15s`.
     pub usage_interval: Interval,
-    /// Control plane `HOST:PORT`; `""` (None) runs a single node. Default `""`.
+    /// Control plane `HOST:PORT`, or several separated by commas (the
+    /// agent uses one that answers); `""` (None) runs a single node.
+    /// Default `""`.
     #[serde(with = "empty_is_none")]
     pub controlplane: Option<String>,
     /// Node id registered with the control plane; `""` (None) uses the hostname.
@@ -357,8 +359,8 @@ impl Default for AuthConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CtlConfig {
-    /// Control plane `HOST:PORT`; `""` (None) talks to the local agent's socket.
-    /// Default `""`.
+    /// Control plane `HOST:PORT`, or several separated by commas;
+    /// `""` (None) talks to the local agent's socket. Default `""`.
     #[serde(with = "empty_is_none")]
     pub controlplane: Option<String>,
     /// Key keelctl signs with. Default `/usr/local/etc/keel/operator.key`.
@@ -930,7 +932,7 @@ impl Config {
         check_interval("agent.reconcile_interval", a.reconcile_interval)?;
         check_interval("agent.usage_interval", a.usage_interval)?;
         if let Some(cp) = &a.controlplane {
-            check_host_port("agent.controlplane", cp)?;
+            check_host_ports("agent.controlplane", cp)?;
             if a.advertise_addr.is_none() {
                 return Err(invalid(
                     "agent.advertise_addr",
@@ -1037,7 +1039,7 @@ impl Config {
         check_interval("auth.max_clock_skew", auth.max_clock_skew)?;
 
         if let Some(cp) = &self.ctl.controlplane {
-            check_host_port("ctl.controlplane", cp)?;
+            check_host_ports("ctl.controlplane", cp)?;
         }
         check_path("ctl.key_file", &self.ctl.key_file)?;
 
@@ -1217,6 +1219,28 @@ fn check_distinct_listener(
 }
 
 /// `HOST:PORT` where HOST is a name, an IPv4 address or a bracketed IPv6 address.
+/// `value` is one `HOST:PORT` or several separated by commas (the control
+/// planes of one cluster), none twice.
+fn check_host_ports(key: &str, value: &str) -> Result<(), ConfigError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for part in value.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(invalid(
+                key,
+                format!(
+                    "`{value}` has an empty entry; give HOST:PORT, or several separated by commas"
+                ),
+            ));
+        }
+        check_host_port(key, part)?;
+        if !seen.insert(part) {
+            return Err(invalid(key, format!("`{part}` is given twice")));
+        }
+    }
+    Ok(())
+}
+
 fn check_host_port(key: &str, value: &str) -> Result<(), ConfigError> {
     let err = || {
         invalid(
@@ -1843,6 +1867,16 @@ mod tests {
     }
 
     #[test]
+    fn several_control_planes_separated_by_commas_are_valid() {
+        let config = Config::from_toml_str(
+            "[agent]\ncontrolplane = \"cp1.example.org:7440, 192.0.2.2:7440\"\n\
+             advertise_addr = \"10.0.0.2:7441\"\n[ctl]\ncontrolplane = \"cp1:7440,cp2:7440\"\n",
+        )
+        .expect("parses");
+        config.validate().expect("a list of HOST:PORT is valid");
+    }
+
+    #[test]
     fn defaults_are_valid_and_round_trip() {
         let config = Config::default();
         config.validate().expect("defaults validate");
@@ -2086,6 +2120,18 @@ mod tests {
             ),
             ("[agent]\nnode_id = \"Node_1\"\n", "agent.node_id"),
             ("[ctl]\ncontrolplane = \"cp:http\"\n", "ctl.controlplane"),
+            (
+                "[ctl]\ncontrolplane = \"cp1:7440,,cp2:7440\"\n",
+                "ctl.controlplane",
+            ),
+            (
+                "[ctl]\ncontrolplane = \"cp1:7440, cp1:7440\"\n",
+                "ctl.controlplane",
+            ),
+            (
+                "[agent]\ncontrolplane = \"cp1:7440,cp2\"\nadvertise_addr = \"10.0.0.2:7441\"\n",
+                "agent.controlplane",
+            ),
             (
                 "[ingress]\nacme_directory = \"ftp://x\"\n",
                 "ingress.acme_directory",

@@ -30,7 +30,8 @@ use sha2::{Digest, Sha256};
 
 use crate::common::auth::{self, AuthError, Signer};
 use crate::common::events::EventQuery;
-use crate::common::http::{Client, ClientResponse, Endpoint, HttpError};
+use crate::common::http::failover::Failover;
+use crate::common::http::{ClientResponse, Endpoint, HttpError};
 use crate::common::spec::{Ingress, Jail, Service};
 use crate::common::wire::{
     AppliedDocument, BaseStatus, DryRunReport, ErrorBody, EventsAnswer, IngressStatus, JailStatus,
@@ -150,7 +151,7 @@ pub struct Located {
 /// A client of the jail routes of one agent, or of a control plane.
 #[derive(Debug, Clone)]
 pub struct Api {
-    client: Client,
+    client: Failover,
     signer: Option<Signer>,
     route: Route,
 }
@@ -159,18 +160,19 @@ impl Api {
     /// Talks to the agent at `endpoint` (its Unix socket), unsigned.
     pub fn new(endpoint: Endpoint) -> Api {
         Api {
-            client: Client::new(endpoint),
+            client: Failover::one(endpoint),
             signer: None,
             route: Route::Agent,
         }
     }
 
-    /// Talks to the control plane at `addr` (`HOST:PORT`), signing every
+    /// Talks to the control plane at `addr` (`HOST:PORT`, or several
+    /// separated by commas: the first that takes the connection), signing every
     /// request with `signer`; jail requests go to `node` when given, else to
     /// the scheduled routes.
     pub fn controlplane(addr: &str, signer: Signer, node: Option<String>) -> Api {
         Api {
-            client: Client::new(Endpoint::Tcp(addr.to_string())).with_timeout(CONTROLPLANE_TIMEOUT),
+            client: Failover::tcp(addr).with_timeout(CONTROLPLANE_TIMEOUT),
             signer: Some(signer),
             route: node.map_or(Route::Scheduled, Route::Node),
         }
@@ -183,7 +185,7 @@ impl Api {
 
     /// Where requests go, as messages show it: the socket or `HOST:PORT`.
     pub fn endpoint(&self) -> String {
-        self.client.endpoint.to_string()
+        self.client.endpoint().to_string()
     }
 
     /// `GET /version`: the daemon's program and version.
@@ -287,7 +289,7 @@ impl Api {
             .into_iter()
             .find(|n| n.node_id == id)
             .ok_or_else(|| ApiError::Refused {
-                endpoint: self.client.endpoint.to_string(),
+                endpoint: self.client.endpoint().to_string(),
                 status: 404,
                 body: ErrorBody {
                     error: format!("no node named {id}"),
@@ -597,7 +599,7 @@ impl Api {
             return Ok(response);
         }
         Err(ApiError::Refused {
-            endpoint: self.client.endpoint.to_string(),
+            endpoint: self.client.endpoint().to_string(),
             status: response.status,
             body: error_body(&response.body),
         })
@@ -676,9 +678,9 @@ fn json_headers() -> [(String, String); 1] {
     [("Content-Type".to_string(), "application/json".to_string())]
 }
 
-fn decode<T: DeserializeOwned>(response: ClientResponse, client: &Client) -> Result<T, ApiError> {
+fn decode<T: DeserializeOwned>(response: ClientResponse, client: &Failover) -> Result<T, ApiError> {
     serde_json::from_slice(&response.body).map_err(|e| ApiError::BadResponse {
-        endpoint: client.endpoint.to_string(),
+        endpoint: client.endpoint().to_string(),
         status: response.status,
         reason: e.to_string(),
     })

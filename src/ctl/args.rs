@@ -107,8 +107,8 @@ pub const FLAGS: &[Flag] = &[
         id: FlagId::ControlPlane,
         short: None,
         long: "controlplane",
-        value: Some("HOST:PORT"),
-        help: "use keel-controlplane (default $KEEL_CONTROLPLANE, else ctl.controlplane)",
+        value: Some("HOST:PORT,..."),
+        help: "use keel-controlplane, or the first of several that answers (default $KEEL_CONTROLPLANE, else ctl.controlplane)",
     },
     Flag {
         id: FlagId::Node,

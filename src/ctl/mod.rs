@@ -105,7 +105,7 @@ pub enum Target {
 /// A control plane and how to talk to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Remote {
-    /// `HOST:PORT`, checked.
+    /// `HOST:PORT`, or several separated by commas, checked.
     pub addr: String,
     /// The operator key file to sign with (read when a request is made).
     pub key_file: PathBuf,

@@ -569,6 +569,16 @@ impl Cluster {
         self.launch_controlplane();
     }
 
+    /// `kill -9` of the control plane, then another started with `args` in
+    /// the same directory (so over the same state), e.g. on another
+    /// address: a control plane replaced by a standby.
+    pub fn replace_controlplane(&mut self, args: &[&str]) {
+        if let Some((mut old, _)) = self.controlplane.take() {
+            old.kill9();
+        }
+        self.start_controlplane(args);
+    }
+
     /// Polls `probe` every 20 ms until it returns `Some`, or panics naming
     /// `what`, with every daemon's log.
     pub fn wait_for<T>(&self, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {

@@ -48,7 +48,7 @@ use crate::agentd::worker::{WorkerGone, WorkerHandle};
 use crate::common::auth::{Signer, sign_headers, unix_now};
 use crate::common::backoff::{Backoff, Clock, Policy, SystemClock};
 use crate::common::cidr::Ipv4Net;
-use crate::common::http::{Client, Endpoint};
+use crate::common::http::failover::Failover;
 use crate::common::sync::lock;
 use crate::common::wire::{
     EndpointsAnswer, HeartbeatRequest, HeartbeatResponse, PlacedJail, RegisterRequest,
@@ -183,7 +183,8 @@ impl Wake {
 /// What the cluster thread needs to know.
 #[derive(Debug, Clone)]
 pub struct Membership {
-    /// The control plane's `HOST:PORT`.
+    /// The control plane's `HOST:PORT`, or several separated by commas
+    /// (see [`Failover`]).
     pub controlplane: String,
     /// This node's id.
     pub node_id: String,
@@ -209,18 +210,18 @@ pub struct Membership {
 
 /// The control plane, as the agent talks to it.
 pub struct ControlPlane {
-    client: Client,
+    client: Failover,
     node_id: String,
     signer: Arc<RwLock<Signer>>,
 }
 
 impl ControlPlane {
-    /// A client for `controlplane` (`HOST:PORT`) speaking for `node_id`,
-    /// signing with `signer`.
+    /// A client for `controlplane` (`HOST:PORT`, or several separated by
+    /// commas: requests go to one that takes the connection) speaking for
+    /// `node_id`, signing with `signer`.
     pub fn new(controlplane: &str, node_id: &str, signer: Arc<RwLock<Signer>>) -> ControlPlane {
         ControlPlane {
-            client: Client::new(Endpoint::Tcp(controlplane.to_string()))
-                .with_timeout(CONTROLPLANE_TIMEOUT),
+            client: Failover::tcp(controlplane).with_timeout(CONTROLPLANE_TIMEOUT),
             node_id: node_id.to_string(),
             signer,
         }

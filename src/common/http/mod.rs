@@ -18,6 +18,9 @@
 //!   [`Endpoint`]; [`Client::forward`] relays an [`OutgoingRequest`] (a
 //!   received [`Request`] converted, or one of the daemon's own) to another
 //!   daemon with its body untouched (the control plane's byte-for-byte forwarding).
+//! - [`failover`]: [`failover::Failover`] sends to whichever of several
+//!   endpoints (a cluster's control planes) takes the connection, never
+//!   repeating a request that reached one.
 //! - [`socket`]: [`bind_unix_socket`] creates the agent's socket with its mode and
 //!   group, replacing a stale socket and refusing to steal a live one.
 //!
@@ -34,6 +37,7 @@
 
 mod admission;
 pub mod client;
+pub mod failover;
 pub mod request;
 pub mod response;
 pub mod server;

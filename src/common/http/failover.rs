@@ -1,0 +1,237 @@
+//! Several addresses of one service, the control planes of a cluster, as
+//! one client.
+//!
+//! Owns choosing the address a request goes to. A request goes to the
+//! address that answered last. An address that cannot be connected to was
+//! sent nothing, so the request moves on to the next one at once, and the
+//! caller sees an error only when no address takes the connection. A
+//! transport failure after the request was written (a reset, a read
+//! timeout: a control plane killed or frozen mid-request) is the caller's
+//! error, since the request may have been acted on and only the caller
+//! knows whether it can be repeated; the next request starts from the next
+//! address. So a caller sees at most one failed request for each control
+//! plane it loses.
+//!
+//! It must never retry a request that reached a daemon, and never look at
+//! an answer: any HTTP status is an answer.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::HttpError;
+use super::client::{Client, ClientResponse, Endpoint};
+
+/// A client for several endpoints of one service; see the module docs.
+#[derive(Debug)]
+pub struct Failover {
+    clients: Vec<Client>,
+    /// Index of the client that answered last.
+    preferred: AtomicUsize,
+}
+
+impl Clone for Failover {
+    fn clone(&self) -> Failover {
+        Failover {
+            clients: self.clients.clone(),
+            preferred: AtomicUsize::new(self.preferred.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// The addresses of a comma-separated `HOST:PORT` list (`"cp1:7440,
+/// cp2:7440"`), in order, blanks around each trimmed. Checking each is the
+/// configuration's job (`config::check_host_ports`).
+pub fn split_addresses(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+impl Failover {
+    /// One endpoint: a plain client with nothing to fail over to.
+    pub fn one(endpoint: Endpoint) -> Failover {
+        Failover::new(vec![Client::new(endpoint)])
+    }
+
+    /// TCP clients for the addresses of `list` (see [`split_addresses`]).
+    pub fn tcp(list: &str) -> Failover {
+        Failover::new(
+            split_addresses(list)
+                .into_iter()
+                .map(|a| Client::new(Endpoint::Tcp(a)))
+                .collect(),
+        )
+    }
+
+    fn new(clients: Vec<Client>) -> Failover {
+        Failover {
+            clients,
+            preferred: AtomicUsize::new(0),
+        }
+    }
+
+    /// The same endpoints with `timeout` on connecting and on each read and
+    /// write.
+    pub fn with_timeout(mut self, timeout: Duration) -> Failover {
+        self.clients = self
+            .clients
+            .into_iter()
+            .map(|c| c.with_timeout(timeout))
+            .collect();
+        self
+    }
+
+    /// The endpoint the next request goes to first.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.clients[self.first()].endpoint
+    }
+
+    /// Every endpoint, in the configured order.
+    pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
+        self.clients.iter().map(|c| &c.endpoint)
+    }
+
+    fn first(&self) -> usize {
+        self.preferred.load(Ordering::Relaxed) % self.clients.len().max(1)
+    }
+
+    /// Sends one request (see [`Client::request`]) to the preferred
+    /// endpoint, or to the next ones in turn while a connection cannot be
+    /// made.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Result<ClientResponse, HttpError> {
+        let first = self.first();
+        let mut refused = Vec::new();
+        for step in 0..self.clients.len() {
+            let at = (first + step) % self.clients.len();
+            match self.clients[at].request(method, path, headers, body) {
+                Ok(response) => {
+                    self.preferred.store(at, Ordering::Relaxed);
+                    return Ok(response);
+                }
+                Err(HttpError::Connect { endpoint, source }) => refused.push((endpoint, source)),
+                Err(e) => {
+                    // It may have been acted on: not repeated here; the next
+                    // request tries the next control plane first.
+                    self.preferred.store(at + 1, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        Err(none_connected(refused))
+    }
+}
+
+/// One error for an exchange that reached no endpoint: every endpoint
+/// named, with the last one's reason.
+fn none_connected(refused: Vec<(String, std::io::Error)>) -> HttpError {
+    let names: Vec<&str> = refused.iter().map(|(e, _)| e.as_str()).collect();
+    let endpoint = names.join(" or ");
+    let source = match refused.into_iter().last() {
+        Some((_, source)) => source,
+        None => std::io::Error::new(std::io::ErrorKind::NotFound, "no address is configured"),
+    };
+    HttpError::Connect { endpoint, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    /// An address nothing listens on (bound, then closed).
+    fn refusing() -> String {
+        let l = TcpListener::bind("127.0.0.1:0").expect("binds");
+        let addr = l.local_addr().expect("addr").to_string();
+        drop(l);
+        addr
+    }
+
+    /// A server answering `n` requests with 200 and `name` as the body, or,
+    /// with `hang_up`, closing each connection once the request is read;
+    /// counts the requests it read.
+    fn server(name: &'static str, hang_up: bool, n: usize) -> (String, Arc<AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("binds");
+        let addr = l.local_addr().expect("addr").to_string();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for stream in l.incoming().take(n) {
+                let Ok(mut s) = stream else { continue };
+                let mut buf = [0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => got.extend_from_slice(&buf[..k]),
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                if !hang_up {
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
+                        name.len()
+                    );
+                }
+            }
+        });
+        (addr, seen)
+    }
+
+    fn get(f: &Failover) -> Result<String, HttpError> {
+        f.request("GET", "/version", &[], b"")
+            .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+    }
+
+    #[test]
+    fn a_list_is_split_on_commas_and_trimmed() {
+        assert_eq!(
+            split_addresses(" cp1:7440, cp2:7440 ,,cp3:1"),
+            ["cp1:7440", "cp2:7440", "cp3:1"]
+        );
+        assert_eq!(split_addresses("cp1:7440"), ["cp1:7440"]);
+    }
+
+    #[test]
+    fn a_refused_connection_moves_on_at_once_and_the_answering_one_is_kept() {
+        let (live, seen) = server("b", false, 2);
+        let f = Failover::tcp(&format!("{},{live}", refusing()));
+        assert_eq!(get(&f).expect("the second answers"), "b");
+        assert_eq!(f.endpoint(), &Endpoint::Tcp(live.clone()));
+        assert_eq!(get(&f).expect("asked first now"), "b");
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_request_that_reached_a_daemon_is_not_repeated_but_the_next_goes_elsewhere() {
+        let (dying, dying_seen) = server("a", true, 1);
+        let (live, live_seen) = server("b", false, 1);
+        let f = Failover::tcp(&format!("{dying},{live}"));
+        let e = get(&f).expect_err("the first hung up after reading the request");
+        assert!(!matches!(e, HttpError::Connect { .. }), "{e}");
+        assert_eq!(live_seen.load(Ordering::SeqCst), 0, "not repeated");
+        assert_eq!(get(&f).expect("the next goes to the other"), "b");
+        assert_eq!(dying_seen.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn when_none_connects_the_error_names_every_address() {
+        let (a, b) = (refusing(), refusing());
+        let f = Failover::tcp(&format!("{a},{b}"));
+        let e = get(&f).expect_err("nothing listens");
+        let text = e.to_string();
+        assert!(text.contains(&format!("{a} or {b}")), "{text}");
+        assert!(text.contains("is the daemon running"), "{text}");
+    }
+}
