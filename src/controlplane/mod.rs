@@ -6,6 +6,7 @@
 //! | [`scheduler`] | `pick_node`: a pure ranking of Alive nodes by headroom |
 //! | [`state`] | what is persisted, and the ops that change it |
 //! | [`worker`] | the one thread owning the registry and the journal |
+//! | [`etcd`] | a blocking etcd v3 client: prefix reads, compare-and-write transactions, leases, a lease-guarded leader key |
 //! | [`endpoint_board`] | the endpoint table the worker publishes and long polls wait on |
 //! | [`api`] | the route table, request signing checks, forwarding to agents |
 //! | [`heal`] | carrying out a planned heal, concurrently with a bound per node |
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod daemon;
 pub mod diff;
 pub mod endpoint_board;
+pub mod etcd;
 pub mod heal;
 pub mod metrics;
 pub mod registry;
