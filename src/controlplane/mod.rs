@@ -7,6 +7,7 @@
 //! | [`state`] | what is persisted, and the ops that change it |
 //! | [`worker`] | the one thread owning the registry, and the batches it hands to the journal |
 //! | [`commit`] | the journal's writer thread: batches made durable in order, then answered |
+//! | [`etcd`] | a blocking etcd v3 client: prefix reads, compare-and-write transactions, leases, a lease-guarded leader key |
 //! | [`endpoint_board`] | the endpoint table the worker publishes and long polls wait on |
 //! | [`api`] | the route table, request signing checks, forwarding to agents |
 //! | [`heal`] | carrying out a planned heal, concurrently with a bound per node |
@@ -25,6 +26,7 @@ pub mod commit;
 pub mod daemon;
 pub mod diff;
 pub mod endpoint_board;
+pub mod etcd;
 pub mod heal;
 pub mod metrics;
 pub mod registry;

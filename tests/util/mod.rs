@@ -11,6 +11,7 @@ pub mod acme;
 pub mod agent;
 pub mod cluster;
 pub mod controlplane;
+pub mod etcd;
 pub mod golden;
 pub mod load;
 pub mod nginx;
