@@ -20,6 +20,7 @@ mod daemons;
 mod describe;
 mod dry_run;
 mod endpoint_push;
+mod etcd_ha;
 mod etcd;
 mod events;
 mod golden_agent;

@@ -312,6 +312,26 @@ pub struct ControlPlaneConfig {
     /// Node key the control plane signs the requests it forwards to agents
     /// with (agents accept node keys only). Default `/usr/local/etc/keel/node.key`.
     pub key_file: PathBuf,
+    /// Client URLs of the etcd members that hold the cluster state, shared
+    /// by several control planes (one leads, the others wait as standbys);
+    /// empty keeps the state in `state_dir`'s own journal. Default `[]`.
+    pub etcd_endpoints: Vec<String>,
+    /// CA certificate (PEM) the etcd members' certificates chain to, for
+    /// `https://` endpoints; `""` (None) for `http://`. Default `""`.
+    #[serde(with = "empty_is_none")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd members that authenticate clients;
+    /// `""` (None) sends none. Default `""`.
+    #[serde(with = "empty_is_none")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM). Default `""`.
+    #[serde(with = "empty_is_none")]
+    pub etcd_key: Option<PathBuf>,
+    /// Prefix of every etcd key of this cluster, so that several clusters
+    /// can share one etcd. Default `/keel/`.
+    pub etcd_prefix: String,
+    /// Bound on each etcd call, connecting included. Default `5s`.
+    pub etcd_timeout: Interval,
 }
 
 impl Default for ControlPlaneConfig {
@@ -326,6 +346,12 @@ impl Default for ControlPlaneConfig {
             dead_after: Interval::secs(15),
             metrics_listen: None,
             key_file: "/usr/local/etc/keel/node.key".into(),
+            etcd_endpoints: Vec::new(),
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
+            etcd_prefix: "/keel/".into(),
+            etcd_timeout: Interval::secs(5),
         }
     }
 }
@@ -818,6 +844,13 @@ impl Config {
                 value
                     .parse()
                     .map_err(|_| invalid(format!("`{value}` is not a whole number")))?,
+            ),
+            // A list from the command line is comma-separated.
+            toml::Value::Array(_) => toml::Value::Array(
+                crate::common::http::failover::split_addresses(value)
+                    .into_iter()
+                    .map(toml::Value::String)
+                    .collect(),
             ),
             _ => return Err(invalid("cannot be set from the command line".to_string())),
         };

@@ -98,6 +98,12 @@ impl SignalLoop {
         Ok(Watcher { thread })
     }
 
+    /// True when SIGTERM or SIGINT arrived since the last call, without
+    /// waiting (a standby's campaign asks between its tries).
+    pub fn stop_requested(&mut self) -> bool {
+        self.signals.pending().any(|s| s != SIGHUP)
+    }
+
     /// Blocks until SIGTERM or SIGINT arrives or the watched worker ends;
     /// calls `on_hangup` for every SIGHUP meanwhile.
     pub fn run(&mut self, mut on_hangup: impl FnMut()) -> Stop {

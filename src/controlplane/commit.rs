@@ -39,6 +39,7 @@ use std::thread::JoinHandle;
 
 use crate::common::journal::{Journal, JournalError, Replay};
 use crate::controlplane::endpoint_board::EndpointBoard;
+use crate::controlplane::etcd::EtcdError;
 use crate::controlplane::registry::{NewGeneration, Refusal};
 use crate::controlplane::state::{ClusterState, Op, STATE_NAME};
 
@@ -48,17 +49,60 @@ pub const QUEUE: usize = 64;
 /// A reply held back until its batch's ops are durable.
 pub type Deferred = Box<dyn FnOnce(Result<(), Refusal>) + Send>;
 
-/// Where the ops go: the embedded journal in production, a fake that
-/// fails on demand in the tests.
+/// Where the ops go: the embedded journal ([`JournalLog`]), etcd
+/// ([`super::etcd_state::EtcdLog`]), or in the tests a fake that fails on
+/// demand.
 pub trait Log: Send + 'static {
-    /// Appends `ops` durably (one write, one sync).
-    fn append(&mut self, ops: &[Op]) -> Result<(), JournalError>;
+    /// Appends `ops` durably, all or none.
+    fn append(&mut self, ops: &[Op]) -> Result<(), LogError>;
     /// True when [`Log::compact`] is due.
     fn wants_compaction(&self) -> bool;
     /// Snapshots `state`, which holds every op appended, and empties the log.
-    fn compact(&mut self, state: &ClusterState) -> Result<(), JournalError>;
+    fn compact(&mut self, state: &ClusterState) -> Result<(), LogError>;
     /// Reopens the log after a failed append; answers the state it holds.
-    fn reopen(&mut self) -> Result<ClusterState, JournalError>;
+    fn reopen(&mut self) -> Result<ClusterState, LogError>;
+}
+
+/// Why a [`Log`] could not take a batch or answer its state.
+#[derive(Debug)]
+pub enum LogError {
+    /// The embedded journal (see [`JournalError`]).
+    Journal(JournalError),
+    /// etcd answered an error or could not be reached (see [`EtcdError`]).
+    Etcd(EtcdError),
+    /// This control plane no longer holds the leader key: another one
+    /// decides now, and this one must not write again.
+    NotLeader(String),
+    /// What etcd holds cannot be read as the cluster's state.
+    Corrupt(String),
+}
+
+impl std::fmt::Display for LogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LogError::Journal(e) => write!(f, "{e}"),
+            LogError::Etcd(e) => write!(f, "{e}"),
+            LogError::NotLeader(why) => write!(
+                f,
+                "this control plane is no longer the leader ({why}); it stops deciding: send the request to another control plane"
+            ),
+            LogError::Corrupt(why) => write!(f, "the cluster state in etcd is unreadable: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for LogError {}
+
+impl From<JournalError> for LogError {
+    fn from(e: JournalError) -> LogError {
+        LogError::Journal(e)
+    }
+}
+
+impl From<EtcdError> for LogError {
+    fn from(e: EtcdError) -> LogError {
+        LogError::Etcd(e)
+    }
 }
 
 /// The journal in the state directory.
@@ -68,7 +112,7 @@ pub struct JournalLog {
 }
 
 impl Log for Box<dyn Log> {
-    fn append(&mut self, ops: &[Op]) -> Result<(), JournalError> {
+    fn append(&mut self, ops: &[Op]) -> Result<(), LogError> {
         (**self).append(ops)
     }
 
@@ -76,11 +120,11 @@ impl Log for Box<dyn Log> {
         (**self).wants_compaction()
     }
 
-    fn compact(&mut self, state: &ClusterState) -> Result<(), JournalError> {
+    fn compact(&mut self, state: &ClusterState) -> Result<(), LogError> {
         (**self).compact(state)
     }
 
-    fn reopen(&mut self) -> Result<ClusterState, JournalError> {
+    fn reopen(&mut self) -> Result<ClusterState, LogError> {
         (**self).reopen()
     }
 }
@@ -93,19 +137,19 @@ impl JournalLog {
 }
 
 impl Log for JournalLog {
-    fn append(&mut self, ops: &[Op]) -> Result<(), JournalError> {
-        self.journal.append(ops)
+    fn append(&mut self, ops: &[Op]) -> Result<(), LogError> {
+        Ok(self.journal.append(ops)?)
     }
 
     fn wants_compaction(&self) -> bool {
         self.journal.wants_compaction()
     }
 
-    fn compact(&mut self, state: &ClusterState) -> Result<(), JournalError> {
-        self.journal.compact(state)
+    fn compact(&mut self, state: &ClusterState) -> Result<(), LogError> {
+        Ok(self.journal.compact(state)?)
     }
 
-    fn reopen(&mut self) -> Result<ClusterState, JournalError> {
+    fn reopen(&mut self) -> Result<ClusterState, LogError> {
         let (journal, state) = Journal::open(&self.dir, STATE_NAME)?;
         self.journal = journal;
         Ok(state)
@@ -310,16 +354,16 @@ pub(crate) mod test_log {
     }
 
     impl Log for TestLog {
-        fn append(&mut self, ops: &[Op]) -> Result<(), JournalError> {
+        fn append(&mut self, ops: &[Op]) -> Result<(), LogError> {
             if let Some(gate) = &self.gate {
                 let _ = gate.recv();
             }
             if self.fail_next.swap(false, Ordering::SeqCst) {
-                return Err(JournalError::Log {
+                return Err(LogError::Journal(JournalError::Log {
                     path: PathBuf::from("cluster.log"),
                     action: "fsync",
                     source: std::io::Error::other("injected"),
-                });
+                }));
             }
             self.inner.append(ops)
         }
@@ -328,12 +372,12 @@ pub(crate) mod test_log {
             true
         }
 
-        fn compact(&mut self, state: &ClusterState) -> Result<(), JournalError> {
+        fn compact(&mut self, state: &ClusterState) -> Result<(), LogError> {
             self.snapshots.lock().expect("lock").push(state.clone());
             self.inner.compact(state)
         }
 
-        fn reopen(&mut self) -> Result<ClusterState, JournalError> {
+        fn reopen(&mut self) -> Result<ClusterState, LogError> {
             self.inner.reopen()
         }
     }

@@ -12,6 +12,14 @@
 //! dies the process exits non-zero with the panic in the log
 //! ([`crate::common::supervise`]).
 //!
+//! With `controlplane.etcd_endpoints` the state is in etcd, shared with the
+//! other control planes given the same members ([`super::etcd_state`]):
+//! before it serves, a control plane waits for the leader key
+//! ([`super::leader`]), answering every request as a standby meanwhile, and
+//! once it leads it reads the state from etcd, exactly as another leader
+//! left it. The state directory then holds only the lock, the replay floor
+//! and the events.
+//!
 //! Stopping the control plane stops nothing else: agents keep running their
 //! jails and their last peer and service lists until it is back.
 
@@ -24,7 +32,6 @@ use crate::common::config::StateTransfer;
 use crate::common::events::EventLog;
 use crate::common::faults;
 use crate::common::http::{HttpError, Server, ServerLimits, ShutdownSignal};
-use crate::common::journal::JournalError;
 use crate::common::lockfile::{LockError, StateDirLock};
 use crate::common::logging;
 use crate::common::metrics::{self, ListenError};
@@ -32,7 +39,11 @@ use crate::common::replay_floor::{self, FloorError};
 use crate::common::supervise::{SignalLoop, Stop, WorkerDied};
 use crate::controlplane::api::ControlPlaneApi;
 use crate::controlplane::cli::Options;
-use crate::controlplane::commit::JournalLog;
+use crate::controlplane::commit::{JournalLog, Log, LogError};
+use crate::controlplane::etcd::{Etcd, EtcdError, EtcdSettings};
+use crate::controlplane::etcd_state::EtcdLog;
+use crate::controlplane::leader::{self, Standby};
+use crate::controlplane::state::ClusterState;
 use crate::controlplane::metrics::Metered;
 use crate::controlplane::registry::Cluster;
 use crate::controlplane::transfer::{self, TransferError};
@@ -49,7 +60,9 @@ pub enum RunError {
     /// The replay floor in the state directory cannot be read.
     ReplayFloor(FloorError),
     /// The persisted state could not be opened.
-    State(JournalError),
+    State(LogError),
+    /// etcd could not be reached, or its settings are wrong.
+    Etcd(EtcdError),
     /// `--export-state` or `--import-state` failed.
     Transfer(TransferError),
     /// A key file is missing, unreadable, too permissive or malformed.
@@ -80,6 +93,7 @@ impl fmt::Display for RunError {
             RunError::Worker(e) => write!(f, "{e}"),
             RunError::ReplayFloor(e) => write!(f, "{e}"),
             RunError::State(e) => write!(f, "{e}"),
+            RunError::Etcd(e) => write!(f, "{e}"),
             RunError::Transfer(e) => write!(f, "{e}"),
             RunError::Keys(e) => write!(f, "{e}"),
             RunError::Listen { addr, source } => write!(
@@ -159,12 +173,16 @@ pub fn run(options: Options) -> Result<(), RunError> {
             log::warn!("test fault armed: {} = {:?}", fault.point, fault.action);
         }
     }
-    let (journal, state) = open_state(&c.state_dir).map_err(RunError::State)?;
+    let setup = |e: std::io::Error| RunError::Setup(e.to_string());
+    let mut signals = SignalLoop::new().map_err(setup)?;
+    let Some((log, state, from)) = open_cluster_state(c, &listener, &mut signals)? else {
+        log::info!("stopping on a signal while a standby");
+        return Ok(());
+    };
     log::info!(
-        "{} nodes and {} placements loaded from {}",
+        "{} nodes and {} placements loaded from {from}",
         state.nodes.len(),
         state.placements.len(),
-        c.state_dir.display()
     );
     let mut cluster = Cluster::new(state, c.cluster_cidr, c.service_cidr, c.dead_after.0);
     // Its own file, not the journal: events are no part of the cluster
@@ -176,12 +194,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
         .write_in_background()
         .map_err(|e| RunError::Setup(format!("the event log's writer thread: {e}")))?;
     cluster.set_events(events);
-    let setup = |e: std::io::Error| RunError::Setup(e.to_string());
-    let mut signals = SignalLoop::new().map_err(setup)?;
-    let (worker, worker_thread) =
-        Worker::new(cluster, JournalLog::new(journal, c.state_dir.clone()))
-            .spawn()
-            .map_err(setup)?;
+    let (worker, worker_thread) = Worker::new(cluster, log).spawn().map_err(setup)?;
     let watcher = signals.watch(worker_thread).map_err(setup)?;
     let verifier = Verifier::new(keyring, cfg.auth.max_clock_skew.0)
         .with_not_before(not_before)
@@ -234,6 +247,54 @@ pub fn run(options: Options) -> Result<(), RunError> {
     let worker_end = watcher.join();
     drop(lock);
     worker_end.map_err(RunError::Worker)
+}
+
+/// The etcd settings of `controlplane.etcd_*`, when etcd is configured.
+fn etcd_settings(c: &crate::common::config::ControlPlaneConfig) -> Option<EtcdSettings> {
+    (!c.etcd_endpoints.is_empty()).then(|| EtcdSettings {
+        endpoints: c.etcd_endpoints.clone(),
+        ca: c.etcd_ca.clone(),
+        cert: c.etcd_cert.clone(),
+        key: c.etcd_key.clone(),
+        prefix: c.etcd_prefix.clone(),
+        timeout: c.etcd_timeout.0,
+    })
+}
+
+/// The state and where writes go: the journal in the state directory, or,
+/// with etcd, once this control plane holds the leader key (a standby
+/// answers every request on `listener` until then); `None` when a signal
+/// stopped the wait. The third item names the source for the log.
+fn open_cluster_state(
+    c: &crate::common::config::ControlPlaneConfig,
+    listener: &TcpListener,
+    signals: &mut SignalLoop,
+) -> Result<Option<(Box<dyn Log>, ClusterState, String)>, RunError> {
+    let setup = |e: std::io::Error| RunError::Setup(e.to_string());
+    let Some(settings) = etcd_settings(c) else {
+        let (journal, state) =
+            open_state(&c.state_dir).map_err(|e| RunError::State(LogError::Journal(e)))?;
+        let log = JournalLog::new(journal, c.state_dir.clone());
+        return Ok(Some((Box::new(log), state, c.state_dir.display().to_string())));
+    };
+    let etcd = Arc::new(Etcd::connect(&settings).map_err(RunError::Etcd)?);
+    let standby_stop = ShutdownSignal::new();
+    let standby = Server::new(Arc::new(Standby), ServerLimits::default(), standby_stop.clone())
+        .serve_tcp(listener.try_clone().map_err(setup)?)
+        .map_err(RunError::Http)?;
+    let local = listener.local_addr().map_err(setup)?;
+    let holder = format!("{local} (pid {})", std::process::id());
+    let ttl = leader::lease_ttl(c.dead_after.0);
+    let won = leader::campaign(Arc::clone(&etcd), &holder, ttl, || signals.stop_requested());
+    standby_stop.trigger();
+    let _ = standby.join();
+    let Some(lead) = won.map_err(RunError::Etcd)? else {
+        return Ok(None);
+    };
+    let (log, state) = EtcdLog::open(etcd, lead.fence).map_err(RunError::State)?;
+    lead.keep().map_err(setup)?;
+    let from = format!("etcd {} under {}", settings.endpoints.join(","), settings.prefix);
+    Ok(Some((Box::new(log), state, from)))
 }
 
 /// `--export-state` / `--import-state`: moves the state and says what moved

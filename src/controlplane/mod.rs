@@ -7,6 +7,8 @@
 //! | [`state`] | what is persisted, and the ops that change it |
 //! | [`worker`] | the one thread owning the registry, and the batches it hands to the journal |
 //! | [`commit`] | the journal's writer thread: batches made durable in order, then answered |
+//! | [`etcd_state`] | the cluster state in etcd: the journal's batches as keys, every write fenced by the leader key |
+//! | [`leader`] | which of several control planes decides: the leader key under a lease, the standby's answer |
 //! | [`etcd`] | a blocking etcd v3 client: prefix reads, compare-and-write transactions, leases, a lease-guarded leader key |
 //! | [`endpoint_board`] | the endpoint table the worker publishes and long polls wait on |
 //! | [`api`] | the route table, request signing checks, forwarding to agents |
@@ -27,7 +29,9 @@ pub mod daemon;
 pub mod diff;
 pub mod endpoint_board;
 pub mod etcd;
+pub mod etcd_state;
 pub mod heal;
+pub mod leader;
 pub mod metrics;
 pub mod registry;
 pub mod scheduler;

@@ -47,6 +47,11 @@ pub const NODE_HEADER: &str = "X-Keel-Node";
 /// plane's own 120 s bound on a forwarded apply, so its answer (a 503 naming
 /// the node that did not answer) arrives rather than a bare timeout here.
 pub const CONTROLPLANE_TIMEOUT: Duration = Duration::from_secs(130);
+/// How long keelctl keeps asking while the control planes it was given
+/// answer as standbys: longer than a takeover (half of the default 15 s
+/// `dead_after` for the old leader's lease to run out, and a quarter of it
+/// for a standby's next try).
+pub const LEADER_WAIT: Duration = Duration::from_secs(20);
 
 /// Why a call to the agent did not succeed.
 #[derive(Debug)]
@@ -172,7 +177,9 @@ impl Api {
     /// the scheduled routes.
     pub fn controlplane(addr: &str, signer: Signer, node: Option<String>) -> Api {
         Api {
-            client: Failover::tcp(addr).with_timeout(CONTROLPLANE_TIMEOUT),
+            client: Failover::tcp(addr)
+                .with_timeout(CONTROLPLANE_TIMEOUT)
+                .with_leader_wait(LEADER_WAIT),
             signer: Some(signer),
             route: node.map_or(Route::Scheduled, Route::Node),
         }

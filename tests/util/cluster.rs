@@ -220,6 +220,8 @@ struct Node {
 pub struct Cluster {
     dir: tempfile::TempDir,
     controlplane: Option<(Daemon, SocketAddr)>,
+    /// Further control planes sharing the first one's state through etcd.
+    standbys: Vec<(Daemon, SocketAddr)>,
     nodes: BTreeMap<String, Node>,
 }
 
@@ -236,6 +238,7 @@ impl Cluster {
         Cluster {
             dir: tempfile::tempdir().expect("tempdir"),
             controlplane: None,
+            standbys: Vec::new(),
             nodes: BTreeMap::new(),
         }
     }
@@ -569,6 +572,44 @@ impl Cluster {
         self.launch_controlplane();
     }
 
+    /// Starts another keel-controlplane with `args` (`--simulate`,
+    /// `--listen`, its own `--state-dir` and the first one's etcd), and
+    /// waits until it answers as a standby; answers its index for
+    /// [`Cluster::kill9_standby`] and [`Cluster::standby_answers`].
+    pub fn start_standby(&mut self, args: &[&str]) -> usize {
+        let listen = flag_value(args, "--listen").expect("--listen IP:PORT");
+        let addr: SocketAddr = listen.parse().expect("--listen is IP:PORT");
+        let i = self.standbys.len();
+        let mut daemon = Daemon {
+            prefix: Vec::new(),
+            program: CONTROLPLANE,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: Vec::new(),
+            log: self.dir().join(format!("controlplane-standby-{i}.log")),
+            child: None,
+        };
+        daemon.spawn(self.dir.path());
+        let client = Client::new(Endpoint::Tcp(addr.to_string())).with_timeout(STOP);
+        daemon.wait("keel-controlplane (standby)", || {
+            client
+                .request("GET", "/healthz", &[], b"")
+                .is_ok_and(|r| r.status == 503 && r.header("Keel-Standby").is_some())
+        });
+        self.standbys.push((daemon, addr));
+        i
+    }
+
+    /// The status `GET /healthz` of standby `i` answers, if it answers.
+    pub fn standby_answers(&self, i: usize) -> Option<u16> {
+        let client = Client::new(Endpoint::Tcp(self.standbys[i].1.to_string())).with_timeout(STOP);
+        client.request("GET", "/healthz", &[], b"").ok().map(|r| r.status)
+    }
+
+    /// `kill -9` of standby `i` (which may lead by now).
+    pub fn kill9_standby(&mut self, i: usize) {
+        self.standbys[i].0.kill9();
+    }
+
     /// `kill -9` of the control plane, then another started with `args` in
     /// the same directory (so over the same state), e.g. on another
     /// address: a control plane replaced by a standby.
@@ -618,6 +659,9 @@ impl Cluster {
         if let Some((cp, _)) = &self.controlplane {
             out.push_str(&format!("--- keel-controlplane\n{}", cp.log()));
         }
+        for (i, (cp, _)) in self.standbys.iter().enumerate() {
+            out.push_str(&format!("--- keel-controlplane standby {i}\n{}", cp.log()));
+        }
         for (id, node) in &self.nodes {
             out.push_str(&format!("--- keel-agentd {id}\n{}", node.daemon.log()));
         }
@@ -665,6 +709,12 @@ pub fn standard_controlplane_args(listen: SocketAddr) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// keelctl with exactly `args` in `dir` (a [`Cluster::dir`]), for a thread
+/// that cannot borrow the cluster while the test changes it.
+pub fn keelctl_at(dir: &Path, args: &[&str], stdin: Option<&str>) -> Run {
+    keelctl_in(dir, &[], args, &[], stdin)
 }
 
 /// keelctl behind `prefix` (see [`prefixed`]) in `dir`; see
@@ -747,6 +797,9 @@ impl Drop for Cluster {
             node.daemon.stop();
         }
         if let Some((cp, _)) = self.controlplane.as_mut() {
+            cp.stop();
+        }
+        for (cp, _) in &mut self.standbys {
             cp.stop();
         }
         // Only now, with no agent left to start one, are the jail tables final.

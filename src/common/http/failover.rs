@@ -12,8 +12,12 @@
 //! address. So a caller sees at most one failed request for each control
 //! plane it loses.
 //!
-//! It must never retry a request that reached a daemon, and never look at
-//! an answer: any HTTP status is an answer.
+//! A standby control plane (one waiting for the leader key) answers every
+//! request 503 with [`STANDBY_HEADER`] and does nothing else, so such an
+//! answer counts as a connection not taken: the request moves on too.
+//!
+//! It must never retry a request that reached a daemon which may have
+//! acted on it, and looks at no answer but for that header.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -21,12 +25,17 @@ use std::time::Duration;
 use super::HttpError;
 use super::client::{Client, ClientResponse, Endpoint};
 
+/// The header of a standby's answer: it did nothing, ask the next one.
+pub const STANDBY_HEADER: &str = "Keel-Standby";
+
 /// A client for several endpoints of one service; see the module docs.
 #[derive(Debug)]
 pub struct Failover {
     clients: Vec<Client>,
     /// Index of the client that answered last.
     preferred: AtomicUsize,
+    /// How long to keep asking while standbys answer and no leader does.
+    leader_wait: Duration,
 }
 
 impl Clone for Failover {
@@ -34,8 +43,19 @@ impl Clone for Failover {
         Failover {
             clients: self.clients.clone(),
             preferred: AtomicUsize::new(self.preferred.load(Ordering::Relaxed)),
+            leader_wait: self.leader_wait,
         }
     }
+}
+
+/// What one pass over the endpoints came to.
+enum Pass {
+    /// An answer, or a failure after the request was sent.
+    Done(Result<ClientResponse, HttpError>),
+    /// Only standbys answered (and the others took no connection).
+    Standby(ClientResponse),
+    /// No endpoint took the connection.
+    Refused(HttpError),
 }
 
 /// The addresses of a comma-separated `HOST:PORT` list (`"cp1:7440,
@@ -69,7 +89,17 @@ impl Failover {
         Failover {
             clients,
             preferred: AtomicUsize::new(0),
+            leader_wait: Duration::ZERO,
         }
+    }
+
+    /// The same endpoints, asking again for up to `wait` while standbys
+    /// answer and no control plane leads: a takeover in progress (a
+    /// standby's answer means nothing was done, so asking again is safe).
+    /// Endpoints that all refuse the connection fail at once.
+    pub fn with_leader_wait(mut self, wait: Duration) -> Failover {
+        self.leader_wait = wait;
+        self
     }
 
     /// The same endpoints with `timeout` on connecting and on each read and
@@ -107,25 +137,57 @@ impl Failover {
         headers: &[(String, String)],
         body: &[u8],
     ) -> Result<ClientResponse, HttpError> {
+        let start = std::time::Instant::now();
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match self.pass(method, path, headers, body) {
+                Pass::Done(result) => return result,
+                Pass::Refused(e) => return Err(e),
+                Pass::Standby(answer) => {
+                    if start.elapsed() + pause > self.leader_wait {
+                        return Ok(answer);
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    fn pass(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(String, String)],
+        body: &[u8],
+    ) -> Pass {
         let first = self.first();
         let mut refused = Vec::new();
+        let mut standby = None;
         for step in 0..self.clients.len() {
             let at = (first + step) % self.clients.len();
             match self.clients[at].request(method, path, headers, body) {
+                Ok(response) if response.status == 503 && response.header(STANDBY_HEADER).is_some() => {
+                    standby = Some(response);
+                }
                 Ok(response) => {
                     self.preferred.store(at, Ordering::Relaxed);
-                    return Ok(response);
+                    return Pass::Done(Ok(response));
                 }
                 Err(HttpError::Connect { endpoint, source }) => refused.push((endpoint, source)),
                 Err(e) => {
                     // It may have been acted on: not repeated here; the next
                     // request tries the next control plane first.
                     self.preferred.store(at + 1, Ordering::Relaxed);
-                    return Err(e);
+                    return Pass::Done(Err(e));
                 }
             }
         }
-        Err(none_connected(refused))
+        // Every one is a standby or down: the standby's answer says more.
+        match standby {
+            Some(response) => Pass::Standby(response),
+            None => Pass::Refused(none_connected(refused)),
+        }
     }
 }
 
@@ -157,10 +219,20 @@ mod tests {
         addr
     }
 
-    /// A server answering `n` requests with 200 and `name` as the body, or,
-    /// with `hang_up`, closing each connection once the request is read;
-    /// counts the requests it read.
-    fn server(name: &'static str, hang_up: bool, n: usize) -> (String, Arc<AtomicUsize>) {
+    /// How a test server answers.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mode {
+        /// 200 with its name as the body.
+        Answer,
+        /// Closes the connection once the request is read.
+        HangUp,
+        /// A standby's 503.
+        Standby,
+    }
+
+    /// A server answering `n` requests as `mode` says; counts the requests
+    /// it read.
+    fn server(name: &'static str, mode: Mode, n: usize) -> (String, Arc<AtomicUsize>) {
         let l = TcpListener::bind("127.0.0.1:0").expect("binds");
         let addr = l.local_addr().expect("addr").to_string();
         let seen = Arc::new(AtomicUsize::new(0));
@@ -177,7 +249,12 @@ mod tests {
                     }
                 }
                 counter.fetch_add(1, Ordering::SeqCst);
-                if !hang_up {
+                if mode == Mode::Standby {
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 503 Service Unavailable\r\n{STANDBY_HEADER}: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    );
+                } else if mode == Mode::Answer {
                     let _ = write!(
                         s,
                         "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
@@ -205,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_refused_connection_moves_on_at_once_and_the_answering_one_is_kept() {
-        let (live, seen) = server("b", false, 2);
+        let (live, seen) = server("b", Mode::Answer, 2);
         let f = Failover::tcp(&format!("{},{live}", refusing()));
         assert_eq!(get(&f).expect("the second answers"), "b");
         assert_eq!(f.endpoint(), &Endpoint::Tcp(live.clone()));
@@ -215,14 +292,28 @@ mod tests {
 
     #[test]
     fn a_request_that_reached_a_daemon_is_not_repeated_but_the_next_goes_elsewhere() {
-        let (dying, dying_seen) = server("a", true, 1);
-        let (live, live_seen) = server("b", false, 1);
+        let (dying, dying_seen) = server("a", Mode::HangUp, 1);
+        let (live, live_seen) = server("b", Mode::Answer, 1);
         let f = Failover::tcp(&format!("{dying},{live}"));
         let e = get(&f).expect_err("the first hung up after reading the request");
         assert!(!matches!(e, HttpError::Connect { .. }), "{e}");
         assert_eq!(live_seen.load(Ordering::SeqCst), 0, "not repeated");
         assert_eq!(get(&f).expect("the next goes to the other"), "b");
         assert_eq!(dying_seen.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_standby_is_passed_over_and_answers_only_when_no_one_leads() {
+        let (standby, standby_seen) = server("a", Mode::Standby, 2);
+        let (live, _) = server("b", Mode::Answer, 1);
+        let f = Failover::tcp(&format!("{standby},{live}"));
+        assert_eq!(get(&f).expect("the leader answers"), "b");
+        assert_eq!(standby_seen.load(Ordering::SeqCst), 1);
+        let alone = Failover::tcp(&format!("{standby},{}", refusing()));
+        let answer = alone
+            .request("GET", "/nodes", &[], b"")
+            .expect("the standby's answer");
+        assert_eq!(answer.status, 503);
     }
 
     #[test]
