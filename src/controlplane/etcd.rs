@@ -60,6 +60,9 @@ const TIMEOUT_KEY: &str = "controlplane.etcd_timeout";
 /// refuse the state of a large cluster, which etcd itself serves fine.
 const MAX_RESPONSE: usize = 256 * 1024 * 1024;
 
+/// See where [`Etcd::connect`] uses it.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Where etcd is and how to reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdSettings {
@@ -83,12 +86,8 @@ pub struct EtcdSettings {
 impl EtcdSettings {
     /// Checks the settings without touching the network or the files.
     pub fn validate(&self) -> Result<(), EtcdError> {
-        let bad = |field: &'static str, problem: String| {
-            Err(EtcdError::Settings {
-                field,
-                problem: problem.clone(),
-            })
-        };
+        let bad =
+            |field: &'static str, problem: String| Err(EtcdError::Settings { field, problem });
         if self.endpoints.is_empty() {
             return bad(
                 ENDPOINTS_KEY,
@@ -590,9 +589,8 @@ struct Member {
     kv: KvClient,
 }
 
-/// An open keep-alive stream and the member it goes to.
+/// An open keep-alive stream.
 struct Keeper {
-    member: usize,
     keeper: LeaseKeeper,
     stream: LeaseKeepAliveStream,
 }
@@ -668,21 +666,23 @@ impl Etcd {
     /// certificate fails here rather than at the first decision.
     pub fn connect(settings: &EtcdSettings) -> Result<Etcd, EtcdError> {
         let op = "connect";
-        // Before the runtime exists: dropping one inside another panics.
+        // Blocking on the runtime below would panic inside another one.
         refuse_inside_runtime(op)?;
         settings.validate()?;
         let tls = settings.is_https();
         // Leaves time to try every member within one call's timeout.
-        let members = u32::try_from(settings.endpoints.len()).unwrap_or(u32::MAX);
-        let connect_timeout = (settings.timeout / members).max(Duration::from_millis(100));
+        let count = u32::try_from(settings.endpoints.len()).unwrap_or(u32::MAX);
+        let connect_timeout = (settings.timeout / count).max(Duration::from_millis(100));
         let mut options = ConnectOptions::new()
             .with_connect_timeout(connect_timeout)
-            // Detects a member that vanished without closing the connection
-            // (its host died), which would otherwise hang calls until the
-            // timeout.
-            .with_keep_alive(settings.timeout, settings.timeout)
-            // A member cut off from the others refuses at once ("no
-            // leader") instead of holding the call: the next member is
+            // HTTP/2 pings on connections with open streams (renewals):
+            // a member whose host vanished without closing them is noticed.
+            // etcd answers pings more often than every 5 s, or without a
+            // stream, by closing the connection, hence the interval and no
+            // idle pings.
+            .with_keep_alive(KEEPALIVE_INTERVAL, settings.timeout)
+            // A member cut off from the others refuses ("no leader") once
+            // it notices, instead of holding the call: the next member is
             // tried, and a write refused so is known not to have landed.
             .with_require_leader(true);
         if tls {
@@ -769,18 +769,16 @@ impl Etcd {
         let deadline = tokio::time::Instant::now() + self.timeout;
         self.handle
             .block_on(self.failover(op, retry, deadline, attempt))
-            .map(|(value, _)| value)
     }
 
-    /// [`Etcd::call`]'s loop, inside the runtime; also answers which member
-    /// answered.
+    /// [`Etcd::call`]'s loop, inside the runtime.
     async fn failover<T, Fut>(
         &self,
         op: &'static str,
         retry: Retry,
         deadline: tokio::time::Instant,
         mut attempt: impl FnMut(&Member) -> Fut,
-    ) -> Result<(T, usize), EtcdError>
+    ) -> Result<T, EtcdError>
     where
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
@@ -797,7 +795,7 @@ impl Etcd {
             let e = match result {
                 Ok(value) => {
                     self.current.store(i, Ordering::Relaxed);
-                    return Ok((value, i));
+                    return Ok(value);
                 }
                 Err(e) => e,
             };
@@ -998,35 +996,26 @@ impl Etcd {
                     Ok(Err(_)) => {}
                 }
             }
-            let (fresh, member) = self
-                .failover(op, Retry::Unreachable, deadline, |m| {
-                    let mut client = m.client.lease_client();
-                    async move {
-                        let (keeper, stream) = match client.keep_alive(lease.0).await {
-                            Ok(pair) => pair,
-                            // etcd-client's own check of the first answer.
-                            Err(etcd_client::Error::LeaseKeepAliveError(m))
-                                if m.contains("not found") =>
-                            {
-                                return Ok(None);
-                            }
-                            Err(e) => return Err(e),
-                        };
-                        // Opening renewed it already, but its answer was
-                        // consumed there: renew once more to learn the TTL.
-                        let mut open = Keeper {
-                            member: 0,
-                            keeper,
-                            stream,
-                        };
-                        Ok(renew(&mut open).await?.map(|ttl| (ttl, open)))
-                    }
-                })
-                .await?;
-            Ok(fresh.map(|(ttl, mut open)| {
-                open.member = member;
-                (ttl, open)
-            }))
+            self.failover(op, Retry::Unreachable, deadline, |m| {
+                let mut client = m.client.lease_client();
+                async move {
+                    let (keeper, stream) = match client.keep_alive(lease.0).await {
+                        Ok(pair) => pair,
+                        // etcd-client's own check of the first answer.
+                        Err(etcd_client::Error::LeaseKeepAliveError(m))
+                            if m.contains("not found") =>
+                        {
+                            return Ok(None);
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    // Opening renewed it already, but its answer was
+                    // consumed there: renew once more to learn the TTL.
+                    let mut open = Keeper { keeper, stream };
+                    Ok(renew(&mut open).await?.map(|ttl| (ttl, open)))
+                }
+            })
+            .await
         })?;
         Ok(renewed.map(|(ttl, open)| {
             self.keepers
