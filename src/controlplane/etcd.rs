@@ -195,6 +195,9 @@ fn parse_endpoint(endpoint: &str) -> Result<bool, String> {
         let Some((host, port)) = rest.rsplit_once(':') else {
             return Err("no port: etcd's client port is usually 2379".into());
         };
+        if host.contains(':') {
+            return Err("an IPv6 address is written [address]:port".into());
+        }
         (host, port)
     };
     if host.is_empty() || host.contains(['/', '@', '?', '#', ' ']) {
@@ -1284,6 +1287,14 @@ mod tests {
                 },
                 "controlplane.etcd_endpoints",
                 "is not a number",
+            ),
+            (
+                EtcdSettings {
+                    endpoints: vec!["http://fd00::1:2379".into()],
+                    ..settings()
+                },
+                "controlplane.etcd_endpoints",
+                "[address]:port",
             ),
             (
                 EtcdSettings {
