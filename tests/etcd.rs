@@ -16,6 +16,7 @@ use keel::controlplane::etcd::{
     Compare, Etcd, EtcdError, EtcdSettings, Kv, Lead, LeaseId, Op, Range,
 };
 
+use crate::util::agent::process_alive;
 use crate::util::etcd::EtcdCluster;
 use crate::util::pki::TestCa;
 use crate::util::poll_until;
@@ -614,4 +615,33 @@ fn tls_settings_reach_members_requiring_client_certificates() {
         "{err:?}"
     );
     eprintln!("etcd: wrong CA: {err}");
+}
+
+#[test]
+fn a_panicking_test_leaves_no_member_running() {
+    let mut pids = Vec::new();
+    let mut data = None;
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let Some(cluster) = EtcdCluster::start("etcd cleanup", 3) else {
+            return;
+        };
+        pids = cluster.pids();
+        data = Some(cluster.dir.path().to_path_buf());
+        panic!("a test failing with its cluster up");
+    }));
+    let Some(data) = data else {
+        return; // etcd is not installed
+    };
+    assert!(outcome.is_err(), "the closure panicked");
+    assert_eq!(pids.len(), 3);
+    for pid in pids {
+        assert!(!process_alive(pid), "etcd member {pid} outlived the panic");
+    }
+    assert!(!data.exists(), "{} outlived the panic", data.display());
+}
+
+#[test]
+fn the_client_is_shared_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Etcd>();
 }
