@@ -219,6 +219,19 @@ fn a_lease_not_kept_alive_expires_and_its_keys_vanish() {
         "the lease's key is gone with it"
     );
     assert_eq!(etcd.keep_alive(lease.id).expect("keep-alive answers"), None);
+    // Registering under the dead lease is refused whole, not half done.
+    match etcd.txn(
+        &[],
+        &[
+            Op::put("nodes/n1-meta", "x"),
+            Op::put_with_lease("nodes/n1", "alive", lease.id),
+        ],
+        &[],
+    ) {
+        Err(EtcdError::Status { code, .. }) if code == "NotFound" => {}
+        other => panic!("a put under an expired lease: {other:?}"),
+    }
+    assert!(etcd.range_prefix("nodes/").expect("range").kvs.is_empty());
     etcd.revoke(lease.id)
         .expect("revoking a gone lease is not an error");
 }

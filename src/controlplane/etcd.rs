@@ -324,7 +324,9 @@ impl Op {
         }
     }
 
-    /// Sets `key` for as long as `lease` lives.
+    /// Sets `key` for as long as `lease` lives. A transaction that runs it
+    /// after the lease is gone fails as a whole with [`EtcdError::Status`]
+    /// code `NotFound`.
     pub fn put_with_lease(key: &str, value: impl Into<Vec<u8>>, lease: LeaseId) -> Op {
         Op::Put {
             key: key.into(),
@@ -467,6 +469,15 @@ pub enum EtcdError {
         /// etcd's message.
         message: String,
     },
+    /// The etcd client refused the request before sending it.
+    Client {
+        /// The operation.
+        op: &'static str,
+        /// The member it was meant for.
+        endpoint: String,
+        /// The client's account.
+        detail: String,
+    },
     /// etcd's answer is not what this module writes (a key outside the
     /// prefix or not UTF-8, a missing header): someone else writes there.
     Unexpected {
@@ -565,6 +576,15 @@ impl fmt::Display for EtcdError {
                     _ => Ok(()),
                 }
             }
+            EtcdError::Client {
+                op,
+                endpoint,
+                detail,
+            } => write!(
+                f,
+                "the etcd client refused to send {op} to {endpoint}: {detail} (a bug in keel: \
+                 report it with this message)"
+            ),
             EtcdError::Unexpected { op, detail } => write!(
                 f,
                 "etcd {op} answered something keel does not write ({detail}); is another \
@@ -845,9 +865,10 @@ impl Etcd {
                 code: format!("{:?}", status.code()),
                 message: status.message().to_string(),
             },
-            other => EtcdError::Unexpected {
+            other => EtcdError::Client {
                 op,
-                detail: format!("{endpoint}: {}", detail(&other)),
+                endpoint: endpoint.to_string(),
+                detail: detail(&other),
             },
         }
     }
@@ -1448,6 +1469,17 @@ mod tests {
             denied.starts_with("etcd at https://a:2379 refused txn: PermissionDenied: etcdserver: permission denied")
                 && denied.contains("controlplane.etcd_cert"),
             "{denied:?}"
+        );
+        let client = EtcdError::Client {
+            op: "txn",
+            endpoint: "http://a:2379".into(),
+            detail: "invalid arguments: empty key".into(),
+        }
+        .to_string();
+        assert!(
+            client.starts_with("the etcd client refused to send txn to http://a:2379")
+                && client.contains("a bug in keel"),
+            "{client:?}"
         );
         let file = EtcdError::TlsFile {
             field: "controlplane.etcd_ca",
