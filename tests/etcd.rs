@@ -16,6 +16,7 @@ use keel::controlplane::etcd::{
     Compare, Etcd, EtcdError, EtcdSettings, Kv, Lead, LeaseId, Op, Range,
 };
 
+use crate::util::agent::process_alive;
 use crate::util::etcd::EtcdCluster;
 use crate::util::pki::TestCa;
 use crate::util::poll_until;
@@ -218,6 +219,19 @@ fn a_lease_not_kept_alive_expires_and_its_keys_vanish() {
         "the lease's key is gone with it"
     );
     assert_eq!(etcd.keep_alive(lease.id).expect("keep-alive answers"), None);
+    // Registering under the dead lease is refused whole, not half done.
+    match etcd.txn(
+        &[],
+        &[
+            Op::put("nodes/n1-meta", "x"),
+            Op::put_with_lease("nodes/n1", "alive", lease.id),
+        ],
+        &[],
+    ) {
+        Err(EtcdError::Status { code, .. }) if code == "NotFound" => {}
+        other => panic!("a put under an expired lease: {other:?}"),
+    }
+    assert!(etcd.range_prefix("nodes/").expect("range").kvs.is_empty());
     etcd.revoke(lease.id)
         .expect("revoking a gone lease is not an error");
 }
@@ -338,14 +352,26 @@ fn one_leader_at_a_time_and_the_old_one_is_fenced() {
     assert!(rev_a2 > rev_b);
 }
 
-/// Several txn/range/keep-alive rounds, each call of which must succeed.
-fn rounds(etcd: &Etcd, lease: LeaseId, round: &str) {
+/// Several txn/range/keep-alive rounds, each call of which must succeed;
+/// except, when `just_killed`, the first write, which may have gone into
+/// the dead member's connection before the client saw it close: that one
+/// may answer Indeterminate (and nothing else), and is then read back and
+/// written again only if it did not land.
+fn rounds(etcd: &Etcd, lease: LeaseId, round: &str, just_killed: bool) {
     for i in 0..6 {
         let key = format!("rounds/{round}-{i}");
-        let outcome = etcd
-            .txn(&[Compare::absent(&key)], &[Op::put(&key, "ok")], &[])
-            .unwrap_or_else(|e| panic!("txn {key} with a member down: {e}"));
-        assert!(outcome.succeeded, "{key}");
+        let write = || etcd.txn(&[Compare::absent(&key)], &[Op::put(&key, "ok")], &[]);
+        match write() {
+            Ok(outcome) => assert!(outcome.succeeded, "{key}"),
+            Err(e @ EtcdError::Indeterminate { .. }) if just_killed && i == 0 => {
+                eprintln!("etcd: the write racing the kill: {e}");
+                if get(etcd, &key).is_none() {
+                    let again = write().unwrap_or_else(|e| panic!("txn {key} again: {e}"));
+                    assert!(again.succeeded, "{key}");
+                }
+            }
+            Err(e) => panic!("txn {key} with a member down: {e}"),
+        }
         let range = etcd
             .range_prefix("rounds/")
             .unwrap_or_else(|e| panic!("range with a member down: {e}"));
@@ -365,7 +391,7 @@ fn endpoints_from(cluster: &EtcdCluster, first: usize) -> Vec<String> {
 }
 
 #[test]
-fn a_follower_killed_9_costs_no_call() {
+fn a_follower_killed_9_costs_nothing_but_a_write_racing_the_kill() {
     let Some(mut cluster) = EtcdCluster::start("etcd follower loss", 3) else {
         return;
     };
@@ -381,21 +407,21 @@ fn a_follower_killed_9_costs_no_call() {
         &[],
     )
     .expect("register");
-    rounds(&etcd, lease.id, "healthy");
+    rounds(&etcd, lease.id, "healthy", false);
 
     cluster.kill(victim);
     let started = Instant::now();
-    rounds(&etcd, lease.id, "without-follower");
+    rounds(&etcd, lease.id, "without-follower", true);
     eprintln!(
         "etcd: 6 rounds after killing a follower took {:?}",
         started.elapsed()
     );
     // A client that starts while its first member is down connects too.
     let late = Etcd::connect(&settings(endpoints_from(&cluster, victim))).expect("connect");
-    rounds(&late, lease.id, "new-client");
+    rounds(&late, lease.id, "new-client", false);
 
     cluster.restart(victim);
-    rounds(&etcd, lease.id, "restarted");
+    rounds(&etcd, lease.id, "restarted", false);
     assert!(get(&etcd, "nodes/n1").is_some(), "kept alive throughout");
 }
 
@@ -480,7 +506,7 @@ fn a_leader_killed_9_stalls_writes_only_until_the_next_election() {
         get(&etcd, "nodes/n1").is_some(),
         "the lease outlived the election"
     );
-    rounds(&etcd, lease.id, "new-leader");
+    rounds(&etcd, lease.id, "new-leader", false);
 }
 
 #[test]
@@ -602,4 +628,33 @@ fn tls_settings_reach_members_requiring_client_certificates() {
         "{err:?}"
     );
     eprintln!("etcd: wrong CA: {err}");
+}
+
+#[test]
+fn a_panicking_test_leaves_no_member_running() {
+    let mut pids = Vec::new();
+    let mut data = None;
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let Some(cluster) = EtcdCluster::start("etcd cleanup", 3) else {
+            return;
+        };
+        pids = cluster.pids();
+        data = Some(cluster.dir.path().to_path_buf());
+        panic!("a test failing with its cluster up");
+    }));
+    let Some(data) = data else {
+        return; // etcd is not installed
+    };
+    assert!(outcome.is_err(), "the closure panicked");
+    assert_eq!(pids.len(), 3);
+    for pid in pids {
+        assert!(!process_alive(pid), "etcd member {pid} outlived the panic");
+    }
+    assert!(!data.exists(), "{} outlived the panic", data.display());
+}
+
+#[test]
+fn the_client_is_shared_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Etcd>();
 }

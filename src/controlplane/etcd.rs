@@ -60,6 +60,9 @@ const TIMEOUT_KEY: &str = "controlplane.etcd_timeout";
 /// refuse the state of a large cluster, which etcd itself serves fine.
 const MAX_RESPONSE: usize = 256 * 1024 * 1024;
 
+/// See where [`Etcd::connect`] uses it.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Where etcd is and how to reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdSettings {
@@ -83,12 +86,8 @@ pub struct EtcdSettings {
 impl EtcdSettings {
     /// Checks the settings without touching the network or the files.
     pub fn validate(&self) -> Result<(), EtcdError> {
-        let bad = |field: &'static str, problem: String| {
-            Err(EtcdError::Settings {
-                field,
-                problem: problem.clone(),
-            })
-        };
+        let bad =
+            |field: &'static str, problem: String| Err(EtcdError::Settings { field, problem });
         if self.endpoints.is_empty() {
             return bad(
                 ENDPOINTS_KEY,
@@ -196,6 +195,9 @@ fn parse_endpoint(endpoint: &str) -> Result<bool, String> {
         let Some((host, port)) = rest.rsplit_once(':') else {
             return Err("no port: etcd's client port is usually 2379".into());
         };
+        if host.contains(':') {
+            return Err("an IPv6 address is written [address]:port".into());
+        }
         (host, port)
     };
     if host.is_empty() || host.contains(['/', '@', '?', '#', ' ']) {
@@ -322,7 +324,9 @@ impl Op {
         }
     }
 
-    /// Sets `key` for as long as `lease` lives.
+    /// Sets `key` for as long as `lease` lives. A transaction that runs it
+    /// after the lease is gone fails as a whole with [`EtcdError::Status`]
+    /// code `NotFound`.
     pub fn put_with_lease(key: &str, value: impl Into<Vec<u8>>, lease: LeaseId) -> Op {
         Op::Put {
             key: key.into(),
@@ -465,6 +469,15 @@ pub enum EtcdError {
         /// etcd's message.
         message: String,
     },
+    /// The etcd client refused the request before sending it.
+    Client {
+        /// The operation.
+        op: &'static str,
+        /// The member it was meant for.
+        endpoint: String,
+        /// The client's account.
+        detail: String,
+    },
     /// etcd's answer is not what this module writes (a key outside the
     /// prefix or not UTF-8, a missing header): someone else writes there.
     Unexpected {
@@ -563,6 +576,15 @@ impl fmt::Display for EtcdError {
                     _ => Ok(()),
                 }
             }
+            EtcdError::Client {
+                op,
+                endpoint,
+                detail,
+            } => write!(
+                f,
+                "the etcd client refused to send {op} to {endpoint}: {detail} (a bug in keel: \
+                 report it with this message)"
+            ),
             EtcdError::Unexpected { op, detail } => write!(
                 f,
                 "etcd {op} answered something keel does not write ({detail}); is another \
@@ -590,9 +612,8 @@ struct Member {
     kv: KvClient,
 }
 
-/// An open keep-alive stream and the member it goes to.
+/// An open keep-alive stream.
 struct Keeper {
-    member: usize,
     keeper: LeaseKeeper,
     stream: LeaseKeepAliveStream,
 }
@@ -668,21 +689,23 @@ impl Etcd {
     /// certificate fails here rather than at the first decision.
     pub fn connect(settings: &EtcdSettings) -> Result<Etcd, EtcdError> {
         let op = "connect";
-        // Before the runtime exists: dropping one inside another panics.
+        // Blocking on the runtime below would panic inside another one.
         refuse_inside_runtime(op)?;
         settings.validate()?;
         let tls = settings.is_https();
         // Leaves time to try every member within one call's timeout.
-        let members = u32::try_from(settings.endpoints.len()).unwrap_or(u32::MAX);
-        let connect_timeout = (settings.timeout / members).max(Duration::from_millis(100));
+        let count = u32::try_from(settings.endpoints.len()).unwrap_or(u32::MAX);
+        let connect_timeout = (settings.timeout / count).max(Duration::from_millis(100));
         let mut options = ConnectOptions::new()
             .with_connect_timeout(connect_timeout)
-            // Detects a member that vanished without closing the connection
-            // (its host died), which would otherwise hang calls until the
-            // timeout.
-            .with_keep_alive(settings.timeout, settings.timeout)
-            // A member cut off from the others refuses at once ("no
-            // leader") instead of holding the call: the next member is
+            // HTTP/2 pings on connections with open streams (renewals):
+            // a member whose host vanished without closing them is noticed.
+            // etcd answers pings more often than every 5 s, or without a
+            // stream, by closing the connection, hence the interval and no
+            // idle pings.
+            .with_keep_alive(KEEPALIVE_INTERVAL, settings.timeout)
+            // A member cut off from the others refuses ("no leader") once
+            // it notices, instead of holding the call: the next member is
             // tried, and a write refused so is known not to have landed.
             .with_require_leader(true);
         if tls {
@@ -769,18 +792,16 @@ impl Etcd {
         let deadline = tokio::time::Instant::now() + self.timeout;
         self.handle
             .block_on(self.failover(op, retry, deadline, attempt))
-            .map(|(value, _)| value)
     }
 
-    /// [`Etcd::call`]'s loop, inside the runtime; also answers which member
-    /// answered.
+    /// [`Etcd::call`]'s loop, inside the runtime.
     async fn failover<T, Fut>(
         &self,
         op: &'static str,
         retry: Retry,
         deadline: tokio::time::Instant,
         mut attempt: impl FnMut(&Member) -> Fut,
-    ) -> Result<(T, usize), EtcdError>
+    ) -> Result<T, EtcdError>
     where
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
@@ -797,7 +818,7 @@ impl Etcd {
             let e = match result {
                 Ok(value) => {
                     self.current.store(i, Ordering::Relaxed);
-                    return Ok((value, i));
+                    return Ok(value);
                 }
                 Err(e) => e,
             };
@@ -844,9 +865,10 @@ impl Etcd {
                 code: format!("{:?}", status.code()),
                 message: status.message().to_string(),
             },
-            other => EtcdError::Unexpected {
+            other => EtcdError::Client {
                 op,
-                detail: format!("{endpoint}: {}", detail(&other)),
+                endpoint: endpoint.to_string(),
+                detail: detail(&other),
             },
         }
     }
@@ -998,35 +1020,26 @@ impl Etcd {
                     Ok(Err(_)) => {}
                 }
             }
-            let (fresh, member) = self
-                .failover(op, Retry::Unreachable, deadline, |m| {
-                    let mut client = m.client.lease_client();
-                    async move {
-                        let (keeper, stream) = match client.keep_alive(lease.0).await {
-                            Ok(pair) => pair,
-                            // etcd-client's own check of the first answer.
-                            Err(etcd_client::Error::LeaseKeepAliveError(m))
-                                if m.contains("not found") =>
-                            {
-                                return Ok(None);
-                            }
-                            Err(e) => return Err(e),
-                        };
-                        // Opening renewed it already, but its answer was
-                        // consumed there: renew once more to learn the TTL.
-                        let mut open = Keeper {
-                            member: 0,
-                            keeper,
-                            stream,
-                        };
-                        Ok(renew(&mut open).await?.map(|ttl| (ttl, open)))
-                    }
-                })
-                .await?;
-            Ok(fresh.map(|(ttl, mut open)| {
-                open.member = member;
-                (ttl, open)
-            }))
+            self.failover(op, Retry::Unreachable, deadline, |m| {
+                let mut client = m.client.lease_client();
+                async move {
+                    let (keeper, stream) = match client.keep_alive(lease.0).await {
+                        Ok(pair) => pair,
+                        // etcd-client's own check of the first answer.
+                        Err(etcd_client::Error::LeaseKeepAliveError(m))
+                            if m.contains("not found") =>
+                        {
+                            return Ok(None);
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    // Opening renewed it already, but its answer was
+                    // consumed there: renew once more to learn the TTL.
+                    let mut open = Keeper { keeper, stream };
+                    Ok(renew(&mut open).await?.map(|ttl| (ttl, open)))
+                }
+            })
+            .await
         })?;
         Ok(renewed.map(|(ttl, open)| {
             self.keepers
@@ -1298,6 +1311,14 @@ mod tests {
             ),
             (
                 EtcdSettings {
+                    endpoints: vec!["http://fd00::1:2379".into()],
+                    ..settings()
+                },
+                "controlplane.etcd_endpoints",
+                "[address]:port",
+            ),
+            (
+                EtcdSettings {
                     endpoints: vec!["http://user@etcd:2379".into()],
                     ..settings()
                 },
@@ -1448,6 +1469,17 @@ mod tests {
             denied.starts_with("etcd at https://a:2379 refused txn: PermissionDenied: etcdserver: permission denied")
                 && denied.contains("controlplane.etcd_cert"),
             "{denied:?}"
+        );
+        let client = EtcdError::Client {
+            op: "txn",
+            endpoint: "http://a:2379".into(),
+            detail: "invalid arguments: empty key".into(),
+        }
+        .to_string();
+        assert!(
+            client.starts_with("the etcd client refused to send txn to http://a:2379")
+                && client.contains("a bug in keel"),
+            "{client:?}"
         );
         let file = EtcdError::TlsFile {
             field: "controlplane.etcd_ca",

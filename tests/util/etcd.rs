@@ -278,6 +278,14 @@ impl EtcdCluster {
         ca.leaf(&["keel-controlplane"], self.dir.path(), stem)
     }
 
+    /// Process ids of the members running now.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .filter_map(|m| m.child.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// The CA file the members were given (TLS clusters only).
     pub fn ca_file(&self) -> PathBuf {
         self.tls.as_ref().expect("a TLS cluster").ca_file.clone()
