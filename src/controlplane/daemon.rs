@@ -43,9 +43,9 @@ use crate::controlplane::commit::{JournalLog, Log, LogError};
 use crate::controlplane::etcd::{Etcd, EtcdError, EtcdSettings};
 use crate::controlplane::etcd_state::EtcdLog;
 use crate::controlplane::leader::{self, Standby};
-use crate::controlplane::state::ClusterState;
 use crate::controlplane::metrics::Metered;
 use crate::controlplane::registry::Cluster;
+use crate::controlplane::state::ClusterState;
 use crate::controlplane::transfer::{self, TransferError};
 use crate::controlplane::worker::{Worker, open_state};
 
@@ -175,7 +175,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
     }
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
     let mut signals = SignalLoop::new().map_err(setup)?;
-    let Some((log, state, from)) = open_cluster_state(c, &listener, &mut signals)? else {
+    let Some(Opened { log, state, from }) = open_cluster_state(c, &listener, &mut signals)? else {
         log::info!("stopping on a signal while a standby");
         return Ok(());
     };
@@ -261,27 +261,43 @@ fn etcd_settings(c: &crate::common::config::ControlPlaneConfig) -> Option<EtcdSe
     })
 }
 
+/// The state to start from, where its changes go, and where it was read
+/// (for the log).
+struct Opened {
+    log: Box<dyn Log>,
+    state: ClusterState,
+    from: String,
+}
+
 /// The state and where writes go: the journal in the state directory, or,
 /// with etcd, once this control plane holds the leader key (a standby
 /// answers every request on `listener` until then); `None` when a signal
-/// stopped the wait. The third item names the source for the log.
+/// stopped the wait.
 fn open_cluster_state(
     c: &crate::common::config::ControlPlaneConfig,
     listener: &TcpListener,
     signals: &mut SignalLoop,
-) -> Result<Option<(Box<dyn Log>, ClusterState, String)>, RunError> {
+) -> Result<Option<Opened>, RunError> {
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
     let Some(settings) = etcd_settings(c) else {
         let (journal, state) =
             open_state(&c.state_dir).map_err(|e| RunError::State(LogError::Journal(e)))?;
         let log = JournalLog::new(journal, c.state_dir.clone());
-        return Ok(Some((Box::new(log), state, c.state_dir.display().to_string())));
+        return Ok(Some(Opened {
+            log: Box::new(log),
+            state,
+            from: c.state_dir.display().to_string(),
+        }));
     };
     let etcd = Arc::new(Etcd::connect(&settings).map_err(RunError::Etcd)?);
     let standby_stop = ShutdownSignal::new();
-    let standby = Server::new(Arc::new(Standby), ServerLimits::default(), standby_stop.clone())
-        .serve_tcp(listener.try_clone().map_err(setup)?)
-        .map_err(RunError::Http)?;
+    let standby = Server::new(
+        Arc::new(Standby),
+        ServerLimits::default(),
+        standby_stop.clone(),
+    )
+    .serve_tcp(listener.try_clone().map_err(setup)?)
+    .map_err(RunError::Http)?;
     let local = listener.local_addr().map_err(setup)?;
     let holder = format!("{local} (pid {})", std::process::id());
     let ttl = leader::lease_ttl(c.dead_after.0);
@@ -293,8 +309,16 @@ fn open_cluster_state(
     };
     let (log, state) = EtcdLog::open(etcd, lead.fence).map_err(RunError::State)?;
     lead.keep().map_err(setup)?;
-    let from = format!("etcd {} under {}", settings.endpoints.join(","), settings.prefix);
-    Ok(Some((Box::new(log), state, from)))
+    let from = format!(
+        "etcd {} under {}",
+        settings.endpoints.join(","),
+        settings.prefix
+    );
+    Ok(Some(Opened {
+        log: Box::new(log),
+        state,
+        from,
+    }))
 }
 
 /// `--export-state` / `--import-state`: moves the state and says what moved

@@ -215,7 +215,10 @@ impl Log for EtcdLog {
             .map_err(|e| LogError::Corrupt(format!("the snapshot pointer: {e}")))?;
         let mut moved = vec![EtcdOp::put(SNAPSHOT, encoded)];
         if let Some(old) = self.pointer {
-            moved.push(EtcdOp::delete_prefix(&format!("{SNAPSHOT}/{:020}/", old.id)));
+            moved.push(EtcdOp::delete_prefix(&format!(
+                "{SNAPSHOT}/{:020}/",
+                old.id
+            )));
         }
         self.write(&moved)?;
         let first = self.pointer.map_or(1, |p| p.through + 1);

@@ -173,7 +173,10 @@ mod tests {
 
     #[test]
     fn the_lease_is_half_of_dead_after_and_at_least_two_seconds() {
-        assert_eq!(lease_ttl(Duration::from_secs(15)), Duration::from_millis(7500));
+        assert_eq!(
+            lease_ttl(Duration::from_secs(15)),
+            Duration::from_millis(7500)
+        );
         assert_eq!(lease_ttl(Duration::from_secs(2)), Duration::from_secs(2));
     }
 

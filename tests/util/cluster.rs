@@ -602,7 +602,10 @@ impl Cluster {
     /// The status `GET /healthz` of standby `i` answers, if it answers.
     pub fn standby_answers(&self, i: usize) -> Option<u16> {
         let client = Client::new(Endpoint::Tcp(self.standbys[i].1.to_string())).with_timeout(STOP);
-        client.request("GET", "/healthz", &[], b"").ok().map(|r| r.status)
+        client
+            .request("GET", "/healthz", &[], b"")
+            .ok()
+            .map(|r| r.status)
     }
 
     /// `kill -9` of standby `i` (which may lead by now).

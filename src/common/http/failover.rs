@@ -154,20 +154,16 @@ impl Failover {
         }
     }
 
-    fn pass(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(String, String)],
-        body: &[u8],
-    ) -> Pass {
+    fn pass(&self, method: &str, path: &str, headers: &[(String, String)], body: &[u8]) -> Pass {
         let first = self.first();
         let mut refused = Vec::new();
         let mut standby = None;
         for step in 0..self.clients.len() {
             let at = (first + step) % self.clients.len();
             match self.clients[at].request(method, path, headers, body) {
-                Ok(response) if response.status == 503 && response.header(STANDBY_HEADER).is_some() => {
+                Ok(response)
+                    if response.status == 503 && response.header(STANDBY_HEADER).is_some() =>
+                {
                     standby = Some(response);
                 }
                 Ok(response) => {
