@@ -195,3 +195,78 @@ fn acknowledged_survived(cluster: &Cluster, list: &str, acknowledged: &[(String,
         assert_eq!(&placed_on(&again.stdout), node, "{name} moved");
     }
 }
+
+/// The state in etcd over a compaction, and a writer fenced out: driven
+/// through `EtcdLog` itself, since a process test would need a thousand
+/// batches to compact.
+#[test]
+fn the_state_in_etcd_survives_compaction_and_a_replaced_leader_writes_nothing() {
+    use keel::controlplane::commit::{Log, LogError};
+    use keel::controlplane::etcd::{Etcd, EtcdSettings, Lead};
+    use keel::controlplane::etcd_state::EtcdLog;
+    use keel::controlplane::leader::LEADER_KEY;
+    use keel::controlplane::state::Op;
+    use std::time::Duration;
+
+    let Some(etcd) = EtcdCluster::start("etcd_state", 1) else {
+        return;
+    };
+    let client = Arc::new(
+        Etcd::connect(&EtcdSettings {
+            endpoints: etcd.endpoints(),
+            ca: None,
+            cert: None,
+            key: None,
+            prefix: "/keel-state-test/".into(),
+            timeout: Duration::from_secs(5),
+        })
+        .expect("connects"),
+    );
+    let lead = |holder: &str| {
+        let lease = client.grant(Duration::from_secs(2)).expect("lease");
+        match client.try_lead(LEADER_KEY, holder, lease.id).expect("txn") {
+            Lead::Held { revision } => (lease, revision),
+            other => panic!("{holder} does not lead: {other:?}"),
+        }
+    };
+    let volume = |name: &str| Op::PutVolume {
+        name: name.into(),
+        node: "n1".into(),
+    };
+    let (lease, fence) = lead("first");
+    let (mut log, state) = EtcdLog::open(Arc::clone(&client), fence).expect("opens");
+    assert_eq!(
+        state,
+        Default::default(),
+        "an empty prefix is an empty cluster"
+    );
+    let mut expected = state;
+    for name in ["a", "b", "c"] {
+        log.append(&[volume(name)]).expect("appends");
+        keel::common::journal::Replay::replay(&mut expected, &volume(name));
+    }
+    log.compact(&expected).expect("compacts");
+    log.append(&[volume("d")])
+        .expect("appends after the snapshot");
+    keel::common::journal::Replay::replay(&mut expected, &volume("d"));
+    let (_, reopened) = EtcdLog::open(Arc::clone(&client), fence).expect("reopens");
+    assert_eq!(reopened, expected, "the snapshot and the batch after it");
+    let keys: Vec<String> = client
+        .range_prefix("log/")
+        .expect("range")
+        .kvs
+        .into_iter()
+        .map(|kv| kv.key)
+        .collect();
+    assert_eq!(keys.len(), 1, "the folded batches are gone: {keys:?}");
+
+    // Another takes the key once the first's lease is gone: the first
+    // writes nothing more, and says why.
+    client.revoke(lease.id).expect("revokes");
+    let (_, second_fence) = lead("second");
+    assert!(second_fence > fence);
+    let refused = log.append(&[volume("late")]).expect_err("fenced");
+    assert!(matches!(refused, LogError::NotLeader(_)), "{refused}");
+    let (_, seen) = EtcdLog::open(Arc::clone(&client), second_fence).expect("opens");
+    assert_eq!(seen, expected, "the fenced batch did not land");
+}

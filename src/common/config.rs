@@ -2304,6 +2304,16 @@ mod tests {
             .set_key("agent.advertise_addr", "10.0.0.2:7441")
             .expect("addr");
         config.set_key("log.level", "debug").expect("level");
+        config
+            .set_key(
+                "controlplane.etcd_endpoints",
+                "http://10.0.0.5:2379, http://10.0.0.6:2379",
+            )
+            .expect("a list, comma-separated");
+        assert_eq!(
+            config.controlplane.etcd_endpoints,
+            ["http://10.0.0.5:2379", "http://10.0.0.6:2379"]
+        );
         assert_eq!(config.agent.state_dir, Path::new("/srv/keel"));
         assert_eq!(config.agent.reconcile_interval, Interval::secs(2));
         assert_eq!(config.zfs.busy_retries, 9);
@@ -2324,7 +2334,7 @@ mod tests {
             ("state_dir", "x"),
             ("agent.node_subnet", "10.0.0.0"),
             ("zfs.busy_retries", "many"),
-            ("auth.node_keys", "/a"),
+            ("auth.max_clock_skew", "soon"),
         ] {
             let err = config.set_key(key, value).expect_err(key);
             assert_eq!(err.key(), Some(key), "{err}");
