@@ -143,6 +143,10 @@ fn example_value(key: &str) -> &'static str {
         "controlplane.heartbeat_interval" => "2s",
         "controlplane.dead_after" => "1m",
         "controlplane.metrics_listen" => "127.0.0.1:9740",
+        "controlplane.etcd_endpoints" => "http://192.0.2.5:2379",
+        "controlplane.etcd_ca" => "/srv/keel/etcd-ca.pem",
+        "controlplane.etcd_cert" => "/srv/keel/etcd.pem",
+        "controlplane.etcd_key" => "/srv/keel/etcd.key",
         "log.level" => "debug",
         other => panic!("add an example value for the flag setting {other}"),
     }
@@ -154,6 +158,12 @@ fn printed_value(config: &Config, key: &str) -> String {
     let table = toml::Value::try_from(config).expect("serialises");
     match &table[section][name] {
         toml::Value::String(s) => s.clone(),
+        // As a flag gives a list: comma-separated.
+        toml::Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string))
+            .collect::<Vec<_>>()
+            .join(","),
         other => other.to_string(),
     }
 }

@@ -400,7 +400,9 @@ fn a_follower_killed_9_costs_nothing_but_a_write_racing_the_kill() {
     // The client's first member, with a renewal stream open to it: the
     // calls after the kill must move to another member.
     let etcd = Etcd::connect(&settings(endpoints_from(&cluster, victim))).expect("connect");
-    let lease = etcd.grant(Duration::from_secs(2)).expect("grant");
+    // Long enough for every round on a loaded machine: this test is about
+    // renewals with a member down, not expiry.
+    let lease = etcd.grant(Duration::from_secs(30)).expect("grant");
     etcd.txn(
         &[],
         &[Op::put_with_lease("nodes/n1", "alive", lease.id)],
