@@ -278,3 +278,70 @@ fn the_state_in_etcd_survives_compaction_and_a_replaced_leader_writes_nothing() 
     let (_, seen) = EtcdLog::open(Arc::clone(&client), second_fence).expect("opens");
     assert_eq!(seen, expected, "the fenced batch did not land");
 }
+
+/// A journal's state moved into etcd and out again, unchanged; an import
+/// into a prefix that holds a cluster, or while a control plane leads it,
+/// is refused and changes nothing.
+#[test]
+fn a_journal_state_moves_into_etcd_and_back() {
+    use keel::controlplane::etcd::{Etcd, EtcdSettings};
+    use keel::controlplane::leader::LEADER_KEY;
+    use keel::controlplane::state::Op;
+    use keel::controlplane::transfer::{Backend, TransferError, export, import};
+    use keel::controlplane::worker::open_state;
+    use std::time::Duration;
+
+    let Some(etcd) = EtcdCluster::start("etcd_transfer", 1) else {
+        return;
+    };
+    let settings = EtcdSettings {
+        endpoints: etcd.endpoints(),
+        ca: None,
+        cert: None,
+        key: None,
+        prefix: "/keel-transfer-test/".into(),
+        timeout: Duration::from_secs(5),
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut journal, _) = open_state(dir.path()).expect("opens");
+    journal
+        .append(&[
+            Op::PutVolume {
+                name: "data".into(),
+                node: "n1".into(),
+            },
+            Op::MarkDeleting { name: "x".into() },
+        ])
+        .expect("appends");
+    drop(journal);
+    let out = tempfile::tempdir().expect("tempdir");
+    let (first, second) = (
+        out.path().join("first.json"),
+        out.path().join("second.json"),
+    );
+    export(Backend::Dir(dir.path()), Some(&first)).expect("exports the journal");
+    let held = import(Backend::Etcd(&settings), Some(&first)).expect("imports into etcd");
+    assert_eq!(held, "1 volume");
+    export(Backend::Etcd(&settings), Some(&second)).expect("exports from etcd");
+    assert_eq!(
+        std::fs::read_to_string(&first).expect("first"),
+        std::fs::read_to_string(&second).expect("second"),
+        "the state came back as it went in"
+    );
+    let again = import(Backend::Etcd(&settings), Some(&first)).expect_err("not empty");
+    assert!(matches!(again, TransferError::NotEmpty { .. }), "{again}");
+
+    // A control plane leading the cluster: no transfer runs beside it.
+    let client = Etcd::connect(&settings).expect("connects");
+    let lease = client.grant(Duration::from_secs(30)).expect("lease");
+    client
+        .try_lead(LEADER_KEY, "a control plane", lease.id)
+        .expect("leads");
+    let refused = export(
+        Backend::Etcd(&settings),
+        Some(&out.path().join("third.json")),
+    )
+    .expect_err("a control plane leads");
+    assert!(matches!(refused, TransferError::Leading(_)), "{refused}");
+    assert!(refused.to_string().contains("a control plane"), "{refused}");
+}

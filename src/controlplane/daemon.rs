@@ -123,7 +123,12 @@ pub fn run(options: Options) -> Result<(), RunError> {
     let cfg = &options.config;
     let c = &cfg.controlplane;
     if let Some(transfer) = &options.transfer {
-        return transfer_state(&c.state_dir, transfer);
+        let settings = etcd_settings(c);
+        let backend = match &settings {
+            Some(s) => transfer::Backend::Etcd(s),
+            None => transfer::Backend::Dir(&c.state_dir),
+        };
+        return transfer_state(backend, transfer);
     }
     // First of all, before detaching so that a refusal reaches the admin's
     // terminal; held until `run` returns, through the fork (module docs of
@@ -323,7 +328,10 @@ fn open_cluster_state(
 
 /// `--export-state` / `--import-state`: moves the state and says what moved
 /// on stderr (stdout may be the export itself).
-fn transfer_state(state_dir: &std::path::Path, transfer: &StateTransfer) -> Result<(), RunError> {
+fn transfer_state(
+    backend: transfer::Backend<'_>,
+    transfer: &StateTransfer,
+) -> Result<(), RunError> {
     let shown = |p: &Option<std::path::PathBuf>, stdio: &str| {
         p.as_ref()
             .map(|p| p.display().to_string())
@@ -331,19 +339,17 @@ fn transfer_state(state_dir: &std::path::Path, transfer: &StateTransfer) -> Resu
     };
     match transfer {
         StateTransfer::Export(to) => {
-            let holds = transfer::export(state_dir, to.as_deref()).map_err(RunError::Transfer)?;
+            let holds = transfer::export(backend, to.as_deref()).map_err(RunError::Transfer)?;
             eprintln!(
-                "keel-controlplane: exported {holds} from {} to {}",
-                state_dir.display(),
+                "keel-controlplane: exported {holds} from {backend} to {}",
                 shown(to, "standard output")
             );
         }
         StateTransfer::Import(from) => {
-            let holds = transfer::import(state_dir, from.as_deref()).map_err(RunError::Transfer)?;
+            let holds = transfer::import(backend, from.as_deref()).map_err(RunError::Transfer)?;
             eprintln!(
-                "keel-controlplane: imported {holds} from {} into {}",
+                "keel-controlplane: imported {holds} from {} into {backend}",
                 shown(from, "standard input"),
-                state_dir.display()
             );
         }
     }

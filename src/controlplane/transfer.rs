@@ -17,17 +17,46 @@
 //! atomic replace); it keeps the target's highest epoch if that is higher,
 //! so no epoch a node may still hold is handed out again. Nothing here
 //! changes the source.
+//!
+//! With etcd ([`Backend::Etcd`]) the same holds of the cluster's prefix:
+//! instead of the lock, a transfer takes the leader key for its duration,
+//! so it refuses to run while any control plane leads that cluster, and
+//! no control plane can start deciding in the middle of it.
 
 use std::fmt;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::common::journal::JournalError;
 use crate::common::lockfile::{LockError, StateDirLock};
+use crate::controlplane::commit::{Log, LogError};
+use crate::controlplane::etcd::{Etcd, EtcdError, EtcdSettings, Lead};
+use crate::controlplane::etcd_state::EtcdLog;
+use crate::controlplane::leader::LEADER_KEY;
 use crate::controlplane::state::ClusterState;
 use crate::controlplane::worker::open_state;
+
+/// Where a cluster's state lives.
+#[derive(Debug, Clone, Copy)]
+pub enum Backend<'a> {
+    /// The journal in a state directory.
+    Dir(&'a Path),
+    /// A prefix in etcd.
+    Etcd(&'a EtcdSettings),
+}
+
+impl fmt::Display for Backend<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backend::Dir(dir) => write!(f, "{}", dir.display()),
+            Backend::Etcd(s) => write!(f, "etcd {} under {}", s.endpoints.join(","), s.prefix),
+        }
+    }
+}
 
 /// The `format` of an exported state.
 pub const FORMAT: &str = "keel-cluster-state/1";
@@ -54,6 +83,12 @@ pub enum TransferError {
     Lock(LockError),
     /// The state directory's journal could not be opened or written.
     State(JournalError),
+    /// etcd could not be reached or answered an error.
+    Etcd(EtcdError),
+    /// The state in etcd could not be read or written.
+    EtcdState(LogError),
+    /// A control plane leads the cluster in etcd.
+    Leading(String),
     /// The export's file already exists.
     Exists(PathBuf),
     /// The file (or stdin/stdout, `None`) could not be read or written.
@@ -72,8 +107,8 @@ pub enum TransferError {
     },
     /// The target already holds a cluster.
     NotEmpty {
-        /// The state directory.
-        dir: PathBuf,
+        /// The state directory or etcd prefix.
+        dir: String,
         /// What it holds, e.g. `3 nodes, 12 placements`.
         holds: String,
     },
@@ -90,6 +125,12 @@ impl fmt::Display for TransferError {
         match self {
             TransferError::Lock(e) => write!(f, "{e}; stop it before moving its state"),
             TransferError::State(e) => write!(f, "{e}"),
+            TransferError::Etcd(e) => write!(f, "{e}"),
+            TransferError::EtcdState(e) => write!(f, "{e}"),
+            TransferError::Leading(holder) => write!(
+                f,
+                "{holder} leads this cluster; stop every control plane on it before moving its state"
+            ),
             TransferError::Exists(p) => write!(
                 f,
                 "{} already exists; an export never overwrites a file: remove it or choose another path",
@@ -105,9 +146,8 @@ impl fmt::Display for TransferError {
             ),
             TransferError::NotEmpty { dir, holds } => write!(
                 f,
-                "{} already holds a cluster ({holds}); import only into an empty state directory, \
-                 or move that one aside first",
-                dir.display()
+                "{dir} already holds a cluster ({holds}); import only into an empty state directory \
+                 or etcd prefix, or move that one aside first"
             ),
         }
     }
@@ -132,11 +172,49 @@ pub fn holdings(state: &ClusterState) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(", "))
 }
 
-/// Writes the state in `state_dir` to `to` (`None`: stdout); returns what
-/// it held.
-pub fn export(state_dir: &Path, to: Option<&Path>) -> Result<String, TransferError> {
-    let _lock = StateDirLock::acquire(state_dir).map_err(TransferError::Lock)?;
-    let (_journal, state) = open_state(state_dir).map_err(TransferError::State)?;
+/// Runs `f` on the state in etcd while holding the leader key, so that
+/// no control plane decides meanwhile; refuses when one leads.
+fn with_etcd<T>(
+    settings: &EtcdSettings,
+    f: impl FnOnce(&mut EtcdLog, ClusterState) -> Result<T, TransferError>,
+) -> Result<T, TransferError> {
+    let etcd = Arc::new(Etcd::connect(settings).map_err(TransferError::Etcd)?);
+    let lease = etcd
+        .grant(Duration::from_secs(30))
+        .map_err(TransferError::Etcd)?;
+    let holder = format!(
+        "keel-controlplane (pid {}) moving the state",
+        std::process::id()
+    );
+    let fence = match etcd.try_lead(LEADER_KEY, &holder, lease.id) {
+        Ok(Lead::Held { revision }) => revision,
+        Ok(Lead::Other { holder, .. }) => {
+            let _ = etcd.revoke(lease.id);
+            return Err(TransferError::Leading(holder));
+        }
+        Err(e) => {
+            let _ = etcd.revoke(lease.id);
+            return Err(TransferError::Etcd(e));
+        }
+    };
+    let outcome = EtcdLog::open(Arc::clone(&etcd), fence)
+        .map_err(TransferError::EtcdState)
+        .and_then(|(mut log, state)| f(&mut log, state));
+    // The key goes with the lease: a control plane may lead at once.
+    let _ = etcd.revoke(lease.id);
+    outcome
+}
+
+/// Writes the state in `from` to `to` (`None`: stdout); returns what it
+/// held.
+pub fn export(from: Backend<'_>, to: Option<&Path>) -> Result<String, TransferError> {
+    let state = match from {
+        Backend::Dir(state_dir) => {
+            let _lock = StateDirLock::acquire(state_dir).map_err(TransferError::Lock)?;
+            open_state(state_dir).map_err(TransferError::State)?.1
+        }
+        Backend::Etcd(settings) => with_etcd(settings, |_, state| Ok(state))?,
+    };
     let holds = holdings(&state).unwrap_or_else(|| "nothing".into());
     let mut text = serde_json::to_vec_pretty(&Exported {
         format: FORMAT.into(),
@@ -175,17 +253,46 @@ pub fn export(state_dir: &Path, to: Option<&Path>) -> Result<String, TransferErr
     Ok(holds)
 }
 
-/// Loads the state in `from` (`None`: stdin) into the empty `state_dir`;
-/// returns what it held.
-pub fn import(state_dir: &Path, from: Option<&Path>) -> Result<String, TransferError> {
-    let _lock = StateDirLock::acquire(state_dir).map_err(TransferError::Lock)?;
-    let (mut journal, existing) = open_state(state_dir).map_err(TransferError::State)?;
-    if let Some(holds) = holdings(&existing) {
+/// Loads the state in `from` (`None`: stdin) into the empty `to`; returns
+/// what it held.
+pub fn import(to: Backend<'_>, from: Option<&Path>) -> Result<String, TransferError> {
+    let state = read_export(from)?;
+    match to {
+        Backend::Dir(state_dir) => {
+            let _lock = StateDirLock::acquire(state_dir).map_err(TransferError::Lock)?;
+            let (mut journal, existing) = open_state(state_dir).map_err(TransferError::State)?;
+            let state = into_empty(to, state, &existing)?;
+            journal.compact(&state).map_err(TransferError::State)?;
+            Ok(holdings(&state).unwrap_or_else(|| "nothing".into()))
+        }
+        Backend::Etcd(settings) => with_etcd(settings, |log, existing| {
+            let state = into_empty(to, state, &existing)?;
+            log.compact(&state).map_err(TransferError::EtcdState)?;
+            Ok(holdings(&state).unwrap_or_else(|| "nothing".into()))
+        }),
+    }
+}
+
+/// `state`, to be written over `existing`, which must hold nothing; it
+/// keeps `existing`'s epoch if higher, so no epoch a node may still hold
+/// is handed out again.
+fn into_empty(
+    to: Backend<'_>,
+    mut state: ClusterState,
+    existing: &ClusterState,
+) -> Result<ClusterState, TransferError> {
+    if let Some(holds) = holdings(existing) {
         return Err(TransferError::NotEmpty {
-            dir: state_dir.to_path_buf(),
+            dir: to.to_string(),
             holds,
         });
     }
+    state.last_epoch = state.last_epoch.max(existing.last_epoch);
+    Ok(state)
+}
+
+/// The state in the export at `from` (`None`: stdin).
+fn read_export(from: Option<&Path>) -> Result<ClusterState, TransferError> {
     let path = from.map(Path::to_path_buf);
     let mut text = Vec::new();
     match from {
@@ -211,11 +318,7 @@ pub fn import(state_dir: &Path, from: Option<&Path>) -> Result<String, TransferE
         path: path.clone(),
         reason: e.to_string(),
     })?;
-    let mut state = exported.state;
-    state.last_epoch = state.last_epoch.max(existing.last_epoch);
-    let holds = holdings(&state).unwrap_or_else(|| "nothing".into());
-    journal.compact(&state).map_err(TransferError::State)?;
-    Ok(holds)
+    Ok(exported.state)
 }
 
 #[cfg(test)]
@@ -264,11 +367,11 @@ mod tests {
         seed(from.path(), &cluster());
         let file = files.path().join("state.json");
         assert_eq!(
-            export(from.path(), Some(&file)).expect("exported"),
+            export(Backend::Dir(from.path()), Some(&file)).expect("exported"),
             "1 node, 1 placement"
         );
         assert_eq!(
-            import(to.path(), Some(&file)).expect("imported"),
+            import(Backend::Dir(to.path()), Some(&file)).expect("imported"),
             "1 node, 1 placement"
         );
         let (_, imported) = open_state(to.path()).expect("opens");
@@ -297,7 +400,7 @@ mod tests {
             .expect("json"),
         )
         .expect("written");
-        let err = import(to.path(), Some(&file)).expect_err("refused");
+        let err = import(Backend::Dir(to.path()), Some(&file)).expect_err("refused");
         assert!(
             matches!(&err, TransferError::NotEmpty { holds, .. } if holds == "1 node"),
             "{err}"
@@ -316,16 +419,16 @@ mod tests {
         seed(dir.path(), &cluster());
         let file = files.path().join("taken.json");
         std::fs::write(&file, "keep me").expect("written");
-        let err = export(dir.path(), Some(&file)).expect_err("refused");
+        let err = export(Backend::Dir(dir.path()), Some(&file)).expect_err("refused");
         assert!(matches!(err, TransferError::Exists(_)), "{err}");
         assert_eq!(std::fs::read_to_string(&file).expect("read"), "keep me");
 
         let empty = tempfile::tempdir().expect("tmp");
-        let err = import(empty.path(), Some(&file)).expect_err("not JSON");
+        let err = import(Backend::Dir(empty.path()), Some(&file)).expect_err("not JSON");
         assert!(err.to_string().contains("--export-state"), "{err}");
         std::fs::write(&file, r#"{"format": "keel-cluster-state/9", "state": {}}"#)
             .expect("written");
-        let err = import(empty.path(), Some(&file)).expect_err("future format");
+        let err = import(Backend::Dir(empty.path()), Some(&file)).expect_err("future format");
         assert!(err.to_string().contains("keel-cluster-state/9"), "{err}");
         let (_, state) = open_state(empty.path()).expect("opens");
         assert_eq!(state, ClusterState::default());
@@ -347,8 +450,8 @@ mod tests {
         let file = files.path().join("state.json");
         let from = tempfile::tempdir().expect("tmp");
         seed(from.path(), &cluster());
-        export(from.path(), Some(&file)).expect("exported");
-        import(to.path(), Some(&file)).expect("imported");
+        export(Backend::Dir(from.path()), Some(&file)).expect("exported");
+        import(Backend::Dir(to.path()), Some(&file)).expect("imported");
         let (_, state) = open_state(to.path()).expect("opens");
         assert_eq!(state.last_epoch, 50);
         assert_eq!(state.placements["web"].epoch, 7);
