@@ -44,10 +44,12 @@ use keel::common::auth::Signer;
 use keel::common::cidr::Ipv4Net;
 use keel::common::http::{Client, ClientResponse, Endpoint, HttpError};
 use keel::common::wire::{JailStatus, NodeStatus, Phase};
+use keel::controlplane::etcd::EtcdSettings;
 use keel::controlplane::worker::open_state;
 
 use crate::util::agent::Agent;
 use crate::util::controlplane::{ControlPlane, FakeAgent};
+use crate::util::etcd::EtcdCluster;
 use crate::util::seeded::SplitMix64 as Rng;
 
 /// Kills in a short run (part of `cargo test`).
@@ -475,6 +477,8 @@ fn variant_of_body(name: &str, body: &[u8]) -> Option<u8> {
 
 struct Cluster {
     cp: ControlPlane,
+    /// The etcd the control plane keeps its state in, if not its journal.
+    etcd: Option<EtcdSettings>,
     agents: Vec<FakeAgent>,
     node: Signer,
     operator: Signer,
@@ -486,13 +490,24 @@ impl Cluster {
     /// A control plane in `dir` (dead_after 1 h: nodes die only of what the
     /// campaign does to them) with the three fake agents registered.
     fn start(dir: &Path, seed: u64) -> Cluster {
-        let cp = ControlPlane::start(dir, &["--dead-after", "1h"]);
+        Cluster::start_on(dir, seed, None)
+    }
+
+    /// [`Cluster::start`] with the state in `etcd` when given.
+    fn start_on(dir: &Path, seed: u64, etcd: Option<EtcdSettings>) -> Cluster {
+        let mut args = vec!["--dead-after".to_string(), "1h".to_string()];
+        if let Some(settings) = &etcd {
+            args.extend(["--etcd-endpoints".into(), settings.endpoints.join(",")]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let cp = ControlPlane::start(dir, &args);
         let keys = dir.join("keel-sim/keys");
         let agents: Vec<FakeAgent> = NODES.iter().map(|_| FakeAgent::start(&keys)).collect();
         let mut cluster = Cluster {
             node: cp.signer("node.key"),
             operator: cp.signer("operator.key"),
             cp,
+            etcd,
             agents,
             pod_cidrs: BTreeMap::new(),
             seed,
@@ -620,8 +635,14 @@ impl Cluster {
     /// The journal while the daemon is down: it parses, its nodes keep
     /// their pod_cidrs, and each placement names a registered node.
     fn check_journal(&self, context: &str) -> BTreeMap<String, String> {
-        let (_, state) = open_state(&self.cp.state_dir())
-            .unwrap_or_else(|e| panic!("{context}: the journal does not open: {e}"));
+        let state = match &self.etcd {
+            None => {
+                open_state(&self.cp.state_dir())
+                    .unwrap_or_else(|e| panic!("{context}: the journal does not open: {e}"))
+                    .1
+            }
+            Some(settings) => self.state_in_etcd(settings, context),
+        };
         let cidrs: BTreeMap<String, String> = state
             .nodes
             .iter()
@@ -646,11 +667,63 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// The state in etcd while the control plane is down: the dead
+    /// process's lease released as its successor would, the leader key
+    /// taken for the read (so the state is read as a leader reads it), and
+    /// given back.
+    fn state_in_etcd(
+        &self,
+        settings: &EtcdSettings,
+        context: &str,
+    ) -> keel::controlplane::state::ClusterState {
+        use keel::controlplane::etcd::{Etcd, Lead};
+        use keel::controlplane::etcd_state::EtcdLog;
+        use keel::controlplane::leader::{LEADER_KEY, release_previous};
+        let etcd = Arc::new(Etcd::connect(settings).expect("connects to etcd"));
+        release_previous(&etcd, &self.cp.state_dir());
+        let lease = etcd.grant(Duration::from_secs(30)).expect("lease");
+        let fence = match etcd.try_lead(LEADER_KEY, "the crash campaign", lease.id) {
+            Ok(Lead::Held { revision }) => revision,
+            other => panic!("{context}: the dead control plane still leads: {other:?}"),
+        };
+        let (_, state) = EtcdLog::open(Arc::clone(&etcd), fence)
+            .unwrap_or_else(|e| panic!("{context}: the state in etcd does not read: {e}"));
+        etcd.revoke(lease.id).expect("gives the key back");
+        state
+    }
+}
+
 fn controlplane_campaign(kills: usize) {
-    let seed = seed("control plane crash campaign");
+    controlplane_campaign_on(kills, None, "control plane crash campaign");
+}
+
+/// The control plane campaign with the state in etcd (a real 3-member
+/// cluster, `util::etcd`).
+fn controlplane_campaign_on_etcd(kills: usize) {
+    let Some(etcd) = EtcdCluster::start("controlplane crash campaign on etcd", 3) else {
+        return;
+    };
+    let settings = EtcdSettings {
+        endpoints: etcd.endpoints(),
+        ca: None,
+        cert: None,
+        key: None,
+        prefix: "/keel/".into(),
+        timeout: Duration::from_secs(5),
+    };
+    controlplane_campaign_on(
+        kills,
+        Some(settings),
+        "control plane crash campaign on etcd",
+    );
+}
+
+fn controlplane_campaign_on(kills: usize, etcd: Option<EtcdSettings>, campaign: &str) {
+    let seed = seed(campaign);
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cluster = Cluster::start(dir.path(), seed);
+    let mut cluster = Cluster::start_on(dir.path(), seed, etcd);
     let mut model = Model::new();
     let (mut changes, mut unanswered, mut dangling) = (0, 0, 0);
     for kill in 1..=kills {
@@ -683,7 +756,7 @@ fn controlplane_campaign(kills: usize) {
         }
     }
     eprintln!(
-        "control plane crash campaign: seed {seed}: {kills} kills, {changes} changes \
+        "{campaign}: seed {seed}: {kills} kills, {changes} changes \
          ({unanswered} cut off before their answer), {dangling} interrupted deletes \
          finished by the node's heartbeat, all checks passed"
     );
@@ -710,6 +783,17 @@ fn controlplane_kill9_campaign_short() {
 #[ignore = "long: run by scripts/crash-campaign.sh"]
 fn controlplane_kill9_campaign_long() {
     controlplane_campaign(long_kills());
+}
+
+#[test]
+fn controlplane_on_etcd_kill9_campaign_short() {
+    controlplane_campaign_on_etcd(SHORT_KILLS);
+}
+
+#[test]
+#[ignore = "long: run by scripts/crash-campaign.sh"]
+fn controlplane_on_etcd_kill9_campaign_long() {
+    controlplane_campaign_on_etcd(long_kills());
 }
 
 // ------------------------------------- control plane, services healing

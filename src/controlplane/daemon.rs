@@ -295,6 +295,7 @@ fn open_cluster_state(
         }));
     };
     let etcd = Arc::new(Etcd::connect(&settings).map_err(RunError::Etcd)?);
+    leader::release_previous(&etcd, &c.state_dir);
     let standby_stop = ShutdownSignal::new();
     let standby = Server::new(
         Arc::new(Standby),
@@ -312,6 +313,10 @@ fn open_cluster_state(
     let Some(lead) = won.map_err(RunError::Etcd)? else {
         return Ok(None);
     };
+    if let Err(e) = lead.record(&c.state_dir) {
+        // Only a restart gets slower: it waits the lease out.
+        log::warn!("the leader lease is not recorded: {e}");
+    }
     let (log, state) = EtcdLog::open(etcd, lead.fence).map_err(RunError::State)?;
     lead.keep().map_err(setup)?;
     let from = format!(

@@ -18,6 +18,12 @@
 //! way. The data plane does not notice: jails and VIPs live on the nodes.
 //! Restarted (rc.d does it), it waits as a standby.
 //!
+//! A restart is no takeover: the lease a leader holds its key with is
+//! recorded in its state directory ([`LEASE_FILE`]), and the next process
+//! on that directory (which holds its lock, so the previous one is gone)
+//! revokes it before it campaigns. Without that, a restarted leader would
+//! wait out its own old lease as a standby.
+//!
 //! It must never decide anything about the cluster; it only says who may.
 
 use std::sync::Arc;
@@ -25,7 +31,34 @@ use std::time::{Duration, Instant};
 
 use crate::common::http::Response;
 use crate::common::http::failover::STANDBY_HEADER;
-use crate::controlplane::etcd::{Etcd, EtcdError, Lead, Lease};
+use crate::common::store::{Store, StoreError};
+use crate::controlplane::etcd::{Etcd, EtcdError, Lead, Lease, LeaseId};
+
+/// The lease of the last leader on this state directory.
+pub const LEASE_FILE: &str = "leader-lease.json";
+
+/// What [`LEASE_FILE`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct LeaseRecord {
+    lease: i64,
+}
+
+/// Revokes the lease the previous process on `state_dir` led with, if it
+/// recorded one: the key it held (if still held) goes at once. Errors are
+/// logged: the campaign then waits the old lease out.
+pub fn release_previous(etcd: &Etcd, state_dir: &std::path::Path) {
+    match Store::<LeaseRecord>::open(state_dir, LEASE_FILE) {
+        Ok((_, Some(record))) => match etcd.revoke(LeaseId(record.lease)) {
+            Ok(()) => log::info!(
+                "released the leader lease {} of the previous process on this state directory",
+                LeaseId(record.lease)
+            ),
+            Err(e) => log::warn!("cannot release the previous leader lease: {e}"),
+        },
+        Ok((_, None)) => {}
+        Err(e) => log::warn!("cannot read {LEASE_FILE}: {e}"),
+    }
+}
 
 /// The leader key, relative to the cluster's prefix.
 pub const LEADER_KEY: &str = "leader";
@@ -95,6 +128,14 @@ pub fn campaign(
 }
 
 impl Leadership {
+    /// Records the lease in `state_dir` (see [`release_previous`]).
+    pub fn record(&self, state_dir: &std::path::Path) -> Result<(), StoreError> {
+        let (mut store, _) = Store::<LeaseRecord>::open(state_dir, LEASE_FILE)?;
+        store.save(&LeaseRecord {
+            lease: self.lease.id.0,
+        })
+    }
+
     /// Renews the lease every quarter of it on a thread of its own and
     /// checks the key is still this process's; exits the process with
     /// [`LOST_LEADERSHIP`] as soon as that is not certain.

@@ -159,7 +159,17 @@ impl ControlPlane {
             .expect("spawn keel-controlplane");
         self.child = Some(child);
         let deadline = Instant::now() + DEADLINE;
-        while TcpStream::connect(self.addr).is_err() {
+        // Serving, not only listening: with etcd a standby listens too (and
+        // answers 503) until it holds the leader key.
+        let client =
+            Client::new(Endpoint::Tcp(self.addr.to_string())).with_timeout(Duration::from_secs(2));
+        let serving = || {
+            TcpStream::connect(self.addr).is_ok()
+                && client
+                    .request("GET", "/healthz", &[], b"")
+                    .is_ok_and(|r| r.status == 200)
+        };
+        while !serving() {
             let exited = self
                 .child
                 .as_mut()
