@@ -345,3 +345,88 @@ fn a_journal_state_moves_into_etcd_and_back() {
     assert!(matches!(refused, TransferError::Leading(_)), "{refused}");
     assert!(refused.to_string().contains("a control plane"), "{refused}");
 }
+
+/// The leader cut off from etcd (a blackhole between it and every member,
+/// `util::link`) while the standby still reaches etcd: the leader stops
+/// deciding (it exits, status 75, before its lease can run out), the
+/// standby takes over, and what the leader acknowledged before the cut is
+/// the new leader's.
+#[test]
+fn a_leader_cut_off_from_etcd_stops_and_the_standby_continues() {
+    use crate::util::link::Link;
+    use keel::controlplane::leader::LOST_LEADERSHIP;
+
+    let Some(etcd) = EtcdCluster::start("etcd_partition", 3) else {
+        return;
+    };
+    let links: Vec<Link> = etcd
+        .endpoints()
+        .iter()
+        .map(|e| {
+            let addr = e.strip_prefix("http://").expect("plain http members");
+            Link::start(addr.parse().expect("member address"))
+        })
+        .collect();
+    let through_links = links
+        .iter()
+        .map(|l| format!("http://{}", l.addr()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let (first, second) = (address(), address());
+    assert_ne!(first, second);
+    let both = format!("{first},{second}");
+    let mut cluster = Cluster::new();
+    let args = controlplane_args(&cluster, first, "cp1", &through_links);
+    cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let args = controlplane_args(&cluster, second, "cp2", &etcd.endpoints().join(","));
+    let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let ip = node_ip(1);
+    let mut args = cluster.standard_agent_args("n1", SocketAddr::from((ip, free_port(ip))), ip);
+    let at = args
+        .iter()
+        .position(|a| a == "--controlplane")
+        .expect("the standard agent names its control plane");
+    args[at + 1] = both.clone();
+    cluster.start_agent("n1", &args.iter().map(String::as_str).collect::<Vec<_>>());
+    cluster.wait_for("n1 Alive", || (alive(&cluster, &both)? == 1).then_some(()));
+    let before = keelctl(
+        &cluster,
+        &both,
+        &["apply", "-f", "-"],
+        Some(&jail("before")),
+    );
+    assert_eq!(before.code, 0, "{before:?}\n{}", cluster.logs());
+
+    for link in &links {
+        link.cut();
+    }
+    let exited = cluster.wait_controlplane_exit();
+    assert_eq!(
+        exited.status.code(),
+        Some(LOST_LEADERSHIP),
+        "the cut-off leader stops deciding by exiting:\n{}",
+        exited.log
+    );
+    assert!(exited.log.contains("lost the leadership"), "{}", exited.log);
+    cluster.wait_for("the standby to lead", || {
+        (cluster.standby_answers(standby)? == 200).then_some(())
+    });
+    let got = keelctl(&cluster, &both, &["get", "jails", "before"], None);
+    assert_eq!(
+        got.code,
+        0,
+        "acknowledged before the cut: {got:?}\n{}",
+        cluster.logs()
+    );
+    // n1 is Unknown to the new leader until its next heartbeat reaches it.
+    cluster.wait_for("n1 Alive at the new leader", || {
+        (alive(&cluster, &both)? == 1).then_some(())
+    });
+    let after = keelctl(&cluster, &both, &["apply", "-f", "-"], Some(&jail("after")));
+    assert_eq!(
+        after.code,
+        0,
+        "the new leader decides: {after:?}\n{}",
+        cluster.logs()
+    );
+}

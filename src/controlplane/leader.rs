@@ -26,7 +26,7 @@
 //!
 //! It must never decide anything about the cluster; it only says who may.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::http::Response;
@@ -136,56 +136,79 @@ impl Leadership {
         })
     }
 
-    /// Renews the lease every quarter of it on a thread of its own and
-    /// checks the key is still this process's; exits the process with
-    /// [`LOST_LEADERSHIP`] as soon as that is not certain.
-    pub fn keep(self) -> std::io::Result<std::thread::JoinHandle<()>> {
+    /// Renews the lease every quarter of it on a thread of its own, and
+    /// checks the key is still this process's; a second thread, the
+    /// watchdog, exits the process with [`LOST_LEADERSHIP`] once half the
+    /// lease has passed since the last renewal that succeeded was sent.
+    /// The watchdog, not the renewal, keeps the deadline: an etcd call
+    /// blocks for up to its own timeout, longer than the lease may have
+    /// left, and a leader cut off from etcd must be gone before a standby
+    /// can take the key, or agents would go on heartbeating to it while
+    /// the new leader hears nothing from them.
+    pub fn keep(self) -> std::io::Result<()> {
+        let renewed = Arc::new(Mutex::new(Instant::now()));
+        let ttl = self.lease.ttl;
+        let seen = Arc::clone(&renewed);
         std::thread::Builder::new()
             .name("keel-leader".into())
             .spawn(move || {
-                let why = self.renew_until_lost();
-                log::error!(
-                    "lost the leadership: {why}; exiting so that this control plane stops deciding at once (restarted, it waits as a standby)"
-                );
-                std::process::exit(LOST_LEADERSHIP);
-            })
+                let why = self.renew_until_lost(&seen);
+                lost(&why);
+            })?;
+        std::thread::Builder::new()
+            .name("keel-leader-watchdog".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(ttl / 8);
+                    let last = *renewed.lock().unwrap_or_else(|p| p.into_inner());
+                    if last.elapsed() >= ttl / 2 {
+                        lost(&format!(
+                            "no renewal of its lease succeeded for {:?}, half the lease",
+                            last.elapsed()
+                        ));
+                    }
+                }
+            })?;
+        Ok(())
     }
 
-    /// Renews until the key may be lost; answers why.
-    fn renew_until_lost(&self) -> String {
+    /// Renews until the key is certainly lost; answers why. Every renewal
+    /// that succeeds moves `renewed` to when it was sent.
+    fn renew_until_lost(&self, renewed: &Mutex<Instant>) -> String {
         let ttl = self.lease.ttl;
-        // When the last renewal that succeeded was sent: etcd keeps the
-        // lease at least `ttl` from then.
-        let mut renewed = Instant::now();
         loop {
             std::thread::sleep(ttl / 4);
             let sent = Instant::now();
             match self.etcd.keep_alive(self.lease.id) {
                 Ok(Some(_)) => {}
                 Ok(None) => return format!("its lease {} expired", self.lease.id),
-                Err(e) if sent.duration_since(renewed) >= ttl / 2 => {
-                    return format!("no renewal of its lease succeeded for {ttl:?} / 2: {e}");
-                }
                 Err(e) => {
                     log::warn!("cannot renew the leader lease (retrying): {e}");
                     continue;
                 }
             }
             match self.etcd.try_lead(LEADER_KEY, &self.holder, self.lease.id) {
-                Ok(Lead::Held { revision }) if revision == self.fence => renewed = sent,
+                Ok(Lead::Held { revision }) if revision == self.fence => {
+                    *renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+                }
                 Ok(Lead::Held { revision }) | Ok(Lead::Other { revision, .. }) => {
                     return format!(
                         "the leader key is now the one created at revision {revision}, not {}",
                         self.fence
                     );
                 }
-                Err(e) if sent.duration_since(renewed) >= ttl / 2 => {
-                    return format!("the leader key could not be read for {ttl:?} / 2: {e}");
-                }
                 Err(e) => log::warn!("cannot read the leader key (retrying): {e}"),
             }
         }
     }
+}
+
+/// Logs why and exits: see the module docs.
+fn lost(why: &str) -> ! {
+    log::error!(
+        "lost the leadership: {why}; exiting so that this control plane stops deciding at once (restarted, it waits as a standby)"
+    );
+    std::process::exit(LOST_LEADERSHIP);
 }
 
 /// The answer of a standby to every request: 503, with the header that

@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod controlplane;
 pub mod etcd;
 pub mod golden;
+pub mod link;
 pub mod load;
 pub mod nginx;
 pub mod pki;
