@@ -601,8 +601,9 @@ fn shutdown_closes_listeners() {
 }
 
 /// With `agent.proxy_listen` every service listens on one IP, so two
-/// services with the same port collide: the proxy refuses the second,
-/// naming the first, and the first keeps every connection.
+/// services with the same port collide. The listeners share ports across
+/// event loops, so the kernel would let both bind and split connections
+/// between them: the proxy refuses the second instead, naming the first.
 #[test]
 fn two_services_on_one_address_are_refused_not_shared() {
     let a = Backend::start("a", ip(11, 10));

@@ -43,23 +43,20 @@
 //! - The proxy runs `agent.proxy_threads` event loops (default: one per
 //!   CPU, at most [`AUTO_THREADS_MAX`]), each a current-thread tokio runtime
 //!   on its own thread: the model of HAProxy's threads and nginx's workers.
-//!   Each service has one listening socket, and every loop accepts on it
-//!   (a duplicate descriptor registered with that loop's poller), so
-//!   whichever loop is running takes the next connection, and a connection
-//!   lives on the loop that accepted it: no work stealing, no cross-thread
-//!   wake-ups. The rotation over replicas stays one per service, shared by
-//!   all loops. Three other designs were measured against HAProxy on new
-//!   connections per second (bench/README.md, "proxy"): a single
-//!   current-thread runtime (0.91x on a quiet machine; one thread cannot
-//!   use a second CPU), tokio's work-stealing runtime with two workers
-//!   (0.71x–0.98x, and more CPU per connection, spent moving tasks between
-//!   threads), and a listener per loop (`SO_REUSEPORT`), where the kernel
-//!   hashes each connection to one loop's queue even while that loop's
-//!   thread is off the CPU and the other loop idles (on a loaded machine
-//!   about 3% fewer connections per second than the shared socket, at no
-//!   fewer system calls). Two services of one proxy on one address are
-//!   refused by [`Proxy::update`] itself ([`ProxyError::Taken`]), naming the
-//!   service that listens there.
+//!   Every loop has its own listener on each service address
+//!   (`SO_REUSEPORT`, `SO_REUSEPORT_LB` on FreeBSD), so the kernel spreads
+//!   new connections over the loops and a connection lives on the loop that
+//!   accepted it: no work stealing, no cross-thread wake-ups. The rotation
+//!   over replicas stays one per service, shared by all loops. Both simpler
+//!   designs were measured and lost to HAProxy on new connections per second
+//!   (bench/README.md, "proxy"): a single current-thread runtime (0.91x on a
+//!   quiet machine, median 0.99x side by side with this design's 1.07x; one
+//!   thread cannot use a second CPU), and tokio's work-stealing runtime with
+//!   two workers (0.71x–0.98x, and more CPU per connection, spent moving
+//!   tasks between threads). Listeners share their port whatever the number
+//!   of loops, so the proxy behaves the same on every host; two services of
+//!   one proxy on one address are refused by [`Proxy::update`] itself
+//!   ([`ProxyError::Taken`]), since the kernel would let them share.
 //! - The control loop (service table, updates) runs on the first event loop.
 //! - Memory per connection is its task, two sockets and no buffer while idle
 //!   (see [`relay`]). That is 1,820 bytes of RSS per idle relayed
@@ -182,8 +179,9 @@ pub enum ProxyError {
     },
     /// Another service of this proxy already listens on the address (with
     /// `agent.proxy_listen` every service shares one IP, so two services with
-    /// the same port collide). Checked before binding so that the error
-    /// names that service, not only the kernel's `EADDRINUSE`.
+    /// the same port collide). Listeners share ports across event loops, so
+    /// the kernel would not refuse it: without this check the two services
+    /// would split each other's connections.
     Taken {
         /// Service name.
         service: String,
@@ -402,8 +400,7 @@ struct Served {
     /// The address bound (differs from `listen` only for port 0).
     bound: SocketAddrV4,
     backends: Arc<Backends>,
-    /// One accept task per event loop, each owning a descriptor of the
-    /// service's listening socket.
+    /// One accept task per event loop, each owning its listener.
     accepts: Vec<TaskHandle<()>>,
 }
 
@@ -527,9 +524,9 @@ async fn apply(
     errors
 }
 
-/// Binds the service's listening socket and starts accepting on it in every
-/// event loop. All or nothing: when a step fails, what was opened is closed
-/// before returning.
+/// Binds one listener per event loop on the service's address and starts
+/// accepting on each. All or nothing: when one bind fails, the listeners
+/// already bound are closed before returning.
 fn open(
     config: &ProxyConfig,
     loops: &[Handle],
@@ -553,18 +550,15 @@ fn open(
         });
     }
     let first = bind(listen).map_err(err)?;
+    // Port 0 is resolved by the first bind; the other loops join that port.
     let bound = match first.local_addr().map_err(err)? {
         SocketAddr::V4(a) => a,
         SocketAddr::V6(_) => listen,
     };
-    // One socket, one accept queue: a duplicate descriptor per further loop
-    // (each poller registers its own descriptor), so a connection waits for
-    // whichever loop gets to it first rather than for the one a hash chose.
-    let mut listeners = Vec::with_capacity(loops.len());
+    let mut listeners = vec![first];
     for _ in 1..loops.len() {
-        listeners.push(first.try_clone().map_err(err)?);
+        listeners.push(bind(bound).map_err(err)?);
     }
-    listeners.insert(0, first);
     let backends = Arc::new(Backends::with_counters(
         &service.replicas,
         Arc::new(SystemClock),
@@ -607,14 +601,17 @@ fn open(
     Ok(())
 }
 
-/// The listening socket of a service on `addr`, which every event loop
-/// accepts on. Not shared with any other socket: another program (or a
-/// second service) on the same address gets `EADDRINUSE`.
+/// A listening socket on `addr` that one such socket per event loop can
+/// join, the kernel spreading new connections over them. The port is shared
+/// whatever the number of loops, so the proxy behaves the same on every
+/// host; a socket that did not ask to share (another program) still gets
+/// `EADDRINUSE`, and [`open`] refuses two services on one address itself.
 fn bind(addr: SocketAddrV4) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
     // An agent restarted while connections to a VIP sit in TIME_WAIT must be
     // able to listen on it again at once.
     socket.set_reuse_address(true)?;
+    share_port(&socket)?;
     // Accepted sockets inherit TCP_NODELAY from the listener (Linux and
     // FreeBSD alike), which saves a setsockopt per connection; a small
     // response must not wait for Nagle's timer on the client side.
@@ -623,6 +620,20 @@ fn bind(addr: SocketAddrV4) -> io::Result<std::net::TcpListener> {
     socket.bind(&SocketAddr::V4(addr).into())?;
     socket.listen(LISTEN_BACKLOG)?;
     Ok(socket.into())
+}
+
+/// FreeBSD's `SO_REUSEPORT` lets several sockets bind but gives every
+/// connection to one of them; `SO_REUSEPORT_LB` balances.
+#[cfg(target_os = "freebsd")]
+fn share_port(socket: &Socket) -> io::Result<()> {
+    socket.set_reuse_port_lb(true)
+}
+
+/// Linux balances connections over the sockets sharing a port with
+/// `SO_REUSEPORT`.
+#[cfg(not(target_os = "freebsd"))]
+fn share_port(socket: &Socket) -> io::Result<()> {
+    socket.set_reuse_port(true)
 }
 
 async fn accept_loop(listener: TcpListener, backends: Arc<Backends>, connect_timeout: Duration) {
@@ -668,14 +679,14 @@ mod tests {
         assert!(accepted.nodelay().expect("getsockopt"));
     }
 
-    /// One socket per service address: a second bind (another service, or
-    /// another program) is refused by the kernel, either way round.
     #[test]
-    fn a_service_address_is_never_shared() {
+    fn shared_listeners_join_one_port_and_never_a_foreign_one() {
         let first = bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).expect("bind");
-        let err = bind(addr_of(&first)).expect_err("the port is taken");
-        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        let port = addr_of(&first);
+        let second = bind(port).expect("a second event loop joins the port");
+        assert_eq!(addr_of(&second), port);
 
+        // A socket that did not opt in keeps its port to itself.
         let foreign = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
         let taken = match foreign.local_addr().expect("addr") {
             SocketAddr::V4(a) => a,
