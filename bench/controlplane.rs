@@ -1,7 +1,7 @@
 //! Benchmark: one keel-controlplane under a simulated cluster of 5,000 and
 //! 10,000 nodes, checking its own targets.
 //!
-//! Two modes (`KEEL_BENCH_MODE`):
+//! Three modes (`KEEL_BENCH_MODE`):
 //!
 //! **realistic** (the default), once per cluster size (`KEEL_BENCH_NODES`,
 //! a comma-separated list; default 5,000 then 10,000), each against a fresh
@@ -68,6 +68,13 @@
 //!    the heartbeats go on: applies/s end to end, latency, CPU, and RSS with
 //!    5,000 nodes and 50,000 placements.
 //!
+//! **backends**: the plain mode twice in one run, first on the embedded
+//! journal, then with the state on a real 3-member etcd on loopback
+//! (Debian's etcd-server, started and killed by the bench through
+//! `tests/util/etcd.rs`), and the ratios etcd / journal of scheduled
+//! applies/s, CPU per apply, heartbeat CPU and heartbeat p99. No target is
+//! stated for the ratios; they are recorded.
+//!
 //! There heartbeats report what the bench placed on each node (from the answers'
 //! `X-Keel-Node`) as committed resources, the way an agent reports its
 //! jails, so the scheduler sees placements one heartbeat later as it would
@@ -87,7 +94,8 @@
 //!
 //! The load plumbing (keep-alive clients, the paced heartbeat pool, the
 //! in-process agents, the `/proc` readers) is `tests/util/load.rs`, shared
-//! with the soak (`tests/soak.rs`).
+//! with the soak (`tests/soak.rs`); the bench includes the process tests'
+//! `tests/util` whole, for it and for the etcd cluster.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -105,9 +113,12 @@ use keel::common::wire::{
     RegisterResponse, ReplicaRequest, Resources, ServiceApply,
 };
 
-#[path = "../tests/util/load.rs"]
-mod load;
-use load::{
+// The process tests' helpers: the stand-in load, and for the backends
+// mode a real etcd cluster (`util::etcd`).
+#[path = "../tests/util/mod.rs"]
+mod util;
+use util::etcd::EtcdCluster;
+use util::load::{
     Agents, ControlPlane, JAIL_CPU, JAIL_MEMORY, KeepAlive, NO_VERSION, NODE_CPU, NODE_MEMORY,
     Paced, PacedLoad, Running, Sample, cpu_seconds, mib, node_id, pace, proc_status, signed,
 };
@@ -297,8 +308,58 @@ fn verdict(met: bool) -> &'static str {
 
 // ------------------------------------------------------------------ run
 
-/// The plain mode: heartbeats without jails, then scheduled applies.
+/// What the plain mode measured, for the backends mode's comparison.
+struct PlainFigures {
+    /// Scheduled applies per second through the control plane.
+    apply_rate: f64,
+    /// Control plane CPU per apply, the heartbeat share removed, in µs.
+    apply_cpu_us: f64,
+    /// Control plane CPU during the heartbeat window, % of one core.
+    heartbeat_cpu: f64,
+    /// Heartbeat p99 in the window, ms.
+    heartbeat_p99: f64,
+}
+
+/// The plain mode on the default backend (the journal).
 fn plain() -> Result<(), String> {
+    plain_on(&[]).map(|_| ())
+}
+
+/// The backends mode: the plain mode on the journal and then on a real
+/// 3-member etcd (Debian's etcd-server), one after the other in one run,
+/// and the ratios. No target is stated for the ratios: they are recorded;
+/// each run's own targets are checked as in the plain mode.
+fn backends() -> Result<bool, String> {
+    let etcd = EtcdCluster::start("the controlplane bench's backends mode", 3)
+        .ok_or("etcd is not installed (Debian package etcd-server)")?;
+    let endpoints = etcd.endpoints().join(",");
+    println!("== the embedded journal");
+    let journal = plain_on(&[])?;
+    println!();
+    println!("== etcd, 3 members on loopback: {endpoints}");
+    let on_etcd = plain_on(&["--etcd-endpoints", &endpoints])?;
+    println!();
+    println!(
+        "etcd / journal: scheduled applies/s x{:.2} ({:.0} against {:.0}), CPU per apply x{:.2} ({:.0} against {:.0} us), heartbeat CPU x{:.2} ({:.1} against {:.1} % of one core), heartbeat p99 x{:.2} ({:.3} against {:.3} ms)",
+        on_etcd.apply_rate / journal.apply_rate,
+        on_etcd.apply_rate,
+        journal.apply_rate,
+        on_etcd.apply_cpu_us / journal.apply_cpu_us,
+        on_etcd.apply_cpu_us,
+        journal.apply_cpu_us,
+        on_etcd.heartbeat_cpu / journal.heartbeat_cpu,
+        on_etcd.heartbeat_cpu,
+        journal.heartbeat_cpu,
+        on_etcd.heartbeat_p99 / journal.heartbeat_p99,
+        on_etcd.heartbeat_p99,
+        journal.heartbeat_p99,
+    );
+    Ok(true)
+}
+
+/// The plain mode: heartbeats without jails, then scheduled applies, with
+/// `flags` added to the control plane's.
+fn plain_on(flags: &[&str]) -> Result<PlainFigures, String> {
     let nodes: usize = env_or("KEEL_BENCH_NODES", DEFAULT_NODES);
     let applies: usize = env_or("KEEL_BENCH_APPLIES", DEFAULT_APPLIES);
     let window_len = Duration::from_secs(env_or("KEEL_BENCH_WINDOW", DEFAULT_WINDOW_SECS));
@@ -309,7 +370,7 @@ fn plain() -> Result<(), String> {
         HEARTBEAT_PERIOD.as_secs()
     );
     let agents = Agents::start(AGENTS)?;
-    let cp = ControlPlane::start(&binary, &[])?;
+    let cp = ControlPlane::start(&binary, flags)?;
     let pid = cp.pid();
     let node_key = cp.key("node.key")?;
     let operator_key = cp.key("operator.key")?;
@@ -564,7 +625,12 @@ fn plain() -> Result<(), String> {
     }
     drop(cp);
     drop(agents);
-    Ok(())
+    Ok(PlainFigures {
+        apply_rate,
+        apply_cpu_us: apply_cpu / applies as f64 * 1e6,
+        heartbeat_cpu: hb_usage.cpu_percent,
+        heartbeat_p99: hb99,
+    })
 }
 
 // ------------------------------------------------------- realistic mode
@@ -1363,9 +1429,10 @@ fn main() -> ExitCode {
     // `cargo bench` passes `--bench`; nothing here takes arguments.
     let outcome = match std::env::var("KEEL_BENCH_MODE").as_deref() {
         Ok("plain") => plain().map(|()| true),
+        Ok("backends") => backends(),
         Ok("realistic") | Err(_) => realistic_sizes(),
         Ok(other) => Err(format!(
-            "KEEL_BENCH_MODE {other:?}: use realistic (the default) or plain"
+            "KEEL_BENCH_MODE {other:?}: use realistic (the default), plain or backends"
         )),
     };
     match outcome {

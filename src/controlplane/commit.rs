@@ -93,6 +93,17 @@ impl std::fmt::Display for LogError {
 
 impl std::error::Error for LogError {}
 
+impl LogError {
+    /// True when the write may have landed all the same (etcd broke off or
+    /// timed out after the request left): the change may have been made.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            LogError::Etcd(EtcdError::Indeterminate { .. } | EtcdError::Timeout { .. })
+        )
+    }
+}
+
 impl From<JournalError> for LogError {
     fn from(e: JournalError) -> LogError {
         LogError::Journal(e)
@@ -298,9 +309,13 @@ impl<L: Log> Writer<L> {
             log::error!("could not persist the cluster state: {e}");
             self.failure = Some(e.to_string());
             self.failed.store(true, Ordering::Release);
-            return Err(refusal(format!(
-                "the control plane could not persist this change and did not make it: {e}"
-            )));
+            return Err(refusal(if e.outcome_unknown() {
+                format!(
+                    "the control plane could not confirm this change, which may or may not have been made: {e}; read it back before you retry"
+                )
+            } else {
+                format!("the control plane could not persist this change and did not make it: {e}")
+            }));
         }
         for op in ops {
             self.durable.replay(op);
@@ -559,6 +574,18 @@ mod tests {
             vec![vec!["synced"], vec!["next", "synced"]],
             "each snapshot is the synced state at its time"
         );
+    }
+
+    #[test]
+    fn only_a_write_cut_off_after_it_left_may_have_landed() {
+        let cut = LogError::Etcd(EtcdError::Indeterminate {
+            op: "txn",
+            endpoint: "http://192.0.2.5:2379".into(),
+            detail: "connection reset".into(),
+        });
+        assert!(cut.outcome_unknown());
+        assert!(!LogError::NotLeader("taken".into()).outcome_unknown());
+        assert!(!LogError::Corrupt("bad".into()).outcome_unknown());
     }
 
     #[test]
