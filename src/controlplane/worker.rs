@@ -970,6 +970,7 @@ mod tests {
         let fail_next = Arc::new(AtomicBool::new(false));
         let log = TestLog {
             inner: JournalLog::new(journal, dir.path().to_path_buf()),
+            entered: None,
             gate: None,
             fail_next: Arc::clone(&fail_next),
             snapshots: Arc::new(Mutex::new(Vec::new())),
