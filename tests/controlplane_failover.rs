@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use keel::common::wire::{Liveness, NodeStatus};
 
-use crate::util::cluster::{Cluster, Run, free_port, node_ip, standard_controlplane_args};
+use crate::util::cluster::{Cluster, Run, free_port, standard_controlplane_args};
 
 /// Two distinct free loopback addresses.
 fn two_addresses() -> (SocketAddr, SocketAddr) {
@@ -24,15 +24,7 @@ fn two_addresses() -> (SocketAddr, SocketAddr) {
 
 /// keelctl with `--controlplane LIST`, signed with the operator key.
 fn keelctl(cluster: &Cluster, list: &str, args: &[&str], stdin: Option<&str>) -> Run {
-    let key = cluster.operator_key();
-    let mut all = vec![
-        "--controlplane",
-        list,
-        "--key-file",
-        key.to_str().expect("utf-8 path"),
-    ];
-    all.extend_from_slice(args);
-    cluster.keelctl_raw(&all, &[], stdin)
+    cluster.keelctl_through(list, args, stdin)
 }
 
 /// Waits until keelctl through `list` lists `id` Alive.
@@ -59,14 +51,7 @@ fn agents_and_keelctl_use_the_control_plane_that_answers_and_follow_a_standby() 
     let mut cluster = Cluster::new();
     // Only the second address runs a control plane: the first refuses.
     start(&mut cluster, active);
-    let ip = node_ip(1);
-    let mut args = cluster.standard_agent_args("n1", SocketAddr::from((ip, free_port(ip))), ip);
-    let at = args
-        .iter()
-        .position(|a| a == "--controlplane")
-        .expect("the standard agent names its control plane");
-    args[at + 1] = both.clone();
-    cluster.start_agent("n1", &args.iter().map(String::as_str).collect::<Vec<_>>());
+    cluster.start_standard_agent_of(1, &both);
     wait_alive(&cluster, &both, "n1");
 
     let jail = "kind: Jail\nmetadata: {name: web}\nspec:\n  base: 14.2-RELEASE\n  \

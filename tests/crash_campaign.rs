@@ -704,14 +704,8 @@ fn controlplane_campaign_on_etcd(kills: usize) {
     let Some(etcd) = EtcdCluster::start("controlplane crash campaign on etcd", 3) else {
         return;
     };
-    let settings = EtcdSettings {
-        endpoints: etcd.endpoints(),
-        ca: None,
-        cert: None,
-        key: None,
-        prefix: "/keel/".into(),
-        timeout: Duration::from_secs(5),
-    };
+    // The control plane's default prefix, where it keeps the state.
+    let settings = etcd.settings("/keel/");
     controlplane_campaign_on(
         kills,
         Some(settings),

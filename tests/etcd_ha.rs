@@ -15,10 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use keel::common::wire::{Liveness, NodeStatus};
 
-use std::path::Path;
-
 use crate::util::cluster::{
-    Cluster, Run, free_port, keelctl_at, node_ip, standard_controlplane_args,
+    Cluster, Run, free_port, keelctl_through_at, standard_controlplane_args,
 };
 use crate::util::etcd::EtcdCluster;
 
@@ -49,19 +47,7 @@ fn controlplane_args(cluster: &Cluster, listen: SocketAddr, name: &str, etcd: &s
 }
 
 fn keelctl(cluster: &Cluster, list: &str, args: &[&str], stdin: Option<&str>) -> Run {
-    keelctl_signed(cluster.dir(), &cluster.operator_key(), list, args, stdin)
-}
-
-/// keelctl through the control planes of `list`, signed with `key`.
-fn keelctl_signed(dir: &Path, key: &Path, list: &str, args: &[&str], stdin: Option<&str>) -> Run {
-    let mut all = vec![
-        "--controlplane",
-        list,
-        "--key-file",
-        key.to_str().expect("utf-8 path"),
-    ];
-    all.extend_from_slice(args);
-    keelctl_at(dir, &all, stdin)
+    cluster.keelctl_through(list, args, stdin)
 }
 
 fn jail(name: &str) -> String {
@@ -101,15 +87,7 @@ fn a_standby_takes_over_from_a_killed_leader_and_loses_no_acknowledged_apply() {
     let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
 
     for n in 1..=3u8 {
-        let ip = node_ip(n);
-        let id = format!("n{n}");
-        let mut args = cluster.standard_agent_args(&id, SocketAddr::from((ip, free_port(ip))), ip);
-        let at = args
-            .iter()
-            .position(|a| a == "--controlplane")
-            .expect("the standard agent names its control plane");
-        args[at + 1] = both.clone();
-        cluster.start_agent(&id, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        cluster.start_standard_agent_of(n, &both);
     }
     cluster.wait_for("3 Alive nodes", || {
         (alive(&cluster, &both)? == 3).then_some(())
@@ -127,7 +105,7 @@ fn a_standby_takes_over_from_a_killed_leader_and_loses_no_acknowledged_apply() {
             while !stop.load(Ordering::SeqCst) {
                 let name = format!("j{i}");
                 let apply = ["apply", "-f", "-"];
-                let run = keelctl_signed(&dir, &key, &both, &apply, Some(&jail(&name)));
+                let run = keelctl_through_at(&dir, &key, &both, &apply, Some(&jail(&name)));
                 if run.code == 0 {
                     acknowledged.push((name, placed_on(&run.stdout)));
                     done.fetch_add(1, Ordering::SeqCst);
@@ -210,7 +188,7 @@ fn acknowledged_survived(cluster: &Cluster, list: &str, acknowledged: &[(String,
 #[test]
 fn the_state_in_etcd_survives_compaction_and_a_replaced_leader_writes_nothing() {
     use keel::controlplane::commit::{Log, LogError};
-    use keel::controlplane::etcd::{Etcd, EtcdSettings, Lead};
+    use keel::controlplane::etcd::{Etcd, Lead};
     use keel::controlplane::etcd_state::EtcdLog;
     use keel::controlplane::leader::LEADER_KEY;
     use keel::controlplane::state::Op;
@@ -219,17 +197,7 @@ fn the_state_in_etcd_survives_compaction_and_a_replaced_leader_writes_nothing() 
     let Some(etcd) = EtcdCluster::start("etcd_state", 1) else {
         return;
     };
-    let client = Arc::new(
-        Etcd::connect(&EtcdSettings {
-            endpoints: etcd.endpoints(),
-            ca: None,
-            cert: None,
-            key: None,
-            prefix: "/keel-state-test/".into(),
-            timeout: Duration::from_secs(5),
-        })
-        .expect("connects"),
-    );
+    let client = Arc::new(Etcd::connect(&etcd.settings("/keel-state-test/")).expect("connects"));
     let lead = |holder: &str| {
         let lease = client.grant(Duration::from_secs(2)).expect("lease");
         match client.try_lead(LEADER_KEY, holder, lease.id).expect("txn") {
@@ -284,7 +252,7 @@ fn the_state_in_etcd_survives_compaction_and_a_replaced_leader_writes_nothing() 
 /// is refused and changes nothing.
 #[test]
 fn a_journal_state_moves_into_etcd_and_back() {
-    use keel::controlplane::etcd::{Etcd, EtcdSettings};
+    use keel::controlplane::etcd::Etcd;
     use keel::controlplane::leader::LEADER_KEY;
     use keel::controlplane::state::Op;
     use keel::controlplane::transfer::{Backend, TransferError, export, import};
@@ -294,14 +262,7 @@ fn a_journal_state_moves_into_etcd_and_back() {
     let Some(etcd) = EtcdCluster::start("etcd_transfer", 1) else {
         return;
     };
-    let settings = EtcdSettings {
-        endpoints: etcd.endpoints(),
-        ca: None,
-        cert: None,
-        key: None,
-        prefix: "/keel-transfer-test/".into(),
-        timeout: Duration::from_secs(5),
-    };
+    let settings = etcd.settings("/keel-transfer-test/");
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut journal, _) = open_state(dir.path()).expect("opens");
     journal
@@ -380,14 +341,7 @@ fn a_leader_cut_off_from_etcd_stops_and_the_standby_continues() {
     cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let args = controlplane_args(&cluster, second, "cp2", &etcd.endpoints().join(","));
     let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let ip = node_ip(1);
-    let mut args = cluster.standard_agent_args("n1", SocketAddr::from((ip, free_port(ip))), ip);
-    let at = args
-        .iter()
-        .position(|a| a == "--controlplane")
-        .expect("the standard agent names its control plane");
-    args[at + 1] = both.clone();
-    cluster.start_agent("n1", &args.iter().map(String::as_str).collect::<Vec<_>>());
+    cluster.start_standard_agent_of(1, &both);
     cluster.wait_for("n1 Alive", || (alive(&cluster, &both)? == 1).then_some(()));
     let before = keelctl(
         &cluster,

@@ -275,6 +275,20 @@ impl Cluster {
         self.start_agent_with(&id, &[], env, &args);
     }
 
+    /// Starts agent `n{n}` of [`Cluster::standard`] given the control planes
+    /// of `list` (`A,B`) instead of the one this cluster started.
+    pub fn start_standard_agent_of(&mut self, n: u8, list: &str) {
+        let ip = node_ip(n);
+        let id = format!("n{n}");
+        let mut args = self.standard_agent_args(&id, SocketAddr::from((ip, free_port(ip))), ip);
+        let at = args
+            .iter()
+            .position(|a| a == "--controlplane")
+            .expect("the standard agent names its control plane");
+        args[at + 1] = list.to_string();
+        self.start_agent(&id, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+
     /// The arguments of agent `id` of [`Cluster::standard`]: its own state dir
     /// and socket in the cluster's directory, heartbeats and reconcile passes
     /// every 200 ms, its TCP listener on `advertise`, its service proxy on
@@ -671,6 +685,12 @@ impl Cluster {
         out
     }
 
+    /// keelctl through the control planes of `list` (`A,B`) instead of the
+    /// one this cluster started, signed with the operator key.
+    pub fn keelctl_through(&self, list: &str, args: &[&str], stdin: Option<&str>) -> Run {
+        keelctl_through_at(self.dir(), &self.operator_key(), list, args, stdin)
+    }
+
     /// keelctl through the control plane, signed with the operator key.
     pub fn keelctl(&self, args: &[&str]) -> Run {
         self.keelctl_with(args, None)
@@ -714,10 +734,24 @@ pub fn standard_controlplane_args(listen: SocketAddr) -> Vec<String> {
     .to_vec()
 }
 
-/// keelctl with exactly `args` in `dir` (a [`Cluster::dir`]), for a thread
-/// that cannot borrow the cluster while the test changes it.
-pub fn keelctl_at(dir: &Path, args: &[&str], stdin: Option<&str>) -> Run {
-    keelctl_in(dir, &[], args, &[], stdin)
+/// keelctl through the control planes of `list` (`A,B`), signed with
+/// `key`, in `dir` (a [`Cluster::dir`]): for a thread that cannot borrow
+/// the cluster while the test changes it.
+pub fn keelctl_through_at(
+    dir: &Path,
+    key: &Path,
+    list: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Run {
+    let mut all = vec![
+        "--controlplane",
+        list,
+        "--key-file",
+        key.to_str().expect("utf-8 path"),
+    ];
+    all.extend_from_slice(args);
+    keelctl_in(dir, &[], &all, &[], stdin)
 }
 
 /// keelctl behind `prefix` (see [`prefixed`]) in `dir`; see

@@ -246,6 +246,19 @@ impl EtcdCluster {
         (0..self.members.len()).map(|i| self.endpoint(i)).collect()
     }
 
+    /// Client settings for every member under `prefix`, plain HTTP, with a
+    /// bound of 5 s on each call (the machine may be busy with builds).
+    pub fn settings(&self, prefix: &str) -> keel::controlplane::etcd::EtcdSettings {
+        keel::controlplane::etcd::EtcdSettings {
+            endpoints: self.endpoints(),
+            ca: None,
+            cert: None,
+            key: None,
+            prefix: prefix.into(),
+            timeout: Duration::from_secs(5),
+        }
+    }
+
     /// Member `i`'s client URL.
     pub fn endpoint(&self, i: usize) -> String {
         format!(
