@@ -669,28 +669,20 @@ impl Cluster {
 
 impl Cluster {
     /// The state in etcd while the control plane is down: the dead
-    /// process's lease released as its successor would, the leader key
-    /// taken for the read (so the state is read as a leader reads it), and
-    /// given back.
+    /// process's lease released as its successor would, then read as an
+    /// export reads it (holding the leader key, so as a leader reads it).
     fn state_in_etcd(
         &self,
         settings: &EtcdSettings,
         context: &str,
     ) -> keel::controlplane::state::ClusterState {
-        use keel::controlplane::etcd::{Etcd, Lead};
-        use keel::controlplane::etcd_state::EtcdLog;
-        use keel::controlplane::leader::{LEADER_KEY, release_previous};
-        let etcd = Arc::new(Etcd::connect(settings).expect("connects to etcd"));
+        use keel::controlplane::etcd::Etcd;
+        use keel::controlplane::leader::release_previous;
+        use keel::controlplane::transfer::{Backend, read};
+        let etcd = Etcd::connect(settings).expect("connects to etcd");
         release_previous(&etcd, &self.cp.state_dir());
-        let lease = etcd.grant(Duration::from_secs(30)).expect("lease");
-        let fence = match etcd.try_lead(LEADER_KEY, "the crash campaign", lease.id) {
-            Ok(Lead::Held { revision }) => revision,
-            other => panic!("{context}: the dead control plane still leads: {other:?}"),
-        };
-        let (_, state) = EtcdLog::open(Arc::clone(&etcd), fence)
-            .unwrap_or_else(|e| panic!("{context}: the state in etcd does not read: {e}"));
-        etcd.revoke(lease.id).expect("gives the key back");
-        state
+        read(Backend::Etcd(settings))
+            .unwrap_or_else(|e| panic!("{context}: the state in etcd does not read: {e}"))
     }
 }
 

@@ -847,7 +847,7 @@ impl Config {
             ),
             // A list from the command line is comma-separated.
             toml::Value::Array(_) => toml::Value::Array(
-                crate::common::http::failover::split_addresses(value)
+                comma_list(value)
                     .into_iter()
                     .map(toml::Value::String)
                     .collect(),
@@ -1252,6 +1252,17 @@ fn check_distinct_listener(
 }
 
 /// `HOST:PORT` where HOST is a name, an IPv4 address or a bracketed IPv6 address.
+/// The items of a comma-separated list (`"cp1:7440, cp2:7440"`, a flag's
+/// value for a list key), in order, blanks around each trimmed, empty ones
+/// dropped.
+pub fn comma_list(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 /// `value` is one `HOST:PORT` or several separated by commas (the control
 /// planes of one cluster), none twice.
 fn check_host_ports(key: &str, value: &str) -> Result<(), ConfigError> {
@@ -1897,6 +1908,15 @@ mod tests {
             Ok(()) => panic!("expected a validation error for {src:?}"),
             Err(e) => e,
         }
+    }
+
+    #[test]
+    fn a_list_is_split_on_commas_and_trimmed() {
+        assert_eq!(
+            comma_list(" cp1:7440, cp2:7440 ,,cp3:1"),
+            ["cp1:7440", "cp2:7440", "cp3:1"]
+        );
+        assert_eq!(comma_list("cp1:7440"), ["cp1:7440"]);
     }
 
     #[test]

@@ -128,24 +128,6 @@ pub struct JournalLog {
     dir: PathBuf,
 }
 
-impl Log for Box<dyn Log> {
-    fn append(&mut self, ops: &[Op]) -> Result<(), LogError> {
-        (**self).append(ops)
-    }
-
-    fn wants_compaction(&self) -> bool {
-        (**self).wants_compaction()
-    }
-
-    fn compact(&mut self, state: &ClusterState) -> Result<(), LogError> {
-        (**self).compact(state)
-    }
-
-    fn reopen(&mut self) -> Result<ClusterState, LogError> {
-        (**self).reopen()
-    }
-}
-
 impl JournalLog {
     /// The journal opened from `dir` (see [`super::worker::open_state`]).
     pub fn new(journal: Journal<ClusterState, Op>, dir: PathBuf) -> JournalLog {
@@ -193,6 +175,16 @@ pub struct Batch {
     pub publish: Publish,
 }
 
+impl Batch {
+    /// True when there is nothing to write, answer or pin.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+            && self.replies.is_empty()
+            && self.publish.endpoints.is_none()
+            && self.publish.nodes.is_none()
+    }
+}
+
 /// The writer thread has stopped (it panicked); the worker must stop too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriterGone;
@@ -213,7 +205,7 @@ impl Committer {
     /// Starts the writer over `log`, whose state is `durable`, pinning
     /// to `board`.
     pub fn spawn(
-        log: impl Log,
+        log: Box<dyn Log>,
         durable: ClusterState,
         board: Arc<EndpointBoard>,
     ) -> std::io::Result<Committer> {
@@ -264,8 +256,8 @@ impl Committer {
     }
 }
 
-struct Writer<L> {
-    log: L,
+struct Writer {
+    log: Box<dyn Log>,
     /// Every op synced, replayed: what a snapshot may hold.
     durable: ClusterState,
     board: Arc<EndpointBoard>,
@@ -274,7 +266,7 @@ struct Writer<L> {
     failed: Arc<AtomicBool>,
 }
 
-impl<L: Log> Writer<L> {
+impl Writer {
     fn run(mut self, rx: Receiver<Message>) {
         let mut next = rx.recv().ok();
         while let Some(message) = next.take() {
@@ -313,14 +305,13 @@ impl<L: Log> Writer<L> {
 
     /// Makes `batches` durable with one append, then pins what they
     /// publish and answers them, in order.
-    fn write(&mut self, batches: Vec<Batch>) {
+    fn write(&mut self, mut batches: Vec<Batch>) {
         let outcome = match &self.failure {
             Some(first) => Err(refusal(format!(
                 "the control plane could not persist this change and did not make it: an earlier write failed ({first}); it is reloading its state from disk, retry"
             ))),
-            None if batches.len() == 1 => self.append(&batches[0].ops),
             None => {
-                let ops: Vec<Op> = batches.iter().flat_map(|b| b.ops.iter().cloned()).collect();
+                let ops: Vec<Op> = batches.iter_mut().flat_map(|b| b.ops.drain(..)).collect();
                 self.append(&ops)
             }
         };
@@ -484,7 +475,7 @@ mod tests {
             Arc::new(Vec::new()),
             BTreeSet::new(),
         ));
-        let committer = Committer::spawn(log, state, Arc::clone(&board)).expect("spawns");
+        let committer = Committer::spawn(Box::new(log), state, Arc::clone(&board)).expect("spawns");
         Setup {
             _dir: dir,
             committer,

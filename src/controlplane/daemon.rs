@@ -291,7 +291,7 @@ fn open_cluster_state(
         return Ok(Some(Opened {
             log: Box::new(log),
             state,
-            from: c.state_dir.display().to_string(),
+            from: transfer::Backend::Dir(&c.state_dir).to_string(),
         }));
     };
     let etcd = Arc::new(Etcd::connect(&settings).map_err(RunError::Etcd)?);
@@ -319,11 +319,7 @@ fn open_cluster_state(
     }
     let (log, state) = EtcdLog::open(etcd, lead.fence).map_err(RunError::State)?;
     lead.keep().map_err(setup)?;
-    let from = format!(
-        "etcd {} under {}",
-        settings.endpoints.join(","),
-        settings.prefix
-    );
+    let from = transfer::Backend::Etcd(&settings).to_string();
     Ok(Some(Opened {
         log: Box::new(log),
         state,

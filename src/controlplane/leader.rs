@@ -81,6 +81,9 @@ pub struct Leadership {
     /// The key's create revision: the fence of every write.
     pub fence: i64,
     holder: String,
+    /// When the last grant or renewal of the lease that succeeded was
+    /// sent: etcd keeps the lease at least its TTL from then.
+    renewed: Instant,
 }
 
 /// Waits until this control plane, named `holder` (its API address), holds
@@ -92,6 +95,7 @@ pub fn campaign(
     ttl: Duration,
     mut stopping: impl FnMut() -> bool,
 ) -> Result<Option<Leadership>, EtcdError> {
+    let mut renewed = Instant::now();
     let mut lease = etcd.grant(ttl)?;
     let mut seen: Option<String> = None;
     loop {
@@ -107,6 +111,7 @@ pub fn campaign(
                     lease,
                     fence: revision,
                     holder: holder.to_string(),
+                    renewed,
                 }));
             }
             Ok(Lead::Other { holder: other, .. }) => {
@@ -117,10 +122,14 @@ pub fn campaign(
             }
             Err(e) => log::warn!("standby: cannot ask etcd for the leader key: {e}"),
         }
+        let sent = Instant::now();
         match etcd.keep_alive(lease.id) {
-            Ok(Some(_)) => {}
+            Ok(Some(_)) => renewed = sent,
             // Expired while etcd was away: a new one for the next try.
-            Ok(None) => lease = etcd.grant(ttl)?,
+            Ok(None) => {
+                lease = etcd.grant(ttl)?;
+                renewed = sent;
+            }
             Err(e) => log::warn!("standby: cannot renew its lease: {e}"),
         }
         std::thread::sleep(ttl / 4);
@@ -146,7 +155,9 @@ impl Leadership {
     /// can take the key, or agents would go on heartbeating to it while
     /// the new leader hears nothing from them.
     pub fn keep(self) -> std::io::Result<()> {
-        let renewed = Arc::new(Mutex::new(Instant::now()));
+        // From the campaign's last renewal, not from now: reading the
+        // state took time the lease was already running.
+        let renewed = Arc::new(Mutex::new(self.renewed));
         let ttl = self.lease.ttl;
         let seen = Arc::clone(&renewed);
         std::thread::Builder::new()
@@ -176,8 +187,12 @@ impl Leadership {
     /// that succeeds moves `renewed` to when it was sent.
     fn renew_until_lost(&self, renewed: &Mutex<Instant>) -> String {
         let ttl = self.lease.ttl;
+        // The first renewal at once: the state was read since the last one.
+        let mut first = true;
         loop {
-            std::thread::sleep(ttl / 4);
+            if !std::mem::take(&mut first) {
+                std::thread::sleep(ttl / 4);
+            }
             let sent = Instant::now();
             match self.etcd.keep_alive(self.lease.id) {
                 Ok(Some(_)) => {}

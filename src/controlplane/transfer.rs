@@ -205,16 +205,22 @@ fn with_etcd<T>(
     outcome
 }
 
+/// The state in `from`, read while no control plane runs on it (the lock,
+/// or the leader key).
+pub fn read(from: Backend<'_>) -> Result<ClusterState, TransferError> {
+    match from {
+        Backend::Dir(state_dir) => {
+            let _lock = StateDirLock::acquire(state_dir).map_err(TransferError::Lock)?;
+            Ok(open_state(state_dir).map_err(TransferError::State)?.1)
+        }
+        Backend::Etcd(settings) => with_etcd(settings, |_, state| Ok(state)),
+    }
+}
+
 /// Writes the state in `from` to `to` (`None`: stdout); returns what it
 /// held.
 pub fn export(from: Backend<'_>, to: Option<&Path>) -> Result<String, TransferError> {
-    let state = match from {
-        Backend::Dir(state_dir) => {
-            let _lock = StateDirLock::acquire(state_dir).map_err(TransferError::Lock)?;
-            open_state(state_dir).map_err(TransferError::State)?.1
-        }
-        Backend::Etcd(settings) => with_etcd(settings, |_, state| Ok(state))?,
-    };
+    let state = read(from)?;
     let holds = holdings(&state).unwrap_or_else(|| "nothing".into());
     let mut text = serde_json::to_vec_pretty(&Exported {
         format: FORMAT.into(),

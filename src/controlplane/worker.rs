@@ -545,12 +545,9 @@ pub struct Worker {
 
 impl Worker {
     /// A worker over `cluster`, whose state `log` holds (the journal
-    /// opened with [`open_state`], in a [`JournalLog`]).
-    pub fn new(cluster: Cluster, log: impl Log) -> Worker {
-        Worker {
-            cluster,
-            log: Box::new(log),
-        }
+    /// opened with [`open_state`], in a [`JournalLog`], or etcd).
+    pub fn new(cluster: Cluster, log: Box<dyn Log>) -> Worker {
+        Worker { cluster, log }
     }
 
     /// Starts the worker thread (and the journal's writer thread).
@@ -564,7 +561,7 @@ impl Worker {
             self.cluster.endpoints_origin(),
             generation,
             services,
-            self.node_ids(),
+            node_ids(&self.cluster),
         ));
         let events = self.cluster.events().clone();
         let Worker { cluster, log } = self;
@@ -575,10 +572,6 @@ impl Worker {
             .name("keel-cp-worker".into())
             .spawn(move || running.run(rx))?;
         Ok((WorkerHandle { tx, board, events }, handle))
-    }
-
-    fn node_ids(&self) -> std::collections::BTreeSet<String> {
-        node_ids(&self.cluster)
     }
 }
 
@@ -621,10 +614,14 @@ impl Running {
             let mut stop = false;
             let mut endpoints_may_change = reloaded;
             let mut nodes_may_change = reloaded;
-            let mut next = first;
-            let mut taken = 0;
-            while let Some(cmd) = next.take() {
-                taken += 1;
+            let mut commands: Vec<Command> = first.into_iter().collect();
+            while !commands.is_empty() && commands.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(cmd) => commands.push(cmd),
+                    Err(_) => break,
+                }
+            }
+            for cmd in commands {
                 if matches!(cmd, Command::Shutdown) {
                     stop = true;
                 } else {
@@ -632,9 +629,6 @@ impl Running {
                     nodes_may_change |=
                         matches!(cmd, Command::Register(..) | Command::RemoveNode(..));
                     self.handle(cmd, &mut batch.ops, &mut batch.replies);
-                }
-                if taken < MAX_BATCH {
-                    next = rx.try_recv().ok();
                 }
             }
             let now = Instant::now();
@@ -645,11 +639,7 @@ impl Running {
             if nodes_may_change {
                 batch.publish.nodes = Some(node_ids(&self.cluster));
             }
-            let idle = batch.ops.is_empty()
-                && batch.replies.is_empty()
-                && batch.publish.endpoints.is_none()
-                && batch.publish.nodes.is_none();
-            if !idle && self.committer.commit(batch).is_err() {
+            if !batch.is_empty() && self.committer.commit(batch).is_err() {
                 log::error!("the journal's writer thread has stopped; the control plane stops");
                 break;
             }
@@ -981,7 +971,7 @@ mod tests {
             "10.96.0.0/16".parse().expect("cidr"),
             Duration::from_secs(15),
         );
-        let (handle, thread) = Worker::new(cluster, log).spawn().expect("spawns");
+        let (handle, thread) = Worker::new(cluster, Box::new(log)).spawn().expect("spawns");
         register(&handle, "a").expect("registers");
         fail_next.store(true, Ordering::SeqCst);
         let refused = register(&handle, "b").expect_err("the write fails");

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use super::HttpError;
 use super::client::{Client, ClientResponse, Endpoint};
+use crate::common::config::comma_list;
 
 /// The header of a standby's answer: it did nothing, ask the next one.
 pub const STANDBY_HEADER: &str = "Keel-Standby";
@@ -58,27 +59,17 @@ enum Pass {
     Refused(HttpError),
 }
 
-/// The addresses of a comma-separated `HOST:PORT` list (`"cp1:7440,
-/// cp2:7440"`), in order, blanks around each trimmed. Checking each is the
-/// configuration's job (`config::check_host_ports`).
-pub fn split_addresses(list: &str) -> Vec<String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
 impl Failover {
     /// One endpoint: a plain client with nothing to fail over to.
     pub fn one(endpoint: Endpoint) -> Failover {
         Failover::new(vec![Client::new(endpoint)])
     }
 
-    /// TCP clients for the addresses of `list` (see [`split_addresses`]).
+    /// TCP clients for the comma-separated `HOST:PORT` addresses of `list`
+    /// (see [`comma_list`]; checking each is the configuration's job).
     pub fn tcp(list: &str) -> Failover {
         Failover::new(
-            split_addresses(list)
+            comma_list(list)
                 .into_iter()
                 .map(|a| Client::new(Endpoint::Tcp(a)))
                 .collect(),
@@ -265,15 +256,6 @@ mod tests {
     fn get(f: &Failover) -> Result<String, HttpError> {
         f.request("GET", "/version", &[], b"")
             .map(|r| String::from_utf8_lossy(&r.body).into_owned())
-    }
-
-    #[test]
-    fn a_list_is_split_on_commas_and_trimmed() {
-        assert_eq!(
-            split_addresses(" cp1:7440, cp2:7440 ,,cp3:1"),
-            ["cp1:7440", "cp2:7440", "cp3:1"]
-        );
-        assert_eq!(split_addresses("cp1:7440"), ["cp1:7440"]);
     }
 
     #[test]
