@@ -384,3 +384,41 @@ fn a_leader_cut_off_from_etcd_stops_and_the_standby_continues() {
         cluster.logs()
     );
 }
+
+/// Bad etcd settings stop keel-controlplane at start, naming the key to
+/// fix, before it listens or touches any state; no etcd needs to run.
+#[test]
+fn bad_etcd_settings_are_refused_at_start_naming_the_key() {
+    use crate::util::cluster::CONTROLPLANE;
+    let cluster = Cluster::new();
+    let listen = address().to_string();
+    for (name, flags, key) in [
+        (
+            "not-a-url",
+            vec!["--etcd-endpoints", "etcd1:2379"],
+            "controlplane.etcd_endpoints",
+        ),
+        (
+            "cert-without-key",
+            vec![
+                "--etcd-endpoints",
+                "https://127.0.0.1:2379",
+                "--etcd-ca",
+                "/nonexistent/ca.pem",
+                "--etcd-cert",
+                "/nonexistent/cert.pem",
+            ],
+            "controlplane.etcd_cert",
+        ),
+    ] {
+        let mut args = vec!["--simulate", "--listen", &listen];
+        args.extend(flags);
+        let out = cluster.run_to_exit(name, CONTROLPLANE, &args);
+        assert_eq!(out.status.code(), Some(1), "{name}: {}", out.log);
+        assert!(
+            out.log.contains(key),
+            "{name}: the key is named: {}",
+            out.log
+        );
+    }
+}
