@@ -1,6 +1,7 @@
 //! Two control planes on a real 3-member etcd (`util::etcd`), three
 //! simulated agents and keelctl given both addresses: the leader killed
-//! with -9 mid-stream of applies, and one etcd member killed.
+//! with -9 mid-stream of applies, one etcd member killed, the leader
+//! partitioned from etcd (a network namespace), and the leader stopped.
 //!
 //! What it shows: the standby takes the leader key when the dead leader's
 //! lease runs out and serves the state exactly as the leader left it; every
@@ -307,41 +308,53 @@ fn a_journal_state_moves_into_etcd_and_back() {
     assert!(refused.to_string().contains("a control plane"), "{refused}");
 }
 
-/// The leader cut off from etcd (a blackhole between it and every member,
-/// `util::link`) while the standby still reaches etcd: the leader stops
-/// deciding (it exits, status 75, before its lease can run out), the
-/// standby takes over, and what the leader acknowledged before the cut is
-/// the new leader's.
+/// The leader partitioned from etcd, and from etcd alone: it runs in a
+/// network namespace of its own, joined to the test host by a veth, and
+/// the etcd members take it as clients on a second address of the host's
+/// end (`util::netns`), to which a blackhole route inside the namespace
+/// then cuts it off. Agents and keelctl still reach it. It stops deciding
+/// (every request, a write included, answered 503 as a standby answers)
+/// while it still runs, the standby takes over, what the leader
+/// acknowledged before the cut is the new leader's, the node is never
+/// Dead and its jail never moves. Once the route is back, the old leader
+/// waits as a standby, and leads again when the new one is killed.
 #[test]
-fn a_leader_cut_off_from_etcd_stops_and_the_standby_continues() {
-    use crate::util::link::Link;
-    use keel::controlplane::leader::LOST_LEADERSHIP;
+fn a_leader_partitioned_from_etcd_answers_503_while_the_standby_takes_over() {
+    use crate::util::netns::Namespaces;
+    use keel::common::http::failover::STANDBY_HEADER;
+    use keel::common::http::{Client, Endpoint};
 
-    let Some(etcd) = EtcdCluster::start("etcd_partition", 3) else {
+    let test = "etcd_partition";
+    let Some(spaces) = Namespaces::new(test, "keelha", "cp1") else {
         return;
     };
-    let links: Vec<Link> = etcd
-        .endpoints()
-        .iter()
-        .map(|e| {
-            let addr = e.strip_prefix("http://").expect("plain http members");
-            Link::start(addr.parse().expect("member address"))
-        })
-        .collect();
-    let through_links = links
-        .iter()
-        .map(|l| format!("http://{}", l.addr()))
-        .collect::<Vec<_>>()
-        .join(",");
-    let (first, second) = (address(), address());
-    assert_ne!(first, second);
+    let link = spaces
+        .join_host("cp1", spaces.subnet())
+        .expect("join the control plane's namespace to the host");
+    let Some(etcd) = EtcdCluster::start_also_on(test, 3, link.host_extra) else {
+        return;
+    };
+    let first = SocketAddr::from((link.inside, 7000));
+    let second = address();
     let both = format!("{first},{second}");
     let mut cluster = Cluster::new();
-    let args = controlplane_args(&cluster, first, "cp1", &through_links);
-    cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let args = controlplane_args(
+        &cluster,
+        first,
+        "cp1",
+        &etcd.endpoints_on(link.host_extra).join(","),
+    );
+    let exec = spaces.exec("cp1");
+    cluster.start_controlplane_in(
+        &exec.iter().map(String::as_str).collect::<Vec<_>>(),
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
     let args = controlplane_args(&cluster, second, "cp2", &etcd.endpoints().join(","));
     let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    cluster.start_standard_agent_of(1, &both);
+    // On the veth's host end: the partitioned control plane forwards
+    // applies to it from its namespace.
+    let agent = SocketAddr::from((link.host, free_port(link.host)));
+    cluster.start_standard_agent_of_at(1, &both, agent);
     cluster.wait_for("n1 Alive", || (alive(&cluster, &both)? == 1).then_some(()));
     let before = keelctl(
         &cluster,
@@ -350,21 +363,29 @@ fn a_leader_cut_off_from_etcd_stops_and_the_standby_continues() {
         Some(&jail("before")),
     );
     assert_eq!(before.code, 0, "{before:?}\n{}", cluster.logs());
+    let node = placed_on(&before.stdout);
 
-    for link in &links {
-        link.cut();
-    }
-    let exited = cluster.wait_controlplane_exit();
-    assert_eq!(
-        exited.status.code(),
-        Some(LOST_LEADERSHIP),
-        "the cut-off leader stops deciding by exiting:\n{}",
-        exited.log
-    );
-    assert!(exited.log.contains("lost the leadership"), "{}", exited.log);
+    spaces.drop_route("cp1", link.host_extra);
     cluster.wait_for("the standby to lead", || {
         (cluster.standby_answers(standby)? == 200).then_some(())
     });
+    // Still running, and refusing: a write from the test host (it needs no
+    // signature to be refused) gets a standby's answer.
+    let old = Client::new(Endpoint::Tcp(first.to_string())).with_timeout(DEAD_AFTER);
+    let refused = old
+        .request("PUT", "/jails/probe", &[], b"{}")
+        .expect("the partitioned control plane still answers");
+    assert_eq!(refused.status, 503, "{}", cluster.controlplane_log());
+    assert!(
+        refused
+            .headers
+            .iter()
+            .any(|(n, v)| n.eq_ignore_ascii_case(STANDBY_HEADER) && v == "1"),
+        "{refused:?}"
+    );
+    let log = cluster.controlplane_log();
+    assert!(log.contains("lost the leadership"), "{log}");
+    // keelctl with both addresses, the partitioned one first: moved on.
     let got = keelctl(&cluster, &both, &["get", "jails", "before"], None);
     assert_eq!(
         got.code,
@@ -372,7 +393,6 @@ fn a_leader_cut_off_from_etcd_stops_and_the_standby_continues() {
         "acknowledged before the cut: {got:?}\n{}",
         cluster.logs()
     );
-    // n1 is Unknown to the new leader until its next heartbeat reaches it.
     cluster.wait_for("n1 Alive at the new leader", || {
         (alive(&cluster, &both)? == 1).then_some(())
     });
@@ -383,6 +403,87 @@ fn a_leader_cut_off_from_etcd_stops_and_the_standby_continues() {
         "the new leader decides: {after:?}\n{}",
         cluster.logs()
     );
+
+    spaces.restore_route("cp1", link.host_extra);
+    cluster.wait_for("the old leader to stand by", || {
+        cluster
+            .controlplane_log()
+            .contains(&format!("standby: {second} (pid"))
+            .then_some(())
+    });
+    assert_eq!(
+        old.request("GET", "/healthz", &[], b"")
+            .map(|r| r.status)
+            .ok(),
+        Some(503),
+        "a standby while the other leads"
+    );
+    cluster.kill9_standby(standby);
+    cluster.wait_for("the old leader to lead again", || {
+        (old.request("GET", "/healthz", &[], b"").ok()?.status == 200).then_some(())
+    });
+    cluster.wait_for("n1 Alive at the old leader again", || {
+        (alive(&cluster, &both)? == 1).then_some(())
+    });
+    let third = keelctl(&cluster, &both, &["apply", "-f", "-"], Some(&jail("third")));
+    assert_eq!(third.code, 0, "{third:?}\n{}", cluster.logs());
+    let nodes = keelctl(&cluster, &both, &["get", "nodes", "-o", "json"], None);
+    let nodes: Vec<NodeStatus> = serde_json::from_str(&nodes.stdout).expect("nodes as JSON");
+    assert!(
+        nodes.iter().all(|n| n.status == Liveness::Alive),
+        "no node died of the failovers: {nodes:?}"
+    );
+    let still = keelctl(&cluster, &both, &["get", "jails", "before"], None);
+    assert!(
+        still.stdout.contains(&node),
+        "the jail never moved from {node}: {still:?}"
+    );
+}
+
+/// A leader stopped with SIGTERM steps down: it revokes its lease, so the
+/// standby takes over at its next try instead of waiting the lease out.
+/// `dead_after` is 240 s here (a lease of 120 s, twice the test's wait):
+/// only a released key lets the standby lead within the wait.
+#[test]
+fn a_leader_stopped_with_sigterm_releases_the_key_at_once() {
+    use keel::controlplane::etcd::{Etcd, LeaseId};
+    use keel::controlplane::leader::LEASE_FILE;
+
+    let Some(etcd) = EtcdCluster::start("etcd_step_down", 1) else {
+        return;
+    };
+    let long = |mut args: Vec<String>| {
+        let at = args
+            .iter()
+            .position(|a| a == "--dead-after")
+            .expect("--dead-after");
+        args[at + 1] = "240s".into();
+        args
+    };
+    let (first, second) = (address(), address());
+    let endpoints = etcd.endpoints().join(",");
+    let mut cluster = Cluster::new();
+    let args = long(controlplane_args(&cluster, first, "cp1", &endpoints));
+    cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let args = long(controlplane_args(&cluster, second, "cp2", &endpoints));
+    let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let record = std::fs::read_to_string(cluster.dir().join("cp1").join(LEASE_FILE))
+        .expect("the leader recorded its lease");
+    let record: serde_json::Value = serde_json::from_str(&record).expect("JSON");
+    let lease = LeaseId(record["state"]["lease"].as_i64().expect("a lease id"));
+
+    cluster.stop_controlplane();
+    let log = cluster.controlplane_log();
+    assert!(log.contains("stepped down"), "{log}");
+    let client = Etcd::connect(&etcd.settings("/keel/")).expect("connects");
+    assert_eq!(
+        client.time_to_live(lease).expect("asks etcd"),
+        None,
+        "the lease is revoked, not left to run out"
+    );
+    cluster.wait_for("the standby to lead", || {
+        (cluster.standby_answers(standby)? == 200).then_some(())
+    });
 }
 
 /// Bad etcd settings stop keel-controlplane at start, naming the key to

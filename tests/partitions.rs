@@ -15,13 +15,11 @@
 //! test's own namespace, and runs keelctl inside the control plane's
 //! namespace ([`Cluster`] runs keelctl behind the control plane's prefix).
 //!
-//! Namespaces need root. When `ip netns add` fails the test says why and
-//! passes, unless the environment variable `CI` is set: then it fails, so a
-//! CI run never passes without partitions having been tested.
-//!
-//! On every path (a failed assertion too) the [`Cluster`] stops the daemons
-//! and the simulated jails first, then [`Net`] deletes the namespaces, which
-//! removes the veths and the bridge with them.
+//! Namespaces need root: without, the tests say why and pass, but fail
+//! under `CI` ([`Namespaces::new`]). On every path (a failed assertion too)
+//! the [`Cluster`] stops the daemons and the simulated jails first, then
+//! [`Net`] deletes the namespaces, which removes the veths and the bridge
+//! with them.
 //!
 //! Scenarios, each with heartbeats every 200 ms and Dead after 2 s:
 //! (a) a node cut off longer than dead_after: its stateless replicas move,
@@ -34,21 +32,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keel::common::cmd::{CommandRunner, SystemRunner, argv};
 use keel::common::http::{Client, Endpoint};
 use keel::common::wire::{JailStatus, Liveness, NodeStatus, Phase, ServiceStatus};
 
 use crate::util::agent::{process_alive, sim_jail_pids};
 use crate::util::cluster::{Cluster, standard_controlplane_args};
+use crate::util::netns::{Namespaces, ip};
 
-/// iproute2.
-const IP: &str = "/usr/sbin/ip";
-/// Bound on one `ip` command.
-const IP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The three agents.
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
 /// The control plane's namespace member name.
@@ -67,95 +61,52 @@ fn address(member: &str) -> Ipv4Addr {
     }
 }
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let mut full = vec![IP];
-    full.extend_from_slice(args);
-    let argv = argv(&full);
-    SystemRunner
-        .run(&argv, None, IP_TIMEOUT)
-        .and_then(|out| out.check(&argv))
-        .map(|_| ())
-        .map_err(|e| e.to_string())
-}
-
-/// The namespaces, veths and bridge of one test; deleted on drop.
+/// The namespaces, veths and bridge of one test ([`Namespaces`] deletes
+/// them on drop).
 struct Net {
-    /// `keelpart-{pid}-{counter}`: every name of this test starts with it.
-    prefix: String,
-    /// Namespaces created so far (deleted in reverse order).
-    created: Vec<String>,
+    spaces: Namespaces,
 }
 
 impl Net {
     /// The bridge namespace and one namespace per member, each joined to the
-    /// bridge by a veth (`eth0` inside, the member's name on the bridge).
-    fn create(members: &[&str]) -> Result<Net, String> {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let mut net = Net {
-            prefix: format!(
-                "keelpart-{}-{}",
-                std::process::id(),
-                COUNTER.fetch_add(1, Ordering::Relaxed)
-            ),
-            created: Vec::new(),
-        };
-        let bridge = net.ns("br");
-        net.add(&bridge)?;
-        ip(&["-n", &bridge, "link", "add", "br0", "type", "bridge"])?;
-        ip(&["-n", &bridge, "link", "set", "br0", "up"])?;
+    /// bridge by a veth (`eth0` inside, the member's name on the bridge);
+    /// `None` when namespaces cannot be made here.
+    fn create(test: &str, members: &[&str]) -> Option<Net> {
+        let mut spaces = Namespaces::new(test, "keelpart", "br")?;
+        let bridge = spaces.name("br");
+        let setup = |r: Result<(), String>| r.expect("set up the test's network");
+        setup(ip(&["-n", &bridge, "link", "add", "br0", "type", "bridge"]));
+        setup(ip(&["-n", &bridge, "link", "set", "br0", "up"]));
         for member in members {
-            let ns = net.ns(member);
-            net.add(&ns)?;
-            ip(&[
+            let ns = spaces.add(member).expect("add a namespace");
+            setup(ip(&[
                 "-n", &bridge, "link", "add", member, "type", "veth", "peer", "name", "eth0",
                 "netns", &ns,
-            ])?;
-            ip(&["-n", &bridge, "link", "set", member, "master", "br0"])?;
-            ip(&["-n", &bridge, "link", "set", member, "up"])?;
+            ]));
+            setup(ip(&["-n", &bridge, "link", "set", member, "master", "br0"]));
+            setup(ip(&["-n", &bridge, "link", "set", member, "up"]));
             let cidr = format!("{}/24", address(member));
-            ip(&["-n", &ns, "addr", "add", &cidr, "dev", "eth0"])?;
-            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
-            // Simulated jails take loopback addresses.
-            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            setup(ip(&["-n", &ns, "addr", "add", &cidr, "dev", "eth0"]));
+            setup(ip(&["-n", &ns, "link", "set", "eth0", "up"]));
         }
-        Ok(net)
-    }
-
-    fn add(&mut self, ns: &str) -> Result<(), String> {
-        ip(&["netns", "add", ns])?;
-        self.created.push(ns.to_string());
-        Ok(())
-    }
-
-    fn ns(&self, member: &str) -> String {
-        format!("{}-{member}", self.prefix)
+        Some(Net { spaces })
     }
 
     /// The command prefix that runs a program in `member`'s namespace.
     fn exec(&self, member: &str) -> Vec<String> {
-        vec![IP.into(), "netns".into(), "exec".into(), self.ns(member)]
+        self.spaces.exec(member)
     }
 
     /// Cuts `member` off the bridge.
     fn cut(&self, member: &str) {
-        let bridge = self.ns("br");
+        let bridge = self.spaces.name("br");
         ip(&["-n", &bridge, "link", "set", member, "down"]).expect("cut a link");
     }
 
     /// Joins `member` to the bridge again.
     fn heal(&self, member: &str) {
-        let bridge = self.ns("br");
+        let bridge = self.spaces.name("br");
         ip(&["-n", &bridge, "link", "set", member, "up"]).expect("heal a link");
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for ns in self.created.iter().rev() {
-            if let Err(e) = ip(&["netns", "del", ns]) {
-                eprintln!("cleaning up network namespace {ns}: {e}");
-            }
-        }
     }
 }
 
@@ -172,17 +123,7 @@ struct Partitioned {
 fn start(test: &str) -> Option<Partitioned> {
     let mut members = vec![CP];
     members.extend(NODES);
-    let net = match Net::create(&members) {
-        Ok(net) => net,
-        Err(e) => {
-            let why = format!(
-                "{test}: network namespaces are unavailable ({e}); the partition tests need root and iproute2"
-            );
-            assert!(std::env::var_os("CI").is_none(), "{why} (CI is set)");
-            eprintln!("skipping {why}");
-            return None;
-        }
-    };
+    let net = Net::create(test, &members)?;
     let mut cluster = Cluster::new();
     let args = standard_controlplane_args(SocketAddr::from((address(CP), CP_PORT)));
     cluster.start_controlplane_in(&strs(&net.exec(CP)), &strs(&args));

@@ -667,6 +667,8 @@ where
     match signals.run(|| reload_keys(source, verifier.as_deref(), signer.as_ref())) {
         Stop::Signal(signal) => log::info!("stopping on signal {signal}; jails keep running"),
         Stop::WorkerEnded => log::error!("stopping: the worker thread ended; jails keep running"),
+        // The agent hands out no waker.
+        Stop::Woken => log::info!("stopping; jails keep running"),
     }
     shutdown.trigger();
     drop(stop_timer);

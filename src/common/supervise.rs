@@ -7,8 +7,8 @@
 //! rc.d and monitoring. Exiting non-zero, with the panic message in the log,
 //! lets `daemon -r`, rc or an operator restart it, and a restarted daemon
 //! rebuilds its state from disk. A watcher thread joins the worker and, when
-//! it ends, closes the signal iterator the main thread is blocked in, so no
-//! signal needs to be raised and no polling is needed.
+//! it ends, says so on the channel the main thread waits on, next to the
+//! signals, so no signal needs to be raised and no polling is needed.
 //!
 //! This module never decides what a worker does; it only learns that it
 //! stopped or that it answers.
@@ -16,7 +16,7 @@
 use std::any::Any;
 use std::fmt;
 use std::io;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -60,27 +60,83 @@ pub enum Stop {
     Signal(i32),
     /// The worker thread ended on its own (see [`Watcher::join`]).
     WorkerEnded,
+    /// A [`Waker`] asked: the daemon ends what it is doing for a reason
+    /// of its own (a control plane that lost its leadership).
+    Woken,
+}
+
+/// What reaches the main thread's wait.
+enum Event {
+    Signal(i32),
+    /// The worker of [`SignalLoop::watch`] call number `.0` ended.
+    WorkerEnded(u64),
+    Woken,
 }
 
 /// The main thread's wait: SIGTERM and SIGINT stop, SIGHUP calls back, and
-/// a watched worker's end stops too.
+/// a watched worker's end or a [`Waker`] stops too.
+///
+/// Signals are read on a thread of their own and sent, with the watcher's
+/// and the wakers' news, down one channel, so one wait sees them all and
+/// the loop can be run again after a stop that was no signal (a control
+/// plane leads, stands by, and leads again in one process).
 pub struct SignalLoop {
-    signals: Signals,
+    events: Receiver<Event>,
+    sender: Sender<Event>,
+    /// The number of the last [`SignalLoop::watch`]: the end of an earlier
+    /// worker, already joined, stops nothing.
+    watched: u64,
+}
+
+/// Wakes [`SignalLoop::run`] with [`Stop::Woken`]; cloneable, for any
+/// thread.
+#[derive(Clone)]
+pub struct Waker(Sender<Event>);
+
+impl Waker {
+    /// Ends the current [`SignalLoop::run`] (or the next one, if none runs).
+    pub fn wake(&self) {
+        // The loop is gone only when the daemon is: nothing to wake then.
+        let _ = self.0.send(Event::Woken);
+    }
 }
 
 impl SignalLoop {
-    /// Installs the handlers for SIGTERM, SIGINT and SIGHUP. Do it before
-    /// starting threads, so no signal arrives unhandled.
+    /// Installs the handlers for SIGTERM, SIGINT and SIGHUP and starts the
+    /// thread that forwards them. Do it before starting other threads, so
+    /// no signal arrives unhandled, and after detaching (a fork keeps no
+    /// thread).
     pub fn new() -> io::Result<SignalLoop> {
+        let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+        let (sender, events) = mpsc::channel();
+        let forward = sender.clone();
+        std::thread::Builder::new()
+            .name("keel-signals".into())
+            .spawn(move || {
+                for signal in signals.forever() {
+                    if forward.send(Event::Signal(signal)).is_err() {
+                        return;
+                    }
+                }
+            })?;
         Ok(SignalLoop {
-            signals: Signals::new([SIGTERM, SIGINT, SIGHUP])?,
+            events,
+            sender,
+            watched: 0,
         })
+    }
+
+    /// A [`Waker`] for this loop.
+    pub fn waker(&self) -> Waker {
+        Waker(self.sender.clone())
     }
 
     /// Starts a thread that joins `worker` and then wakes [`SignalLoop::run`].
     /// A panic is logged at error level as soon as it happens.
-    pub fn watch(&self, worker: JoinHandle<()>) -> io::Result<Watcher> {
-        let wake = self.signals.handle();
+    pub fn watch(&mut self, worker: JoinHandle<()>) -> io::Result<Watcher> {
+        self.watched += 1;
+        let number = self.watched;
+        let wake = self.sender.clone();
         let thread = std::thread::Builder::new()
             .name("keel-watcher".into())
             .spawn(move || {
@@ -92,29 +148,40 @@ impl SignalLoop {
                 if let Err(died) = &outcome {
                     log::error!("{died}");
                 }
-                wake.close();
+                let _ = wake.send(Event::WorkerEnded(number));
                 outcome
             })?;
         Ok(Watcher { thread })
     }
 
     /// True when SIGTERM or SIGINT arrived since the last call, without
-    /// waiting (a standby's campaign asks between its tries).
+    /// waiting (a standby's campaign asks between its tries). Whatever else
+    /// came meanwhile is dropped: a SIGHUP changes nothing a standby holds
+    /// (keys are read again when it leads), and a waker or an old worker
+    /// has nothing left to stop.
     pub fn stop_requested(&mut self) -> bool {
-        self.signals.pending().any(|s| s != SIGHUP)
+        self.events
+            .try_iter()
+            .any(|e| matches!(e, Event::Signal(s) if s != SIGHUP))
     }
 
-    /// Blocks until SIGTERM or SIGINT arrives or the watched worker ends;
-    /// calls `on_hangup` for every SIGHUP meanwhile.
+    /// Blocks until SIGTERM or SIGINT arrives, the worker last watched
+    /// ends, or a [`Waker`] wakes it; calls `on_hangup` for every SIGHUP
+    /// meanwhile.
     pub fn run(&mut self, mut on_hangup: impl FnMut()) -> Stop {
-        for signal in self.signals.forever() {
-            if signal == SIGHUP {
-                on_hangup();
-            } else {
-                return Stop::Signal(signal);
+        loop {
+            // `self.sender` keeps the channel open: recv cannot fail.
+            let Ok(event) = self.events.recv() else {
+                return Stop::WorkerEnded;
+            };
+            match event {
+                Event::Signal(SIGHUP) => on_hangup(),
+                Event::Signal(signal) => return Stop::Signal(signal),
+                Event::WorkerEnded(n) if n == self.watched => return Stop::WorkerEnded,
+                Event::WorkerEnded(_) => {}
+                Event::Woken => return Stop::Woken,
             }
         }
-        Stop::WorkerEnded
     }
 }
 
@@ -228,6 +295,28 @@ mod tests {
         let watcher = signals.watch(std::thread::spawn(|| {})).expect("watch");
         assert_eq!(signals.run(|| {}), Stop::WorkerEnded);
         assert_eq!(watcher.join(), Ok(()));
+    }
+
+    #[test]
+    fn a_waker_ends_the_loop_and_the_loop_runs_again() {
+        let mut signals = SignalLoop::new().expect("signal handlers");
+        let waker = signals.waker();
+        let first = signals
+            .watch(std::thread::spawn(|| {}))
+            .expect("watch the first worker");
+        // The first worker's end is news only until a second is watched.
+        first.join().expect("the first worker returns");
+        let (release, wait) = mpsc::channel::<()>();
+        let second = signals
+            .watch(std::thread::spawn(move || {
+                let _ = wait.recv();
+            }))
+            .expect("watch the second worker");
+        std::thread::spawn(move || waker.wake());
+        assert_eq!(signals.run(|| {}), Stop::Woken);
+        drop(release);
+        assert_eq!(signals.run(|| {}), Stop::WorkerEnded);
+        assert_eq!(second.join(), Ok(()));
     }
 
     #[test]

@@ -110,7 +110,8 @@ pub const MAX_WAITING_POLLS: usize = DEFAULT_MAX_CONNECTIONS / 4;
 /// The control plane API.
 pub struct ControlPlaneApi {
     worker: WorkerHandle,
-    verifier: Verifier,
+    /// Shared with the daemon's next term: its replay cache outlives this.
+    verifier: Arc<Verifier>,
     forwarder: Forwarder,
     /// Endpoint long polls waiting now (also read by the metrics).
     waiting_polls: Arc<AtomicUsize>,
@@ -128,7 +129,7 @@ pub struct Forwarder {
 impl ControlPlaneApi {
     /// Routes to `worker`, verifying with `verifier` and signing forwarded
     /// requests with `signer` (a node key).
-    pub fn new(worker: WorkerHandle, verifier: Verifier, signer: Signer) -> ControlPlaneApi {
+    pub fn new(worker: WorkerHandle, verifier: Arc<Verifier>, signer: Signer) -> ControlPlaneApi {
         let waiting_polls = Arc::new(AtomicUsize::new(0));
         ControlPlaneApi {
             metrics: ControlPlaneMetrics::new(worker.clone(), Arc::clone(&waiting_polls)),

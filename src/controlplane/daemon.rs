@@ -13,12 +13,18 @@
 //! ([`crate::common::supervise`]).
 //!
 //! With `controlplane.etcd_endpoints` the state is in etcd, shared with the
-//! other control planes given the same members ([`super::etcd_state`]):
-//! before it serves, a control plane waits for the leader key
-//! ([`super::leader`]), answering every request as a standby meanwhile, and
+//! other control planes given the same members ([`super::etcd_state`]),
+//! and the process serves in leadership terms: it waits for the leader key
+//! ([`super::leader`]), answering every request as a standby meanwhile;
 //! once it leads it reads the state from etcd, exactly as another leader
-//! left it. The state directory then holds only the lock, the replay floor
-//! and the events.
+//! left it, and serves a term (a worker over that state and the API) until
+//! a signal stops it or the leadership is lost; then it stands by again.
+//! What outlives a term ([`Process`]): the lock, the listener (whose
+//! backlog holds connections between the servers of two phases, so none
+//! is refused), the keys and the replay cache, the event log and the
+//! metrics listener. With the journal there is one term, the process's
+//! life; with etcd the state directory holds only the lock, the replay
+//! floor, the leader's lease and the events.
 //!
 //! Stopping the control plane stops nothing else: agents keep running their
 //! jails and their last peer and service lists until it is back.
@@ -42,8 +48,8 @@ use crate::controlplane::cli::Options;
 use crate::controlplane::commit::{JournalLog, Log, LogError};
 use crate::controlplane::etcd::{Etcd, EtcdError, EtcdSettings};
 use crate::controlplane::etcd_state::EtcdLog;
-use crate::controlplane::leader::{self, Standby};
-use crate::controlplane::metrics::Metered;
+use crate::controlplane::leader::{self, Keeper, Leading, Standby};
+use crate::controlplane::metrics::{Metered, TermMetrics};
 use crate::controlplane::registry::Cluster;
 use crate::controlplane::state::ClusterState;
 use crate::controlplane::transfer::{self, TransferError};
@@ -144,7 +150,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
     }
     // Keys and the listener are checked before detaching, so a bad setup is
     // reported on the admin's terminal, not only in syslog.
-    let (keyring, signer) = load_keys(cfg).map_err(RunError::Keys)?;
+    let (keyring, mut signer) = load_keys(cfg).map_err(RunError::Keys)?;
     // The previous process on this state directory is gone (we hold the
     // lock); whatever it accepted is dated before this second, or recorded
     // in the floor.
@@ -180,16 +186,6 @@ pub fn run(options: Options) -> Result<(), RunError> {
     }
     let setup = |e: std::io::Error| RunError::Setup(e.to_string());
     let mut signals = SignalLoop::new().map_err(setup)?;
-    let Some(Opened { log, state, from }) = open_cluster_state(c, &listener, &mut signals)? else {
-        log::info!("stopping on a signal while a standby");
-        return Ok(());
-    };
-    log::info!(
-        "{} nodes and {} placements loaded from {from}",
-        state.nodes.len(),
-        state.placements.len(),
-    );
-    let mut cluster = Cluster::new(state, c.cluster_cidr, c.service_cidr, c.dead_after.0);
     // Its own file, not the journal: events are no part of the cluster
     // model, and losing the last batch's in a crash is acceptable.
     let events = EventLog::open(&c.state_dir, "")
@@ -198,60 +194,160 @@ pub fn run(options: Options) -> Result<(), RunError> {
     events
         .write_in_background()
         .map_err(|e| RunError::Setup(format!("the event log's writer thread: {e}")))?;
-    cluster.set_events(events);
-    let (worker, worker_thread) = Worker::new(cluster, log).spawn().map_err(setup)?;
-    let watcher = signals.watch(worker_thread).map_err(setup)?;
-    let verifier = Verifier::new(keyring, cfg.auth.max_clock_skew.0)
-        .with_not_before(not_before)
-        .with_replay_floor(floor);
+    // One for the process, across leadership terms: a request accepted in
+    // one term is a replay in the next.
+    let verifier = Arc::new(
+        Verifier::new(keyring, cfg.auth.max_clock_skew.0)
+            .with_not_before(not_before)
+            .with_replay_floor(floor),
+    );
     let shutdown = ShutdownSignal::new();
-    let api = Arc::new(ControlPlaneApi::new(worker.clone(), verifier, signer));
-    let source = api.metrics_source();
-    // Requests are counted around the route table, not in the server core.
-    let metered = Arc::new(Metered::new(api.clone(), source.requests()));
-    let server = Server::new(metered, ServerLimits::default(), shutdown.clone());
-    let local = listener.local_addr().map_err(setup)?;
-    let http = server.serve_tcp(listener).map_err(RunError::Http)?;
-    log::info!("listening on {local}");
+    let metrics = Arc::new(TermMetrics::default());
     let metrics_http = match metrics_listener {
         Some(l) => {
             let local = l.local_addr().map_err(setup)?;
-            let thread = metrics::serve(l, source, shutdown.clone()).map_err(RunError::Http)?;
+            let thread = metrics::serve(l, Arc::clone(&metrics), shutdown.clone())
+                .map_err(RunError::Http)?;
             log::info!("metrics on http://{local}/metrics");
             Some(thread)
         }
         None => None,
     };
-
-    let stop = signals.run(|| {
-        // Key rotation without downtime: keel.toml and the key files it
-        // names are read again; only the keys change on a reload.
-        let reloaded = options
-            .source
-            .load()
-            .map_err(|e| e.to_string())
-            .and_then(|new| load_keys(&new).map_err(|e| e.to_string()));
-        match reloaded {
-            Ok((keyring, signer)) => {
-                log::info!("reloaded keys (signing with {})", signer.key_id());
-                api.reload_keys(keyring, signer);
+    let process = Process {
+        options: &options,
+        listener,
+        events,
+        verifier,
+        metrics,
+    };
+    let source = StateSource::connect(c)?;
+    let mut ended = Ok(());
+    while let Some(term) = source.begin_term(c, &process.listener, &mut signals)? {
+        match process.serve(term, &mut signer, &mut signals) {
+            Ok(TermEnd::Deposed) => log::info!("standing by: another control plane may lead now"),
+            Ok(TermEnd::Stopped) => break,
+            Err(e) => {
+                ended = Err(e);
+                break;
             }
-            Err(e) => log::error!("key reload failed, keeping the previous keys: {e}"),
         }
-    });
-    match stop {
-        Stop::Signal(signal) => log::info!("stopping on signal {signal}"),
-        Stop::WorkerEnded => log::error!("stopping: the worker thread ended"),
     }
     shutdown.trigger();
-    worker.shutdown();
-    let _ = http.join();
     if let Some(t) = metrics_http {
         let _ = t.join();
     }
-    let worker_end = watcher.join();
     drop(lock);
-    worker_end.map_err(RunError::Worker)
+    ended
+}
+
+/// What outlives a leadership term: the listener, the keys and the replay
+/// cache, the event log and the metrics listener's view.
+struct Process<'a> {
+    options: &'a Options,
+    listener: TcpListener,
+    events: EventLog,
+    verifier: Arc<Verifier>,
+    metrics: Arc<TermMetrics>,
+}
+
+/// How a term ended.
+enum TermEnd {
+    /// SIGTERM or SIGINT: the process stops.
+    Stopped,
+    /// The leadership was lost: campaign again.
+    Deposed,
+}
+
+impl Process<'_> {
+    /// Serves one term: the worker over `term`'s state, the API on the
+    /// listener, until a signal stops the process or the leadership is
+    /// lost; then winds the term down (the API server, then the worker).
+    /// `signer` is the node key, replaced on SIGHUP for this term and the
+    /// next.
+    fn serve(
+        &self,
+        term: Term,
+        signer: &mut Signer,
+        signals: &mut SignalLoop,
+    ) -> Result<TermEnd, RunError> {
+        let c = &self.options.config.controlplane;
+        let setup = |e: std::io::Error| RunError::Setup(e.to_string());
+        let Term {
+            log,
+            state,
+            from,
+            keeper,
+        } = term;
+        log::info!(
+            "{} nodes and {} placements loaded from {from}",
+            state.nodes.len(),
+            state.placements.len(),
+        );
+        let mut cluster = Cluster::new(state, c.cluster_cidr, c.service_cidr, c.dead_after.0);
+        cluster.set_events(self.events.clone());
+        let (worker, worker_thread) = Worker::new(cluster, log).spawn().map_err(setup)?;
+        let watcher = signals.watch(worker_thread).map_err(setup)?;
+        let api = Arc::new(ControlPlaneApi::new(
+            worker.clone(),
+            Arc::clone(&self.verifier),
+            signer.clone(),
+        ));
+        let source = api.metrics_source();
+        // Requests are counted around the route table, not in the server
+        // core; a deposed leader's answers are a standby's, counted or not.
+        let metered = Metered::new(api.clone(), source.requests());
+        let deposed = keeper.as_ref().map(Keeper::deposed).unwrap_or_default();
+        let stop_http = ShutdownSignal::new();
+        let server = Server::new(
+            Arc::new(Leading::new(metered, deposed)),
+            ServerLimits::default(),
+            stop_http.clone(),
+        );
+        let local = self.listener.local_addr().map_err(setup)?;
+        let listener = self.listener.try_clone().map_err(setup)?;
+        let http = server.serve_tcp(listener).map_err(RunError::Http)?;
+        self.metrics.set(Some(source));
+        log::info!("listening on {local}");
+
+        let stop = signals.run(|| {
+            // Key rotation without downtime: keel.toml and the key files it
+            // names are read again; only the keys change on a reload.
+            let reloaded = self
+                .options
+                .source
+                .load()
+                .map_err(|e| e.to_string())
+                .and_then(|new| load_keys(&new).map_err(|e| e.to_string()));
+            match reloaded {
+                Ok((keyring, new_signer)) => {
+                    log::info!("reloaded keys (signing with {})", new_signer.key_id());
+                    api.reload_keys(keyring, new_signer.clone());
+                    *signer = new_signer;
+                }
+                Err(e) => log::error!("key reload failed, keeping the previous keys: {e}"),
+            }
+        });
+        match stop {
+            Stop::Signal(signal) => log::info!("stopping on signal {signal}"),
+            Stop::WorkerEnded => log::error!("stopping: the worker thread ended"),
+            Stop::Woken => log::info!("ending the leadership term"),
+        }
+        self.metrics.set(None);
+        stop_http.trigger();
+        worker.shutdown();
+        let _ = http.join();
+        let worker_end = watcher.join();
+        match keeper {
+            // Deposed: the keeper's threads let the lease go themselves.
+            Some(keeper) if stop != Stop::Woken => keeper.step_down(),
+            _ => {}
+        }
+        worker_end.map_err(RunError::Worker)?;
+        Ok(match stop {
+            Stop::Woken => TermEnd::Deposed,
+            Stop::Signal(_) | Stop::WorkerEnded => TermEnd::Stopped,
+        })
+    }
 }
 
 /// The etcd settings of `controlplane.etcd_*`, when etcd is configured.
@@ -266,65 +362,115 @@ fn etcd_settings(c: &crate::common::config::ControlPlaneConfig) -> Option<EtcdSe
     })
 }
 
-/// The state to start from, where its changes go, and where it was read
-/// (for the log).
-struct Opened {
+/// Where the cluster's state lives.
+enum StateSource {
+    /// The journal in the state directory: one term, the process's life.
+    Journal,
+    /// etcd, shared with the other control planes: a term per leadership.
+    Etcd {
+        etcd: Arc<Etcd>,
+        settings: EtcdSettings,
+    },
+}
+
+/// One leadership term: the state to start from, where its changes go,
+/// where it was read (for the log), and with etcd the lease being kept.
+struct Term {
     log: Box<dyn Log>,
     state: ClusterState,
     from: String,
+    keeper: Option<Keeper>,
 }
 
-/// The state and where writes go: the journal in the state directory, or,
-/// with etcd, once this control plane holds the leader key (a standby
-/// answers every request on `listener` until then); `None` when a signal
-/// stopped the wait.
-fn open_cluster_state(
-    c: &crate::common::config::ControlPlaneConfig,
-    listener: &TcpListener,
-    signals: &mut SignalLoop,
-) -> Result<Option<Opened>, RunError> {
-    let setup = |e: std::io::Error| RunError::Setup(e.to_string());
-    let Some(settings) = etcd_settings(c) else {
-        let (journal, state) =
-            open_state(&c.state_dir).map_err(|e| RunError::State(LogError::Journal(e)))?;
-        let log = JournalLog::new(journal, c.state_dir.clone());
-        return Ok(Some(Opened {
+impl StateSource {
+    /// The source `c` names; with etcd, the lease a previous process on
+    /// this state directory led with is released first.
+    fn connect(c: &crate::common::config::ControlPlaneConfig) -> Result<StateSource, RunError> {
+        let Some(settings) = etcd_settings(c) else {
+            return Ok(StateSource::Journal);
+        };
+        let etcd = Arc::new(Etcd::connect(&settings).map_err(RunError::Etcd)?);
+        leader::release_previous(&etcd, &c.state_dir);
+        Ok(StateSource::Etcd { etcd, settings })
+    }
+
+    /// The next term: with the journal, the state on disk; with etcd, once
+    /// this control plane holds the leader key (a standby answers every
+    /// request on `listener` until then); `None` when a signal stopped the
+    /// wait.
+    fn begin_term(
+        &self,
+        c: &crate::common::config::ControlPlaneConfig,
+        listener: &TcpListener,
+        signals: &mut SignalLoop,
+    ) -> Result<Option<Term>, RunError> {
+        let setup = |e: std::io::Error| RunError::Setup(e.to_string());
+        let StateSource::Etcd { etcd, settings } = self else {
+            let (journal, state) =
+                open_state(&c.state_dir).map_err(|e| RunError::State(LogError::Journal(e)))?;
+            let log = JournalLog::new(journal, c.state_dir.clone());
+            return Ok(Some(Term {
+                log: Box::new(log),
+                state,
+                from: transfer::Backend::Dir(&c.state_dir).to_string(),
+                keeper: None,
+            }));
+        };
+        let local = listener.local_addr().map_err(setup)?;
+        let holder = format!("{local} (pid {})", std::process::id());
+        let ttl = leader::lease_ttl(c.dead_after.0);
+        let (lead, log, state) = loop {
+            let standby_stop = ShutdownSignal::new();
+            let standby = Server::new(
+                Arc::new(Standby),
+                ServerLimits::default(),
+                standby_stop.clone(),
+            )
+            .serve_tcp(listener.try_clone().map_err(setup)?)
+            .map_err(RunError::Http)?;
+            let won = leader::campaign(Arc::clone(etcd), &holder, ttl, || signals.stop_requested());
+            standby_stop.trigger();
+            let _ = standby.join();
+            let Some(lead) = won.map_err(RunError::Etcd)? else {
+                log::info!("stopping on a signal while a standby");
+                return Ok(None);
+            };
+            match EtcdLog::open(Arc::clone(etcd), lead.fence) {
+                Ok((log, state)) => break (lead, log, state),
+                // Lost between the win and the read, or etcd went away:
+                // nothing was decided yet, so stand by again.
+                Err(e) if stand_by_again(&e) => {
+                    log::warn!(
+                        "cannot read the cluster state after winning the leader key: {e}; standing by again"
+                    );
+                    lead.resign();
+                }
+                Err(e) => return Err(RunError::State(e)),
+            }
+        };
+        if let Err(e) = lead.record(&c.state_dir) {
+            // Only a restart gets slower: it waits the lease out.
+            log::warn!("the leader lease is not recorded: {e}");
+        }
+        let waker = signals.waker();
+        let keeper = lead.keep(move || waker.wake()).map_err(setup)?;
+        Ok(Some(Term {
             log: Box::new(log),
             state,
-            from: transfer::Backend::Dir(&c.state_dir).to_string(),
-        }));
-    };
-    let etcd = Arc::new(Etcd::connect(&settings).map_err(RunError::Etcd)?);
-    leader::release_previous(&etcd, &c.state_dir);
-    let standby_stop = ShutdownSignal::new();
-    let standby = Server::new(
-        Arc::new(Standby),
-        ServerLimits::default(),
-        standby_stop.clone(),
-    )
-    .serve_tcp(listener.try_clone().map_err(setup)?)
-    .map_err(RunError::Http)?;
-    let local = listener.local_addr().map_err(setup)?;
-    let holder = format!("{local} (pid {})", std::process::id());
-    let ttl = leader::lease_ttl(c.dead_after.0);
-    let won = leader::campaign(Arc::clone(&etcd), &holder, ttl, || signals.stop_requested());
-    standby_stop.trigger();
-    let _ = standby.join();
-    let Some(lead) = won.map_err(RunError::Etcd)? else {
-        return Ok(None);
-    };
-    if let Err(e) = lead.record(&c.state_dir) {
-        // Only a restart gets slower: it waits the lease out.
-        log::warn!("the leader lease is not recorded: {e}");
+            from: transfer::Backend::Etcd(settings).to_string(),
+            keeper: Some(keeper),
+        }))
     }
-    let (log, state) = EtcdLog::open(etcd, lead.fence).map_err(RunError::State)?;
-    lead.keep().map_err(setup)?;
-    let from = transfer::Backend::Etcd(&settings).to_string();
-    Ok(Some(Opened {
-        log: Box::new(log),
-        state,
-        from,
-    }))
+}
+
+/// True when a state read that failed right after a won campaign is worth
+/// another campaign: the key was lost again, or etcd went out of reach.
+fn stand_by_again(e: &LogError) -> bool {
+    match e {
+        LogError::NotLeader(_) => true,
+        LogError::Etcd(inner) => inner.is_unreachable(),
+        LogError::Journal(_) | LogError::Corrupt(_) => false,
+    }
 }
 
 /// `--export-state` / `--import-state`: moves the state and says what moved

@@ -488,6 +488,19 @@ pub enum EtcdError {
     },
 }
 
+impl EtcdError {
+    /// True when etcd was not reached or did not answer in time: worth
+    /// trying again later, unlike a wrong setting or a refusal.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            EtcdError::Unavailable { .. }
+                | EtcdError::Timeout { .. }
+                | EtcdError::Indeterminate { .. }
+        )
+    }
+}
+
 impl fmt::Display for EtcdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

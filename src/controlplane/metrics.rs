@@ -307,6 +307,45 @@ impl ControlPlaneMetrics {
     }
 }
 
+/// What the metrics listener renders for the life of the process: the
+/// current leadership term's [`ControlPlaneMetrics`], or, while a standby
+/// (no term), only `keel_controlplane_leading 0`, so a standby is scraped
+/// as up and says what it is.
+#[derive(Default)]
+pub struct TermMetrics {
+    current: std::sync::RwLock<Option<ControlPlaneMetrics>>,
+}
+
+impl TermMetrics {
+    /// The term that began (`Some`) or ended (`None`).
+    pub fn set(&self, term: Option<ControlPlaneMetrics>) {
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = term;
+    }
+}
+
+impl Render for Arc<TermMetrics> {
+    fn render(&self) -> Result<String, Unavailable> {
+        let current = self
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut text = match &current {
+            Some(term) => term.render()?,
+            None => String::new(),
+        };
+        let mut exp = Exposition::new();
+        exp.single(
+            "keel_controlplane_leading",
+            Kind::Gauge,
+            "1 while this control plane decides for the cluster (the leader, or the only one), 0 while a standby.",
+            u8::from(current.is_some()),
+        );
+        text.push_str(&exp.finish());
+        Ok(text)
+    }
+}
+
 impl Render for ControlPlaneMetrics {
     fn render(&self) -> Result<String, Unavailable> {
         let (nodes, services) = self.worker.nodes_and_services_within(METRICS_WAIT)?;

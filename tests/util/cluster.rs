@@ -279,8 +279,14 @@ impl Cluster {
     /// of `list` (`A,B`) instead of the one this cluster started.
     pub fn start_standard_agent_of(&mut self, n: u8, list: &str) {
         let ip = node_ip(n);
+        self.start_standard_agent_of_at(n, list, SocketAddr::from((ip, free_port(ip))));
+    }
+
+    /// [`Cluster::start_standard_agent_of`] with the agent's API on
+    /// `advertise` (one a control plane in a network namespace reaches).
+    pub fn start_standard_agent_of_at(&mut self, n: u8, list: &str, advertise: SocketAddr) {
         let id = format!("n{n}");
-        let mut args = self.standard_agent_args(&id, SocketAddr::from((ip, free_port(ip))), ip);
+        let mut args = self.standard_agent_args(&id, advertise, node_ip(n));
         let at = args
             .iter()
             .position(|a| a == "--controlplane")
@@ -668,6 +674,11 @@ impl Cluster {
     /// What node `id`'s agent wrote on stderr so far.
     pub fn agent_log(&self, id: &str) -> String {
         self.nodes[id].daemon.log()
+    }
+
+    /// The control plane's log so far.
+    pub fn controlplane_log(&self) -> String {
+        self.controlplane.as_ref().expect("a control plane").0.log()
     }
 
     /// Every daemon's log, for failure messages.

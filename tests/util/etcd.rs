@@ -13,7 +13,7 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -88,6 +88,8 @@ pub struct EtcdCluster {
     initial_cluster: String,
     token: String,
     tls: Option<ServerTls>,
+    /// A second address the members' client listeners bind.
+    also_on: Option<Ipv4Addr>,
     /// Data directories, logs and certificates; removed after the members
     /// are killed (fields drop after [`Drop::drop`] runs).
     pub dir: tempfile::TempDir,
@@ -97,16 +99,23 @@ impl EtcdCluster {
     /// Starts `members` members over plain HTTP and waits until every one is
     /// healthy; `None` when etcd is not installed (see [`present`]).
     pub fn start(test: &str, members: usize) -> Option<EtcdCluster> {
-        present(test).then(|| EtcdCluster::launch(members, None))
+        present(test).then(|| EtcdCluster::launch(members, None, None))
+    }
+
+    /// Like [`EtcdCluster::start`], but the members also take clients on
+    /// `addr`, an address of the test host other than loopback (a veth's,
+    /// reachable from a network namespace): see [`EtcdCluster::endpoints_on`].
+    pub fn start_also_on(test: &str, members: usize, addr: Ipv4Addr) -> Option<EtcdCluster> {
+        present(test).then(|| EtcdCluster::launch(members, None, Some(addr)))
     }
 
     /// Like [`EtcdCluster::start`], but clients must speak TLS to the
     /// members, trusting `ca`, and present a certificate `ca` signed.
     pub fn start_tls(test: &str, members: usize, ca: &TestCa) -> Option<EtcdCluster> {
-        present(test).then(|| EtcdCluster::launch(members, Some(ca)))
+        present(test).then(|| EtcdCluster::launch(members, Some(ca), None))
     }
 
-    fn launch(n: usize, ca: Option<&TestCa>) -> EtcdCluster {
+    fn launch(n: usize, ca: Option<&TestCa>, also_on: Option<Ipv4Addr>) -> EtcdCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let tls = ca.map(|ca| {
             let ca_file = dir.path().join("ca.pem");
@@ -145,6 +154,7 @@ impl EtcdCluster {
             initial_cluster,
             token,
             tls,
+            also_on,
             dir,
         };
         // Each member waits for the others to elect a leader: start all of
@@ -167,13 +177,17 @@ impl EtcdCluster {
         let m = &self.members[i];
         assert!(m.child.is_none(), "member {i} is already running");
         let client_url = format!("{scheme}://127.0.0.1:{}", m.client_port);
+        let listen_urls = match self.also_on {
+            Some(addr) => format!("{client_url},{scheme}://{addr}:{}", m.client_port),
+            None => client_url.clone(),
+        };
         let peer_url = format!("http://127.0.0.1:{}", m.peer_port);
         let mut cmd = Command::new(ETCD);
         cmd.arg("--name")
             .arg(&m.name)
             .arg("--data-dir")
             .arg(&m.data_dir)
-            .args(["--listen-client-urls", &client_url])
+            .args(["--listen-client-urls", &listen_urls])
             .args(["--advertise-client-urls", &client_url])
             .args(["--listen-peer-urls", &peer_url])
             .args(["--initial-advertise-peer-urls", &peer_url])
@@ -244,6 +258,16 @@ impl EtcdCluster {
     /// Client URLs of every member, running or not, in member order.
     pub fn endpoints(&self) -> Vec<String> {
         (0..self.members.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// Client URLs of every member on the address of
+    /// [`EtcdCluster::start_also_on`].
+    pub fn endpoints_on(&self, addr: Ipv4Addr) -> Vec<String> {
+        assert_eq!(self.also_on, Some(addr), "the members listen on {addr}");
+        self.members
+            .iter()
+            .map(|m| format!("{}://{addr}:{}", self.scheme(), m.client_port))
+            .collect()
     }
 
     /// Client settings for every member under `prefix`, plain HTTP, with a
