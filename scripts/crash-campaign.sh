@@ -26,7 +26,7 @@ fi
 echo "crash campaign: $kills kills per daemon on $(uname -sm), $(nproc 2>/dev/null || echo '?') CPUs, $(date -u +%Y-%m-%dT%H:%MZ)"
 cargo build --tests --quiet
 failed=0
-for t in agent_kill9_campaign_long controlplane_kill9_campaign_long controlplane_on_etcd_kill9_campaign_long service_healing_kill9_campaign_long; do
+for t in agent_kill9_campaign_long controlplane_kill9_campaign_long controlplane_on_etcd_kill9_campaign_long service_healing_kill9_campaign_long service_healing_on_etcd_kill9_campaign_long; do
 	start=$(date +%s)
 	log=$(mktemp)
 	# --test-threads=1: one campaign at a time, each with the machine to itself.

@@ -488,12 +488,8 @@ struct Cluster {
 
 impl Cluster {
     /// A control plane in `dir` (dead_after 1 h: nodes die only of what the
-    /// campaign does to them) with the three fake agents registered.
-    fn start(dir: &Path, seed: u64) -> Cluster {
-        Cluster::start_on(dir, seed, None)
-    }
-
-    /// [`Cluster::start`] with the state in `etcd` when given.
+    /// campaign does to them) with the three fake agents registered; the
+    /// state in `etcd` when given, else in its journal.
     fn start_on(dir: &Path, seed: u64, etcd: Option<EtcdSettings>) -> Cluster {
         let mut args = vec!["--dead-after".to_string(), "1h".to_string()];
         if let Some(settings) = &etcd {
@@ -876,10 +872,24 @@ impl Cluster {
 /// is no evidence against any node, so only a scale change may remove a
 /// replica, and nothing may place it elsewhere.
 fn service_healing_campaign(kills: usize) {
-    let seed = seed("service healing crash campaign");
+    service_healing_campaign_on(kills, None, "service healing crash campaign");
+}
+
+/// The service healing campaign with the state in etcd, as
+/// [`controlplane_campaign_on_etcd`] runs the control plane campaign.
+fn service_healing_campaign_on_etcd(kills: usize) {
+    let campaign = "service healing crash campaign on etcd";
+    let Some(etcd) = EtcdCluster::start(campaign, 3) else {
+        return;
+    };
+    service_healing_campaign_on(kills, Some(etcd.settings("/keel/")), campaign);
+}
+
+fn service_healing_campaign_on(kills: usize, etcd: Option<EtcdSettings>, campaign: &str) {
+    let seed = seed(campaign);
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cluster = Cluster::start(dir.path(), seed);
+    let mut cluster = Cluster::start_on(dir.path(), seed, etcd);
     let put = |c: &Cluster, replicas: u32| {
         c.cp.call(
             Some(&c.operator),
@@ -974,7 +984,7 @@ fn service_healing_campaign(kills: usize) {
         current = after;
     }
     eprintln!(
-        "service healing crash campaign: seed {seed}: {kills} kills, {moved_checked} replicas \
+        "{campaign}: seed {seed}: {kills} kills, {moved_checked} replicas \
          checked in place after a restart, {removed} removed by a scale-down, {} replicas at the end, \
          all checks passed",
         current.len()
@@ -990,6 +1000,17 @@ fn service_healing_kill9_campaign_short() {
 #[ignore = "long: run by scripts/crash-campaign.sh"]
 fn service_healing_kill9_campaign_long() {
     service_healing_campaign(long_kills());
+}
+
+#[test]
+fn service_healing_on_etcd_kill9_campaign_short() {
+    service_healing_campaign_on_etcd(SHORT_KILLS);
+}
+
+#[test]
+#[ignore = "long: run by scripts/crash-campaign.sh"]
+fn service_healing_on_etcd_kill9_campaign_long() {
+    service_healing_campaign_on_etcd(long_kills());
 }
 
 // ------------------------------------------------------ store fault seam

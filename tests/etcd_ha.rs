@@ -486,8 +486,9 @@ fn a_leader_stopped_with_sigterm_releases_the_key_at_once() {
     });
 }
 
-/// Bad etcd settings stop keel-controlplane at start, naming the key to
-/// fix, before it listens or touches any state; no etcd needs to run.
+/// Bad etcd settings are a configuration error (status 2) naming the key
+/// to fix, both from `--check-config` and at start, before the control
+/// plane listens or touches any state; no etcd needs to run.
 #[test]
 fn bad_etcd_settings_are_refused_at_start_naming_the_key() {
     use crate::util::cluster::CONTROLPLANE;
@@ -512,14 +513,19 @@ fn bad_etcd_settings_are_refused_at_start_naming_the_key() {
             "controlplane.etcd_cert",
         ),
     ] {
-        let mut args = vec!["--simulate", "--listen", &listen];
-        args.extend(flags);
-        let out = cluster.run_to_exit(name, CONTROLPLANE, &args);
-        assert_eq!(out.status.code(), Some(1), "{name}: {}", out.log);
-        assert!(
-            out.log.contains(key),
-            "{name}: the key is named: {}",
-            out.log
-        );
+        for check in [false, true] {
+            let mut args = vec!["--simulate", "--listen", &listen];
+            if check {
+                args.push("--check-config");
+            }
+            args.extend(&flags);
+            let out = cluster.run_to_exit(name, CONTROLPLANE, &args);
+            assert_eq!(out.status.code(), Some(2), "{name}: {}", out.log);
+            assert!(
+                out.log.contains(key),
+                "{name}: the key is named: {}",
+                out.log
+            );
+        }
     }
 }

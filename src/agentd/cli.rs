@@ -114,6 +114,7 @@ pub const FLAGS: &[Flag] = &[
 
 /// keel-agentd's name, description and flags.
 pub const DAEMON: Daemon = Daemon {
+    check: config::no_check,
     name: "keel-agentd",
     about: "the Keel node agent: reconciles this host's jails, volumes, network and ingress",
     flags: FLAGS,

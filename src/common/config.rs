@@ -1587,6 +1587,15 @@ pub struct Daemon {
     pub about: &'static str,
     /// Every flag it accepts.
     pub flags: &'static [Flag],
+    /// Checks of its own on the validated configuration (settings only it
+    /// reads, whose rules live in its modules), run wherever
+    /// [`Config::validate`] is, `--check-config` included.
+    pub check: fn(&Config) -> Result<(), ConfigError>,
+}
+
+/// A [`Daemon::check`] with nothing to check.
+pub fn no_check(_: &Config) -> Result<(), ConfigError> {
+    Ok(())
 }
 
 /// A daemon's parsed command line: the configuration with file, `--simulate`
@@ -1798,7 +1807,7 @@ pub fn parse_daemon_args(
                 .map_err(|e| flag_error(flag, e))?;
         }
     }
-    if let Err(error) = config.validate() {
+    if let Err(error) = config.validate().and_then(|()| (daemon.check)(&config)) {
         // A bad value that came from a flag is reported against the flag: the
         // key is nowhere in the file.
         let from_flag = sets

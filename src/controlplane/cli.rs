@@ -11,6 +11,8 @@ use crate::common::config::{
     FLAG_HELP, FLAG_IMPORT_STATE, FLAG_LOG_LEVEL, FLAG_SIMULATE, FLAG_VERSION, Flag, FlagAction,
 };
 
+use crate::controlplane::etcd::{EtcdError, EtcdSettings};
+
 /// The control plane's parsed command line.
 pub use crate::common::config::DaemonOptions as Options;
 
@@ -115,10 +117,25 @@ pub const FLAGS: &[Flag] = &[
 
 /// keel-controlplane's name, description and flags.
 pub const DAEMON: Daemon = Daemon {
+    check: check_etcd,
     name: "keel-controlplane",
     about: "the Keel control plane: node registry, scheduler, services and their VIPs",
     flags: FLAGS,
 };
+
+/// The etcd settings, when given, as the etcd client will take them
+/// ([`EtcdSettings::validate`]): an endpoint that is no URL or a
+/// certificate without its key is a configuration error, found by
+/// `--check-config` and before the daemon starts.
+fn check_etcd(config: &config::Config) -> Result<(), config::ConfigError> {
+    match EtcdSettings::of(&config.controlplane).map(|s| s.validate()) {
+        Some(Err(EtcdError::Settings { field, problem })) => Err(config::ConfigError::Invalid {
+            key: field.to_string(),
+            message: problem,
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// Parses keel-controlplane's arguments (without the program name); see
 /// [`config::parse_daemon_args`].

@@ -129,7 +129,7 @@ pub fn run(options: Options) -> Result<(), RunError> {
     let cfg = &options.config;
     let c = &cfg.controlplane;
     if let Some(transfer) = &options.transfer {
-        let settings = etcd_settings(c);
+        let settings = EtcdSettings::of(c);
         let backend = match &settings {
             Some(s) => transfer::Backend::Etcd(s),
             None => transfer::Backend::Dir(&c.state_dir),
@@ -350,18 +350,6 @@ impl Process<'_> {
     }
 }
 
-/// The etcd settings of `controlplane.etcd_*`, when etcd is configured.
-fn etcd_settings(c: &crate::common::config::ControlPlaneConfig) -> Option<EtcdSettings> {
-    (!c.etcd_endpoints.is_empty()).then(|| EtcdSettings {
-        endpoints: c.etcd_endpoints.clone(),
-        ca: c.etcd_ca.clone(),
-        cert: c.etcd_cert.clone(),
-        key: c.etcd_key.clone(),
-        prefix: c.etcd_prefix.clone(),
-        timeout: c.etcd_timeout.0,
-    })
-}
-
 /// Where the cluster's state lives.
 enum StateSource {
     /// The journal in the state directory: one term, the process's life.
@@ -386,7 +374,7 @@ impl StateSource {
     /// The source `c` names; with etcd, the lease a previous process on
     /// this state directory led with is released first.
     fn connect(c: &crate::common::config::ControlPlaneConfig) -> Result<StateSource, RunError> {
-        let Some(settings) = etcd_settings(c) else {
+        let Some(settings) = EtcdSettings::of(c) else {
             return Ok(StateSource::Journal);
         };
         let etcd = Arc::new(Etcd::connect(&settings).map_err(RunError::Etcd)?);

@@ -84,6 +84,18 @@ pub struct EtcdSettings {
 }
 
 impl EtcdSettings {
+    /// The settings of `controlplane.etcd_*`, when etcd is configured.
+    pub fn of(c: &crate::common::config::ControlPlaneConfig) -> Option<EtcdSettings> {
+        (!c.etcd_endpoints.is_empty()).then(|| EtcdSettings {
+            endpoints: c.etcd_endpoints.clone(),
+            ca: c.etcd_ca.clone(),
+            cert: c.etcd_cert.clone(),
+            key: c.etcd_key.clone(),
+            prefix: c.etcd_prefix.clone(),
+            timeout: c.etcd_timeout.0,
+        })
+    }
+
     /// Checks the settings without touching the network or the files.
     pub fn validate(&self) -> Result<(), EtcdError> {
         let bad =
