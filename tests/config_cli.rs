@@ -143,6 +143,7 @@ fn example_value(key: &str) -> &'static str {
         "controlplane.heartbeat_interval" => "2s",
         "controlplane.dead_after" => "1m",
         "controlplane.metrics_listen" => "127.0.0.1:9740",
+        "controlplane.advertise_addr" => "192.0.2.10:7440",
         "controlplane.etcd_endpoints" => "https://192.0.2.5:2379",
         "controlplane.etcd_ca" => "/srv/keel/etcd-ca.pem",
         "controlplane.etcd_cert" => "/srv/keel/etcd.pem",

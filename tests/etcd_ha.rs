@@ -440,6 +440,56 @@ fn a_leader_partitioned_from_etcd_answers_503_while_the_standby_takes_over() {
     );
 }
 
+/// A standby relays: an agent and keelctl given only the standby's address
+/// are served by the leader through it (the agent registers and
+/// heartbeats, keelctl applies and reads), while `/healthz` stays the
+/// standby's own; once the leader is killed the same address leads.
+#[test]
+fn a_standby_relays_every_request_to_the_leader() {
+    let Some(etcd) = EtcdCluster::start("etcd_relay", 3) else {
+        return;
+    };
+    let (first, second) = (address(), address());
+    let endpoints = etcd.endpoints().join(",");
+    let mut cluster = Cluster::new();
+    let args = controlplane_args(&cluster, first, "cp1", &endpoints);
+    cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let args = controlplane_args(&cluster, second, "cp2", &endpoints);
+    let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let only_standby = second.to_string();
+    cluster.start_standard_agent_of(1, &only_standby);
+    cluster.wait_for("n1 Alive through the standby", || {
+        (alive(&cluster, &only_standby)? == 1).then_some(())
+    });
+    let applied = keelctl(
+        &cluster,
+        &only_standby,
+        &["apply", "-f", "-"],
+        Some(&jail("relayed")),
+    );
+    assert_eq!(applied.code, 0, "{applied:?}\n{}", cluster.logs());
+    assert_eq!(
+        cluster.standby_answers(standby),
+        Some(503),
+        "the standby's own health: it does not lead"
+    );
+    let leader_log = cluster.controlplane_log();
+    assert!(
+        leader_log.contains("Scheduled jail/relayed"),
+        "the leader decided: {leader_log}"
+    );
+
+    cluster.kill9_controlplane();
+    cluster.wait_for("the standby to lead", || {
+        (cluster.standby_answers(standby)? == 200).then_some(())
+    });
+    cluster.wait_for("n1 Alive at the new leader", || {
+        (alive(&cluster, &only_standby)? == 1).then_some(())
+    });
+    let got = keelctl(&cluster, &only_standby, &["get", "jails", "relayed"], None);
+    assert_eq!(got.code, 0, "{got:?}\n{}", cluster.logs());
+}
+
 /// A leader stopped with SIGTERM steps down: it revokes its lease, so the
 /// standby takes over at its next try instead of waiting the lease out.
 /// `dead_after` is 240 s here (a lease of 120 s, twice the test's wait):

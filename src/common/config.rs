@@ -312,6 +312,12 @@ pub struct ControlPlaneConfig {
     /// Node key the control plane signs the requests it forwards to agents
     /// with (agents accept node keys only). Default `/usr/local/etc/keel/node.key`.
     pub key_file: PathBuf,
+    /// `IP:PORT` the other control planes reach this one's API on, to
+    /// forward requests to it while it leads (with `etcd_endpoints`); `""`
+    /// (None) is `listen`, which must then be a specific address.
+    /// Default `""`.
+    #[serde(with = "empty_is_none")]
+    pub advertise_addr: Option<SocketAddr>,
     /// Client URLs of the etcd members that hold the cluster state, shared
     /// by several control planes (one leads, the others wait as standbys);
     /// empty keeps the state in `state_dir`'s own journal. Default `[]`.
@@ -334,6 +340,14 @@ pub struct ControlPlaneConfig {
     pub etcd_timeout: Interval,
 }
 
+impl ControlPlaneConfig {
+    /// The API's address as other control planes reach it:
+    /// `advertise_addr`, else `listen`.
+    pub fn advertised(&self) -> SocketAddr {
+        self.advertise_addr.unwrap_or(self.listen)
+    }
+}
+
 impl Default for ControlPlaneConfig {
     fn default() -> Self {
         ControlPlaneConfig {
@@ -346,6 +360,7 @@ impl Default for ControlPlaneConfig {
             dead_after: Interval::secs(15),
             metrics_listen: None,
             key_file: "/usr/local/etc/keel/node.key".into(),
+            advertise_addr: None,
             etcd_endpoints: Vec::new(),
             etcd_ca: None,
             etcd_cert: None,
@@ -1047,6 +1062,15 @@ impl Config {
                 "controlplane.listen",
                 Some(c.listen),
             )?;
+        }
+        if !c.etcd_endpoints.is_empty() && c.advertised().ip().is_unspecified() {
+            return Err(invalid(
+                "controlplane.advertise_addr",
+                format!(
+                    "required when controlplane.listen ({}) is a wildcard and controlplane.etcd_endpoints is set: the IP:PORT the other control planes forward requests to while this one leads",
+                    c.listen
+                ),
+            ));
         }
         check_interval("controlplane.heartbeat_interval", c.heartbeat_interval)?;
         check_interval("controlplane.dead_after", c.dead_after)?;

@@ -43,6 +43,12 @@ pub const FLAGS: &[Flag] = &[
         "TCP address of the API",
     ),
     set(
+        "advertise-addr",
+        "controlplane.advertise_addr",
+        "IP:PORT",
+        "address other control planes forward to while this one leads",
+    ),
+    set(
         "state-dir",
         "controlplane.state_dir",
         "PATH",

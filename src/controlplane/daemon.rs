@@ -15,7 +15,8 @@
 //! With `controlplane.etcd_endpoints` the state is in etcd, shared with the
 //! other control planes given the same members ([`super::etcd_state`]),
 //! and the process serves in leadership terms: it waits for the leader key
-//! ([`super::leader`]), answering every request as a standby meanwhile;
+//! ([`super::leader`]), relaying every request to the leader meanwhile
+//! ([`super::standby`]);
 //! once it leads it reads the state from etcd, exactly as another leader
 //! left it, and serves a term (a worker over that state and the API) until
 //! a signal stops it or the leadership is lost; then it stands by again.
@@ -48,9 +49,10 @@ use crate::controlplane::cli::Options;
 use crate::controlplane::commit::{JournalLog, Log, LogError};
 use crate::controlplane::etcd::{Etcd, EtcdError, EtcdSettings};
 use crate::controlplane::etcd_state::EtcdLog;
-use crate::controlplane::leader::{self, Keeper, Leading, Standby};
+use crate::controlplane::leader::{self, Keeper, Leading};
 use crate::controlplane::metrics::{Metered, TermMetrics};
 use crate::controlplane::registry::Cluster;
+use crate::controlplane::standby::{Standby, holder_name};
 use crate::controlplane::state::ClusterState;
 use crate::controlplane::transfer::{self, TransferError};
 use crate::controlplane::worker::{Worker, open_state};
@@ -383,7 +385,7 @@ impl StateSource {
     }
 
     /// The next term: with the journal, the state on disk; with etcd, once
-    /// this control plane holds the leader key (a standby answers every
+    /// this control plane holds the leader key (a standby relays every
     /// request on `listener` until then); `None` when a signal stopped the
     /// wait.
     fn begin_term(
@@ -404,19 +406,21 @@ impl StateSource {
                 keeper: None,
             }));
         };
-        let local = listener.local_addr().map_err(setup)?;
-        let holder = format!("{local} (pid {})", std::process::id());
+        let holder = holder_name(c.advertised());
         let ttl = leader::lease_ttl(c.dead_after.0);
         let (lead, log, state) = loop {
             let standby_stop = ShutdownSignal::new();
-            let standby = Server::new(
-                Arc::new(Standby),
-                ServerLimits::default(),
-                standby_stop.clone(),
-            )
-            .serve_tcp(listener.try_clone().map_err(setup)?)
-            .map_err(RunError::Http)?;
-            let won = leader::campaign(Arc::clone(etcd), &holder, ttl, || signals.stop_requested());
+            let relay = Arc::new(Standby::default());
+            let standby = Server::new(relay.clone(), ServerLimits::default(), standby_stop.clone())
+                .serve_tcp(listener.try_clone().map_err(setup)?)
+                .map_err(RunError::Http)?;
+            let won = leader::campaign(
+                Arc::clone(etcd),
+                &holder,
+                ttl,
+                || signals.stop_requested(),
+                |leader| relay.leader_seen(leader),
+            );
             standby_stop.trigger();
             let _ = standby.join();
             let Some(lead) = won.map_err(RunError::Etcd)? else {

@@ -6,8 +6,8 @@
 //! and the key's create revision is the fence every one of its writes
 //! compares ([`super::etcd_state`]). The others wait as standbys, renewing
 //! their own leases every quarter of the lease and trying for the key
-//! every [`STANDBY_TRY`] at most, and answer every request with
-//! [`standby_answer`] meanwhile. When the
+//! every [`STANDBY_TRY`] at most, and relay requests to the leader
+//! meanwhile ([`super::standby`]), which `on_leader` tells them of. When the
 //! leader's lease runs out (the process died, froze, or lost etcd), etcd
 //! deletes the key and a standby creates it anew, at a higher revision.
 //!
@@ -36,10 +36,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::http::failover::STANDBY_HEADER;
 use crate::common::http::{Handler, Request, Response};
 use crate::common::store::{Store, StoreError};
 use crate::controlplane::etcd::{Etcd, EtcdError, Lead, Lease, LeaseId};
+use crate::controlplane::standby::standby_answer;
 
 /// The lease of the last leader on this state directory.
 pub const LEASE_FILE: &str = "leader-lease.json";
@@ -95,8 +95,9 @@ pub struct Leadership {
 /// per standby each time.
 pub const STANDBY_TRY: Duration = Duration::from_millis(500);
 
-/// Waits until this control plane, named `holder` (its API address), holds
-/// the leader key with a lease of `ttl`; `Ok(None)` when `stopping` says
+/// Waits until this control plane, named `holder` (see
+/// [`super::standby::holder_name`]), holds the leader key with a lease of
+/// `ttl`, calling `on_leader` with each new holder it sees meanwhile; `Ok(None)` when `stopping` says
 /// so first (SIGTERM while a standby). etcd out of reach is waited out,
 /// said in the log when it starts and when it ends; any other
 /// error (a refusal: permissions, a TLS setting) ends the wait.
@@ -105,6 +106,7 @@ pub fn campaign(
     holder: &str,
     ttl: Duration,
     mut stopping: impl FnMut() -> bool,
+    mut on_leader: impl FnMut(&str),
 ) -> Result<Option<Leadership>, EtcdError> {
     // The lease and when its last grant or renewal that succeeded was sent.
     let mut lease: Option<(Lease, Instant)> = None;
@@ -157,6 +159,7 @@ pub fn campaign(
                         if seen.as_deref() != Some(other.as_str()) =>
                     {
                         log::info!("standby: {other} leads the cluster");
+                        on_leader(&other);
                         seen = Some(other);
                     }
                     _ => {}
@@ -364,26 +367,6 @@ impl<H: Handler> Handler for Leading<H> {
     }
 }
 
-/// The answer of a standby to every request: 503, with the header that
-/// tells agents and keelctl to try the next control plane.
-pub fn standby_answer() -> Response {
-    Response::error(
-        503,
-        "this control plane is a standby: another one holds the leader key; send the request there (give keelctl and agents every control plane, --controlplane A,B)",
-        None,
-    )
-    .with_header(STANDBY_HEADER, "1")
-}
-
-/// What a standby serves: [`standby_answer`] to everything.
-pub struct Standby;
-
-impl Handler for Standby {
-    fn handle(&self, _req: Request) -> Response {
-        standby_answer()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,16 +378,5 @@ mod tests {
             Duration::from_millis(7500)
         );
         assert_eq!(lease_ttl(Duration::from_secs(2)), Duration::from_secs(2));
-    }
-
-    #[test]
-    fn a_standby_answer_is_a_503_that_says_so() {
-        let r = standby_answer();
-        assert_eq!(r.status, 503);
-        assert!(
-            r.headers
-                .iter()
-                .any(|(n, v)| n.eq_ignore_ascii_case(STANDBY_HEADER) && v == "1")
-        );
     }
 }

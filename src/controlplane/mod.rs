@@ -8,7 +8,8 @@
 //! | [`worker`] | the one thread owning the registry, and the batches it hands to the journal |
 //! | [`commit`] | the journal's writer thread: batches made durable in order, then answered |
 //! | [`etcd_state`] | the cluster state in etcd: the journal's batches as keys, every write fenced by the leader key |
-//! | [`leader`] | which of several control planes decides: the leader key under a lease, the standby's answer |
+//! | [`leader`] | which of several control planes decides: the leader key under a lease, and a deposed leader's fence |
+//! | [`standby`] | what a control plane serves while another leads: requests relayed to the leader |
 //! | [`etcd`] | a blocking etcd v3 client: prefix reads, compare-and-write transactions, leases, a lease-guarded leader key |
 //! | [`endpoint_board`] | the endpoint table the worker publishes and long polls wait on |
 //! | [`api`] | the route table, request signing checks, forwarding to agents |
@@ -35,6 +36,7 @@ pub mod leader;
 pub mod metrics;
 pub mod registry;
 pub mod scheduler;
+pub mod standby;
 pub mod state;
 pub mod transfer;
 pub mod worker;

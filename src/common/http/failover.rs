@@ -12,9 +12,10 @@
 //! address. So a caller sees at most one failed request for each control
 //! plane it loses.
 //!
-//! A standby control plane (one waiting for the leader key) answers every
-//! request 503 with [`STANDBY_HEADER`] and does nothing else, so such an
-//! answer counts as a connection not taken: the request moves on too.
+//! A standby control plane (one waiting for the leader key) relays requests
+//! to the leader; when it knows none it can reach, it answers 503 with
+//! [`STANDBY_HEADER`] and does nothing else, so such an answer counts as a
+//! connection not taken: the request moves on too.
 //!
 //! It must never retry a request that reached a daemon which may have
 //! acted on it, and looks at no answer but for that header.
