@@ -14,15 +14,17 @@
 //! answers [`standby_answer`], a 503 with the header that tells agents and
 //! keelctl to try the next control plane. A request that reached the leader
 //! and got no answer may have been acted on: that is a 502 without the
-//! header, which they do not repeat. `GET /healthz` is always this
-//! process's own: a standby is not the leader's health.
+//! header, which they do not repeat. A relayed answer names the leader in
+//! [`LEADER_HEADER`], so a client that knows it by that address goes there
+//! directly next time. `GET /healthz` is always this process's own: a
+//! standby is not the leader's health.
 //!
 //! It must never decide or change anything itself.
 
 use std::sync::RwLock;
 use std::time::Duration;
 
-use crate::common::http::failover::STANDBY_HEADER;
+use crate::common::http::failover::{LEADER_HEADER, STANDBY_HEADER};
 use crate::common::http::{
     Client, Endpoint, Handler, HttpError, OutgoingRequest, Request, Response,
 };
@@ -86,7 +88,10 @@ impl Handler for Standby {
             return standby_answer();
         };
         match leader.forward(&OutgoingRequest::from(&req), &req.path, &[]) {
-            Ok(answer) => answer,
+            Ok(answer) => match &leader.endpoint {
+                Endpoint::Tcp(api) => answer.with_header(LEADER_HEADER, api),
+                Endpoint::Unix(_) => answer,
+            },
             Err(HttpError::Connect { .. }) => standby_answer(),
             Err(e) => Response::error(
                 502,
@@ -178,6 +183,13 @@ mod tests {
             .push(("Authorization".into(), "Keel key=op,sig=ab".into()));
         let r = standby.handle(req);
         assert_eq!((r.status, r.body.as_slice()), (201, b"ok".as_slice()));
+        assert!(
+            r.headers
+                .iter()
+                .any(|(n, v)| n == LEADER_HEADER && *v == addr.to_string()),
+            "{:?}",
+            r.headers
+        );
         let seen = leader.join().expect("leader thread");
         assert!(
             seen.starts_with("PUT /jails/web?dry_run=1 HTTP/1.1\r\n"),

@@ -15,7 +15,10 @@
 //! A standby control plane (one waiting for the leader key) relays requests
 //! to the leader; when it knows none it can reach, it answers 503 with
 //! [`STANDBY_HEADER`] and does nothing else, so such an answer counts as a
-//! connection not taken: the request moves on too.
+//! connection not taken: the request moves on too. A relayed answer names
+//! the leader in [`LEADER_HEADER`]; when that is one of the configured
+//! addresses, as written there, the next request goes to it directly, so a
+//! client does not stay on a relay.
 //!
 //! It must never retry a request that reached a daemon which may have
 //! acted on it, and looks at no answer but for that header.
@@ -29,6 +32,9 @@ use crate::common::config::comma_list;
 
 /// The header of a standby's answer: it did nothing, ask the next one.
 pub const STANDBY_HEADER: &str = "Keel-Standby";
+
+/// The header of an answer a standby relayed: the leader's address.
+pub const LEADER_HEADER: &str = "Keel-Leader";
 
 /// A client for several endpoints of one service; see the module docs.
 #[derive(Debug)]
@@ -159,7 +165,13 @@ impl Failover {
                     standby = Some(response);
                 }
                 Ok(response) => {
-                    self.preferred.store(at, Ordering::Relaxed);
+                    let leader = response.header(LEADER_HEADER).and_then(|leader| {
+                        self.clients
+                            .iter()
+                            .position(|c| c.endpoint == Endpoint::Tcp(leader.to_string()))
+                    });
+                    self.preferred
+                        .store(leader.unwrap_or(at), Ordering::Relaxed);
                     return Pass::Done(Ok(response));
                 }
                 Err(HttpError::Connect { endpoint, source }) => refused.push((endpoint, source)),
@@ -208,7 +220,7 @@ mod tests {
     }
 
     /// How a test server answers.
-    #[derive(Clone, Copy, PartialEq)]
+    #[derive(Clone, PartialEq)]
     enum Mode {
         /// 200 with its name as the body.
         Answer,
@@ -216,6 +228,8 @@ mod tests {
         HangUp,
         /// A standby's 503.
         Standby,
+        /// 200 with its name, relayed from the leader at this address.
+        Relayed(String),
     }
 
     /// A server answering `n` requests as `mode` says; counts the requests
@@ -241,6 +255,12 @@ mod tests {
                     let _ = write!(
                         s,
                         "HTTP/1.1 503 Service Unavailable\r\n{STANDBY_HEADER}: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    );
+                } else if let Mode::Relayed(leader) = &mode {
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\n{LEADER_HEADER}: {leader}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
+                        name.len()
                     );
                 } else if mode == Mode::Answer {
                     let _ = write!(
@@ -293,6 +313,28 @@ mod tests {
             .request("GET", "/nodes", &[], b"")
             .expect("the standby's answer");
         assert_eq!(answer.status, 503);
+    }
+
+    #[test]
+    fn a_relayed_answer_sends_the_next_request_to_the_leader_it_names() {
+        let (live, live_seen) = server("b", Mode::Answer, 1);
+        let (relay, relay_seen) = server("b", Mode::Relayed(live.clone()), 1);
+        let f = Failover::tcp(&format!("{relay},{live}"));
+        assert_eq!(get(&f).expect("relayed"), "b");
+        assert_eq!(f.endpoint(), &Endpoint::Tcp(live.clone()));
+        assert_eq!(get(&f).expect("straight to the leader"), "b");
+        assert_eq!(
+            (
+                relay_seen.load(Ordering::SeqCst),
+                live_seen.load(Ordering::SeqCst)
+            ),
+            (1, 1)
+        );
+        // A leader named otherwise than configured changes nothing.
+        let (relay, _) = server("b", Mode::Relayed("leader.example:7440".into()), 1);
+        let f = Failover::tcp(&format!("{relay},{}", refusing()));
+        assert_eq!(get(&f).expect("relayed"), "b");
+        assert_eq!(f.endpoint(), &Endpoint::Tcp(relay));
     }
 
     #[test]
