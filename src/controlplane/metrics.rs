@@ -398,6 +398,14 @@ mod tests {
     use super::*;
     use crate::common::wire::Resources;
 
+    #[test]
+    fn a_standby_renders_only_that_it_does_not_lead() {
+        let standby = Arc::new(TermMetrics::default());
+        let text = standby.render().expect("renders without a term");
+        assert!(text.contains("\nkeel_controlplane_leading 0\n"), "{text}");
+        assert!(!text.contains("keel_nodes"), "{text}");
+    }
+
     fn node(id: &str, status: Liveness) -> NodeStatus {
         NodeStatus {
             node_id: id.into(),
