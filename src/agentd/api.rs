@@ -607,15 +607,7 @@ mod tests {
     use crate::host::net::FakeNet;
 
     fn request(method: &str, path: &str) -> Request {
-        Request {
-            method: method.into(),
-            path: path.into(),
-            raw_path: path.into(),
-            query: None,
-            headers: Vec::new(),
-            body: Vec::new(),
-            peer: Peer::Unix,
-        }
+        Request::for_test(method, path, b"", Peer::Unix)
     }
 
     fn body(r: &Response) -> String {

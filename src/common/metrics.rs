@@ -387,15 +387,7 @@ mod tests {
     }
 
     fn request(method: &str, path: &str) -> Request {
-        Request {
-            method: method.into(),
-            path: path.into(),
-            raw_path: path.into(),
-            query: None,
-            headers: Vec::new(),
-            body: Vec::new(),
-            peer: Peer::Buffer,
-        }
+        Request::for_test(method, path, b"", Peer::Buffer)
     }
 
     #[test]

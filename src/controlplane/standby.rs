@@ -111,15 +111,8 @@ mod tests {
     use std::net::TcpListener;
 
     fn request(method: &str, path: &str, body: &[u8]) -> Request {
-        Request {
-            method: method.into(),
-            path: path.into(),
-            raw_path: path.into(),
-            query: None,
-            headers: Vec::new(),
-            body: body.to_vec(),
-            peer: crate::common::http::Peer::Tcp(([192, 0, 2, 1], 40000).into()),
-        }
+        let peer = crate::common::http::Peer::Tcp(([192, 0, 2, 1], 40000).into());
+        Request::for_test(method, path, body, peer)
     }
 
     #[test]
