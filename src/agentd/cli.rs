@@ -8,25 +8,11 @@ use std::path::Path;
 
 use crate::common::config::{
     self, CliError, Daemon, FLAG_CHECK_CONFIG, FLAG_CONFIG, FLAG_DAEMON, FLAG_HELP, FLAG_LOG_LEVEL,
-    FLAG_SIMULATE, FLAG_VERSION, Flag, FlagAction,
+    FLAG_SIMULATE, FLAG_VERSION, Flag,
 };
 
 /// The agent's parsed command line.
 pub use crate::common::config::DaemonOptions as Options;
-
-const fn set(
-    long: &'static str,
-    key: &'static str,
-    value: &'static str,
-    help: &'static str,
-) -> Flag {
-    Flag {
-        short: None,
-        long,
-        action: FlagAction::Set { key, value },
-        help,
-    }
-}
 
 /// Every flag keel-agentd accepts, in `--help` order.
 pub const FLAGS: &[Flag] = &[
@@ -34,74 +20,74 @@ pub const FLAGS: &[Flag] = &[
     FLAG_CHECK_CONFIG,
     FLAG_SIMULATE,
     FLAG_DAEMON,
-    set(
+    Flag::set(
         "state-dir",
         "agent.state_dir",
         "PATH",
         "crash-safe state directory",
     ),
-    set("socket", "agent.socket", "PATH", "Unix socket of the API"),
-    set(
+    Flag::set("socket", "agent.socket", "PATH", "Unix socket of the API"),
+    Flag::set(
         "socket-group",
         "agent.socket_group",
         "GROUP",
         "group owning the API socket",
     ),
-    set(
+    Flag::set(
         "pidfile",
         "agent.pidfile",
         "PATH",
         "pid file written with --daemon",
     ),
-    set(
+    Flag::set(
         "node-subnet",
         "agent.node_subnet",
         "CIDR",
         "jail subnet of this node when not clustered (a /24 or larger)",
     ),
-    set(
+    Flag::set(
         "reconcile-interval",
         "agent.reconcile_interval",
         "DURATION",
         "period of the reconcile pass, e.g. 5s",
     ),
-    set(
+    Flag::set(
         "usage-interval",
         "agent.usage_interval",
         "DURATION",
         "period of the per-jail CPU and memory usage sample, e.g. 15s",
     ),
-    set(
+    Flag::set(
         "controlplane",
         "agent.controlplane",
         "HOST:PORT,...",
         "register with this control plane, or one of several (empty: single node)",
     ),
-    set(
+    Flag::set(
         "node-id",
         "agent.node_id",
         "ID",
         "node id (empty: the hostname)",
     ),
-    set(
+    Flag::set(
         "advertise-addr",
         "agent.advertise_addr",
         "IP:PORT",
         "TCP listener the control plane reaches this agent on",
     ),
-    set(
+    Flag::set(
         "heartbeat-interval",
         "agent.heartbeat_interval",
         "DURATION",
         "heartbeat period towards the control plane",
     ),
-    set(
+    Flag::set(
         "proxy-listen",
         "agent.proxy_listen",
         "IP",
         "service proxy listens here instead of on each VIP (empty: alias the VIPs)",
     ),
-    set(
+    Flag::set(
         "metrics-listen",
         "agent.metrics_listen",
         "IP:PORT",

@@ -1515,6 +1515,21 @@ pub struct Flag {
 }
 
 impl Flag {
+    /// A flag `--long VALUE` that sets the keel.toml `key`.
+    pub const fn set(
+        long: &'static str,
+        key: &'static str,
+        value: &'static str,
+        help: &'static str,
+    ) -> Flag {
+        Flag {
+            short: None,
+            long,
+            action: FlagAction::Set { key, value },
+            help,
+        }
+    }
+
     /// `--config PATH`-style placeholder of the value, if the flag takes one.
     pub fn value_name(&self) -> Option<&'static str> {
         match self.action {

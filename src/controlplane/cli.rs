@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::common::config::{
     self, CliError, Daemon, FLAG_CHECK_CONFIG, FLAG_CONFIG, FLAG_DAEMON, FLAG_EXPORT_STATE,
-    FLAG_HELP, FLAG_IMPORT_STATE, FLAG_LOG_LEVEL, FLAG_SIMULATE, FLAG_VERSION, Flag, FlagAction,
+    FLAG_HELP, FLAG_IMPORT_STATE, FLAG_LOG_LEVEL, FLAG_SIMULATE, FLAG_VERSION, Flag,
 };
 
 use crate::controlplane::etcd::{EtcdError, EtcdSettings};
@@ -16,99 +16,85 @@ use crate::controlplane::etcd::{EtcdError, EtcdSettings};
 /// The control plane's parsed command line.
 pub use crate::common::config::DaemonOptions as Options;
 
-const fn set(
-    long: &'static str,
-    key: &'static str,
-    value: &'static str,
-    help: &'static str,
-) -> Flag {
-    Flag {
-        short: None,
-        long,
-        action: FlagAction::Set { key, value },
-        help,
-    }
-}
-
 /// Every flag keel-controlplane accepts, in `--help` order.
 pub const FLAGS: &[Flag] = &[
     FLAG_CONFIG,
     FLAG_CHECK_CONFIG,
     FLAG_SIMULATE,
     FLAG_DAEMON,
-    set(
+    Flag::set(
         "listen",
         "controlplane.listen",
         "IP:PORT",
         "TCP address of the API",
     ),
-    set(
+    Flag::set(
         "advertise-addr",
         "controlplane.advertise_addr",
         "IP:PORT",
         "address other control planes forward to while this one leads",
     ),
-    set(
+    Flag::set(
         "state-dir",
         "controlplane.state_dir",
         "PATH",
         "crash-safe state directory",
     ),
-    set(
+    Flag::set(
         "pidfile",
         "controlplane.pidfile",
         "PATH",
         "pid file written with --daemon",
     ),
-    set(
+    Flag::set(
         "cluster-cidr",
         "controlplane.cluster_cidr",
         "CIDR",
         "range every node's /24 is carved from",
     ),
-    set(
+    Flag::set(
         "service-cidr",
         "controlplane.service_cidr",
         "CIDR",
         "range service VIPs are taken from (disjoint from the cluster range)",
     ),
-    set(
+    Flag::set(
         "heartbeat-interval",
         "controlplane.heartbeat_interval",
         "DURATION",
         "heartbeat period expected from agents",
     ),
-    set(
+    Flag::set(
         "dead-after",
         "controlplane.dead_after",
         "DURATION",
         "silence after which a node is dead (longer than the heartbeat)",
     ),
-    set(
+    Flag::set(
         "metrics-listen",
         "controlplane.metrics_listen",
         "IP:PORT",
         "plain HTTP listener serving only GET /metrics (empty: none)",
     ),
-    set(
+    Flag::set(
         "etcd-endpoints",
         "controlplane.etcd_endpoints",
         "URL,...",
         "keep the state in these etcd members, shared with other control planes (empty: the journal)",
     ),
-    set(
+    Flag::set(
         "etcd-ca",
         "controlplane.etcd_ca",
         "PATH",
         "CA certificate of the etcd members (https:// endpoints)",
     ),
-    set(
+    Flag::set(
         "etcd-cert",
         "controlplane.etcd_cert",
         "PATH",
         "client certificate for etcd",
     ),
-    set(
+    Flag::set(
         "etcd-key",
         "controlplane.etcd_key",
         "PATH",
