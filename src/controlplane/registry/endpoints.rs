@@ -328,7 +328,7 @@ impl Cluster {
     pub(super) fn endpoints_caught_up(&self, generation: u64, now: Instant) -> bool {
         self.live
             .iter()
-            .filter(|(id, _)| self.liveness(id, now) == Some(Liveness::Alive))
+            .filter(|(id, _)| self.reported_liveness(id, now) == Some(Liveness::Alive))
             .all(|(_, l)| l.endpoints_applied.is_some_and(|g| g >= generation))
     }
 }

@@ -17,6 +17,13 @@
 //!   nothing for a while (it was paused, or nobody could reach the process),
 //!   so the heartbeats that did not arrive are no evidence either.
 //!
+//! With the state in etcd, a new leader takes over the cluster's record of
+//! who is alive ([`Cluster::vouch`]): a node an earlier leader heard within
+//! its lease is Alive from the start, with the resources it last reported,
+//! rather than Unknown. That is evidence for life only: its lease here still
+//! begins at the start, so it too is Dead only one whole `dead_after` of
+//! silence later, which this process sees.
+//!
 //! What each state allows: an Alive node is a scheduling candidate and its
 //! replicas are ready when it reports them running. An Unknown node is
 //! reached for forwards and routed to by the peers, and its placements count
@@ -118,17 +125,54 @@ impl Cluster {
                 (Some(Liveness::Dead), true) => "heartbeating again after it was Dead",
                 _ => "heartbeating",
             };
-            self.events.record(
-                ObjectKind::Node,
-                id,
-                "NodeAlive",
-                EventType::Normal,
-                message.to_string(),
-                Some(id),
-            );
-            self.peer_changed(id, now);
-            self.mark_node(id);
+            self.became_alive(id, message, now);
         }
+    }
+
+    /// Takes the cluster's word that `id` is alive, with the `committed`
+    /// resources and `jails` it last reported (see the module docs):
+    /// Unknown becomes Alive, its lease untouched. Nothing for a node this
+    /// process heard from, saw die, or has no record of.
+    pub fn vouch(&mut self, id: &str, committed: Resources, jails: u32, now: Instant) {
+        if self.liveness(id, now) != Some(Liveness::Unknown) {
+            return;
+        }
+        let Some(live) = self.live.get_mut(id) else {
+            return;
+        };
+        live.vouched = true;
+        live.committed = committed;
+        live.jails = jails;
+        self.rank(id, true);
+        self.became_alive(
+            id,
+            "alive on the cluster's record: the control plane that led before heard it within its lease",
+            now,
+        );
+    }
+
+    /// What every turn to Alive tells: its event, its peers, its services.
+    fn became_alive(&mut self, id: &str, message: &str, now: Instant) {
+        self.events.record(
+            ObjectKind::Node,
+            id,
+            "NodeAlive",
+            EventType::Normal,
+            message.to_string(),
+            Some(id),
+        );
+        self.peer_changed(id, now);
+        self.mark_node(id);
+    }
+
+    /// The resources and jail count `id` reported as this process knows
+    /// them, once it heard from it: what the cluster's record of the node
+    /// keeps for the next leader ([`Cluster::vouch`]).
+    pub fn reported_load(&self, id: &str) -> Option<(Resources, u32)> {
+        self.live
+            .get(id)
+            .filter(|l| l.last_heartbeat.is_some())
+            .map(|l| (l.committed, l.known_jails()))
     }
 
     /// The worker heard nothing between its previous command and `now`,
@@ -277,11 +321,24 @@ impl Cluster {
         let Some(live) = self.live.get(id).filter(|l| self.lease_running(l, now)) else {
             return Some(Liveness::Dead);
         };
-        Some(if live.last_heartbeat.is_some() {
+        Some(if live.last_heartbeat.is_some() || live.vouched {
             Liveness::Alive
         } else {
             Liveness::Unknown
         })
+    }
+
+    /// [`Cluster::liveness`] as far as this process has `id`'s own reports:
+    /// a node vouched for but not heard from yet is Unknown here. What the
+    /// data plane is told (replica readiness, endpoint tables, rollouts)
+    /// goes by this, since the record that vouches carries no report of
+    /// its jails.
+    pub(super) fn reported_liveness(&self, id: &str, now: Instant) -> Option<Liveness> {
+        let heard = self.live.get(id).and_then(|l| l.last_heartbeat).is_some();
+        match self.liveness(id, now) {
+            Some(Liveness::Alive) if !heard => Some(Liveness::Unknown),
+            other => other,
+        }
     }
 
     /// True unless `id` is unknown or this process saw its lease expire:
@@ -293,11 +350,12 @@ impl Cluster {
         )
     }
 
-    /// True when `id` heartbeated since this process started.
-    pub(super) fn heard_since_start(&self, id: &str) -> bool {
+    /// True when `id` heartbeated since this process started, or the
+    /// cluster's record vouched for it: what makes a running lease Alive.
+    pub(super) fn alive_on_evidence(&self, id: &str) -> bool {
         self.live
             .get(id)
-            .is_some_and(|l| l.last_heartbeat.is_some())
+            .is_some_and(|l| l.last_heartbeat.is_some() || l.vouched)
     }
 
     fn lease_running(&self, live: &Live, now: Instant) -> bool {
@@ -318,7 +376,7 @@ impl Cluster {
             .filter_map(|(id, n)| {
                 while live.next_if(|(l, _)| *l < id).is_some() {}
                 let (_, l) = live.next_if(|(l, _)| *l == id)?;
-                let alive = l.last_heartbeat.is_some() && self.lease_running(l, now);
+                let alive = (l.last_heartbeat.is_some() || l.vouched) && self.lease_running(l, now);
                 (alive && !n.cordoned).then_some(Candidate {
                     node_id: id,
                     capacity: n.capacity,

@@ -105,6 +105,9 @@ pub struct Target {
 struct Live {
     /// The last heartbeat (or registration) this process received.
     last_heartbeat: Option<Instant>,
+    /// Alive on the cluster's word ([`Cluster::vouch`]): the control plane
+    /// that led before heard it within its lease; this one has not yet.
+    vouched: bool,
     /// When the node's current lease began: its last heartbeat, or the start
     /// of a grace this process granted (its own start, the end of a stall).
     /// `None` once the lease was seen to expire.
@@ -279,7 +282,7 @@ impl Cluster {
         // Nodes the restored records lack must not be picked.
         let leased: Vec<String> = self.leases.iter().map(|(_, id)| id.clone()).collect();
         for id in leased {
-            let rank = self.state.nodes.contains_key(&id) && self.heard_since_start(&id);
+            let rank = self.state.nodes.contains_key(&id) && self.alive_on_evidence(&id);
             self.rank(&id, rank);
         }
         self.healing.clear();

@@ -177,7 +177,7 @@ impl Cluster {
         let mut outdated: Vec<(bool, u32, String)> = view
             .iter()
             .filter(|r| !r.updated && !self.pending.contains_key(&r.name))
-            .filter(|r| self.liveness(&r.node, now) == Some(Liveness::Alive))
+            .filter(|r| self.reported_liveness(&r.node, now) == Some(Liveness::Alive))
             .filter_map(|r| {
                 let (_, index) = replica_of(&r.name)?;
                 (index < n).then(|| (r.ready, index, r.name.clone()))

@@ -225,15 +225,19 @@ impl Cluster {
     /// endpoint lists are built from, so the two can never disagree: a replica
     /// is ready when its node is Alive and reports its workload ready under
     /// the replica's current epoch (a report under an older one is of the
-    /// workload a rolling update replaced), and it is not draining. On an
-    /// Unknown node (not heard from since a restart) it is `NodeUnknown`:
-    /// not ready, since nothing vouches for it, but not gone either.
+    /// workload a rolling update replaced), and it is not draining. On a
+    /// node not heard from since a restart (Unknown, or vouched for by the
+    /// cluster's record, which says nothing of its jails) it is
+    /// `NodeUnknown`: not ready, since no report vouches for it, but not
+    /// gone either.
     pub(super) fn replica_view(&self, name: &str, now: Instant) -> Vec<ReplicaStatus> {
         let record = self.state.services.get(name);
         self.placed_replicas(name)
             .into_iter()
             .map(|(_, replica, p)| {
-                let liveness = self.liveness(&p.node, now).unwrap_or(Liveness::Dead);
+                let liveness = self
+                    .reported_liveness(&p.node, now)
+                    .unwrap_or(Liveness::Dead);
                 let reported = self
                     .live
                     .get(&p.node)

@@ -1547,6 +1547,50 @@ fn a_restart_moves_nothing_fences_nothing_and_keeps_every_route() {
 }
 
 #[test]
+fn a_node_vouched_for_is_alive_at_once_but_moves_nothing_and_dies_only_one_lease_later() {
+    let (c, _) = spread_web();
+    let placements = c.state().placements.clone();
+    let t1 = Instant::now();
+    let mut r = restarted_at(&c, t1);
+    let load = Resources {
+        cpu: 1.0,
+        memory: 1 << 30,
+    };
+    for id in ["b", "c"] {
+        r.vouch(id, load, 1, t1);
+        assert_eq!(r.liveness(id, t1), Some(Liveness::Alive), "{id}");
+    }
+    r.vouch("nobody", load, 1, t1);
+    assert_eq!(r.liveness("nobody", t1), None, "no record, no node");
+    assert_eq!(r.liveness("a", t1), Some(Liveness::Unknown));
+    // Schedulable with the load it last reported; nothing healed or fenced.
+    assert!(r.scheduled_pick(t1).is_some_and(|n| n == "b" || n == "c"));
+    assert!(r.plan_heal(None, t1).is_empty(), "nothing is healed away");
+    let answer = r.heartbeat("a", &reported_by(&r, "a"), t1).expect("beat");
+    assert!(decode(&answer, "a").stale.is_empty());
+    let endpoints = r.endpoints(t1);
+    assert!(
+        endpoints[0].unsettled,
+        "vouched replicas are not reported ready"
+    );
+    assert_eq!(r.state().placements, placements, "no replica moved");
+
+    // Silent: Dead one whole lease after the start, as an Unknown node is,
+    // not one lease after the earlier leader last heard it.
+    let almost = t1 + DEAD_AFTER - Duration::from_millis(1);
+    r.heartbeat("b", &reported_by(&r, "b"), almost)
+        .expect("beat");
+    assert_eq!(r.liveness("c", almost), Some(Liveness::Alive));
+    let expired = t1 + DEAD_AFTER;
+    r.heartbeat("b", &reported_by(&r, "b"), expired)
+        .expect("beat");
+    assert_eq!(r.liveness("c", expired), Some(Liveness::Dead));
+    // A node seen dead is not vouched back to life.
+    r.vouch("c", load, 1, expired);
+    assert_eq!(r.liveness("c", expired), Some(Liveness::Dead));
+}
+
+#[test]
 fn a_node_silent_after_a_restart_dies_one_lease_later_and_its_replica_moves() {
     let (c, _) = spread_web();
     let t1 = Instant::now();
