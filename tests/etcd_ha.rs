@@ -490,6 +490,84 @@ fn a_standby_relays_every_request_to_the_leader() {
     assert_eq!(got.code, 0, "{got:?}\n{}", cluster.logs());
 }
 
+/// The cluster's record of live nodes: the leader keeps `nodes/{id}` under
+/// a lease in etcd as heartbeats arrive; a new leader reads it, so a node
+/// whose agent is paused (SIGSTOP: no heartbeat can reach the new leader)
+/// is Alive there from its first moment instead of Unknown. Evidence for
+/// life only: still silent, it is Dead one `dead_after` later, and Alive
+/// again once its agent resumes.
+#[test]
+fn a_new_leader_takes_the_record_of_live_nodes_but_sees_deaths_itself() {
+    use crate::util::agent::signal;
+    use keel::controlplane::etcd::Etcd;
+    use keel::controlplane::node_leases::NODES_PREFIX;
+
+    let Some(etcd) = EtcdCluster::start("etcd_node_leases", 3) else {
+        return;
+    };
+    let (first, second) = (address(), address());
+    let endpoints = etcd.endpoints().join(",");
+    let both = format!("{first},{second}");
+    let mut cluster = Cluster::new();
+    let args = controlplane_args(&cluster, first, "cp1", &endpoints);
+    cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let args = controlplane_args(&cluster, second, "cp2", &endpoints);
+    let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    cluster.start_standard_agent_of(1, &both);
+    cluster.wait_for("n1 Alive", || (alive(&cluster, &both)? == 1).then_some(()));
+    let client = Etcd::connect(&etcd.settings("/keel/")).expect("connects");
+    cluster.wait_for("n1 on the record, under a lease", || {
+        let got = client.range_prefix(NODES_PREFIX).ok()?;
+        let kv = got.kvs.into_iter().find(|kv| kv.key == "nodes/n1")?;
+        let ttl = client.time_to_live(kv.lease?).ok()??;
+        // dead_after and a quarter at most (whole seconds, rounded up).
+        assert!(
+            ttl <= DEAD_AFTER + DEAD_AFTER / 4 + std::time::Duration::from_secs(1),
+            "{ttl:?}"
+        );
+        Some(())
+    });
+
+    let agent = cluster.agent_pid("n1").expect("n1 runs");
+    signal(agent, libc::SIGSTOP).expect("SIGSTOP the agent");
+    cluster.kill9_controlplane();
+    cluster.wait_for("the standby to lead", || {
+        (cluster.standby_answers(standby)? == 200).then_some(())
+    });
+    let nodes = keelctl(
+        &cluster,
+        &second.to_string(),
+        &["get", "nodes", "-o", "json"],
+        None,
+    );
+    let nodes: Vec<NodeStatus> = serde_json::from_str(&nodes.stdout).expect("nodes as JSON");
+    let n1 = nodes.iter().find(|n| n.node_id == "n1").expect("n1 listed");
+    let log = cluster.logs();
+    assert_eq!(
+        n1.status,
+        Liveness::Alive,
+        "on the record while its agent is paused: {n1:?}\n{log}"
+    );
+    assert_eq!(n1.last_seen_secs, None, "not heard by the new leader");
+    cluster.wait_for("n1 Dead at the new leader, one lease later", || {
+        let run = keelctl(
+            &cluster,
+            &second.to_string(),
+            &["get", "nodes", "-o", "json"],
+            None,
+        );
+        let nodes: Vec<NodeStatus> = serde_json::from_str(&run.stdout).ok()?;
+        nodes
+            .iter()
+            .any(|n| n.node_id == "n1" && n.status == Liveness::Dead)
+            .then_some(())
+    });
+    signal(agent, libc::SIGCONT).expect("SIGCONT the agent");
+    cluster.wait_for("n1 Alive again", || {
+        (alive(&cluster, &both)? == 1).then_some(())
+    });
+}
+
 /// A leader stopped with SIGTERM steps down: it revokes its lease, so the
 /// standby takes over at its next try instead of waiting the lease out.
 /// `dead_after` is 240 s here (a lease of 120 s, twice the test's wait):

@@ -30,6 +30,7 @@
 //! Stopping the control plane stops nothing else: agents keep running their
 //! jails and their last peer and service lists until it is back.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -51,6 +52,7 @@ use crate::controlplane::etcd::{Etcd, EtcdError, EtcdSettings};
 use crate::controlplane::etcd_state::EtcdLog;
 use crate::controlplane::leader::{self, Keeper, Leading};
 use crate::controlplane::metrics::{Metered, TermMetrics};
+use crate::controlplane::node_leases::{self, NodeLeases, NodeRecord};
 use crate::controlplane::registry::Cluster;
 use crate::controlplane::standby::{Standby, holder_name};
 use crate::controlplane::state::ClusterState;
@@ -279,6 +281,8 @@ impl Process<'_> {
             state,
             from,
             keeper,
+            alive,
+            node_leases,
         } = term;
         log::info!(
             "{} nodes and {} placements loaded from {from}",
@@ -287,7 +291,18 @@ impl Process<'_> {
         );
         let mut cluster = Cluster::new(state, c.cluster_cidr, c.service_cidr, c.dead_after.0);
         cluster.set_events(self.events.clone());
-        let (worker, worker_thread) = Worker::new(cluster, log).spawn().map_err(setup)?;
+        let now = std::time::Instant::now();
+        for (id, record) in &alive {
+            cluster.vouch(id, record.committed, record.jails, now);
+        }
+        if !alive.is_empty() {
+            log::info!("{} nodes alive on the cluster's record", alive.len());
+        }
+        let mut worker = Worker::new(cluster, log);
+        if let Some(leases) = node_leases {
+            worker = worker.with_heard(Box::new(leases));
+        }
+        let (worker, worker_thread) = worker.spawn().map_err(setup)?;
         let watcher = signals.watch(worker_thread).map_err(setup)?;
         let api = Arc::new(ControlPlaneApi::new(
             worker.clone(),
@@ -364,12 +379,15 @@ enum StateSource {
 }
 
 /// One leadership term: the state to start from, where its changes go,
-/// where it was read (for the log), and with etcd the lease being kept.
+/// where it was read (for the log), and with etcd the lease being kept,
+/// the nodes the cluster's record says are alive, and its writer.
 struct Term {
     log: Box<dyn Log>,
     state: ClusterState,
     from: String,
     keeper: Option<Keeper>,
+    alive: BTreeMap<String, NodeRecord>,
+    node_leases: Option<NodeLeases>,
 }
 
 impl StateSource {
@@ -404,6 +422,8 @@ impl StateSource {
                 state,
                 from: transfer::Backend::Dir(&c.state_dir).to_string(),
                 keeper: None,
+                alive: BTreeMap::new(),
+                node_leases: None,
             }));
         };
         let holder = holder_name(c.advertised());
@@ -444,6 +464,12 @@ impl StateSource {
             // Only a restart gets slower: it waits the lease out.
             log::warn!("the leader lease is not recorded: {e}");
         }
+        let alive = node_leases::read(etcd).unwrap_or_else(|e| {
+            log::warn!("cannot read the record of live nodes ({e}); every node is Unknown until it heartbeats");
+            BTreeMap::new()
+        });
+        let node_leases =
+            NodeLeases::start(Arc::clone(etcd), lead.fence, c.dead_after.0).map_err(setup)?;
         let waker = signals.waker();
         let keeper = lead.keep(move || waker.wake()).map_err(setup)?;
         Ok(Some(Term {
@@ -451,6 +477,8 @@ impl StateSource {
             state,
             from: transfer::Backend::Etcd(settings).to_string(),
             keeper: Some(keeper),
+            alive,
+            node_leases: Some(node_leases),
         }))
     }
 }

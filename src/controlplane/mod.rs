@@ -9,6 +9,7 @@
 //! | [`commit`] | the journal's writer thread: batches made durable in order, then answered |
 //! | [`etcd_state`] | the cluster state in etcd: the journal's batches as keys, every write fenced by the leader key |
 //! | [`leader`] | which of several control planes decides: the leader key under a lease, and a deposed leader's fence |
+//! | [`node_leases`] | the cluster's record of live nodes in etcd: keys under shared leases, written as heartbeats arrive, read by the next leader |
 //! | [`standby`] | what a control plane serves while another leads: requests relayed to the leader |
 //! | [`etcd`] | a blocking etcd v3 client: prefix reads, compare-and-write transactions, leases, a lease-guarded leader key |
 //! | [`endpoint_board`] | the endpoint table the worker publishes and long polls wait on |
@@ -34,6 +35,7 @@ pub mod etcd_state;
 pub mod heal;
 pub mod leader;
 pub mod metrics;
+pub mod node_leases;
 pub mod registry;
 pub mod scheduler;
 pub mod standby;

@@ -55,6 +55,7 @@ use crate::common::wire::{
 use crate::controlplane::commit::JournalLog;
 use crate::controlplane::commit::{Batch, Committer, Deferred, Log};
 use crate::controlplane::endpoint_board::EndpointBoard;
+use crate::controlplane::node_leases::{HeardFrom, NodeRecord};
 use crate::controlplane::registry::{Cluster, HealAction, HeartbeatAnswer, Refusal, Target};
 use crate::controlplane::state::{ClusterState, Op, STATE_NAME};
 
@@ -541,13 +542,25 @@ pub struct VolumeHome {
 pub struct Worker {
     cluster: Cluster,
     log: Box<dyn Log>,
+    heard: Option<Box<dyn HeardFrom>>,
 }
 
 impl Worker {
     /// A worker over `cluster`, whose state `log` holds (the journal
     /// opened with [`open_state`], in a [`JournalLog`], or etcd).
     pub fn new(cluster: Cluster, log: Box<dyn Log>) -> Worker {
-        Worker { cluster, log }
+        Worker {
+            cluster,
+            log,
+            heard: None,
+        }
+    }
+
+    /// Tells `heard` of every node heard from, with its load (the record of
+    /// live nodes in etcd, [`crate::controlplane::node_leases`]).
+    pub fn with_heard(mut self, heard: Box<dyn HeardFrom>) -> Worker {
+        self.heard = Some(heard);
+        self
     }
 
     /// Starts the worker thread (and the journal's writer thread).
@@ -564,10 +577,18 @@ impl Worker {
             node_ids(&self.cluster),
         ));
         let events = self.cluster.events().clone();
-        let Worker { cluster, log } = self;
+        let Worker {
+            cluster,
+            log,
+            heard,
+        } = self;
         let durable = cluster.state().clone();
         let committer = Committer::spawn(log, durable, Arc::clone(&board))?;
-        let running = Running { cluster, committer };
+        let running = Running {
+            cluster,
+            committer,
+            heard,
+        };
         let handle = std::thread::Builder::new()
             .name("keel-cp-worker".into())
             .spawn(move || running.run(rx))?;
@@ -584,6 +605,7 @@ fn node_ids(cluster: &Cluster) -> std::collections::BTreeSet<String> {
 struct Running {
     cluster: Cluster,
     committer: Committer,
+    heard: Option<Box<dyn HeardFrom>>,
 }
 
 impl Running {
@@ -665,6 +687,16 @@ impl Running {
         }
     }
 
+    /// Hands `id`'s load to the record of live nodes, if there is one and
+    /// `id` was heard (a refused heartbeat is not).
+    fn tell_heard(&self, id: &str) {
+        if let (Some(heard), Some((committed, jails))) =
+            (&self.heard, self.cluster.reported_load(id))
+        {
+            heard.heard(id, NodeRecord { committed, jails });
+        }
+    }
+
     /// After a failed write: memory holds changes the disk lacks, so take
     /// the disk's word. True when the state was replaced; on failure the
     /// next wake tries again, and the writer refuses every change meanwhile.
@@ -739,6 +771,7 @@ impl Running {
                     ops.extend(self.cluster.advance_rollouts(now));
                     (answer, self.cluster.plan_heal(None, now))
                 });
+                self.tell_heard(&id);
                 let _ = reply.send(answer);
             }
             Command::NoteCommitted(id, committed) => self.cluster.note_committed(&id, committed),
