@@ -15,9 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use keel::common::wire::{Liveness, NodeStatus};
 
-use crate::util::cluster::{
-    Cluster, Run, free_port, keelctl_through_at, standard_controlplane_args,
-};
+use crate::util::cluster::{Cluster, Run, free_port, keelctl_through_at};
 use crate::util::etcd::EtcdCluster;
 
 /// Silence after which a node is dead: the lease of the leader key is half
@@ -26,24 +24,6 @@ const DEAD_AFTER: std::time::Duration = std::time::Duration::from_secs(6);
 
 fn address() -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)))
-}
-
-/// The arguments of a control plane on `listen` with its own state
-/// directory, keeping the state in `etcd`.
-fn controlplane_args(cluster: &Cluster, listen: SocketAddr, name: &str, etcd: &str) -> Vec<String> {
-    let mut args = standard_controlplane_args(listen);
-    let at = args
-        .iter()
-        .position(|a| a == "--dead-after")
-        .expect("standard arguments set --dead-after");
-    args[at + 1] = format!("{}s", DEAD_AFTER.as_secs());
-    args.extend([
-        "--state-dir".into(),
-        cluster.dir().join(name).display().to_string(),
-        "--etcd-endpoints".into(),
-        etcd.to_string(),
-    ]);
-    args
 }
 
 fn keelctl(cluster: &Cluster, list: &str, args: &[&str], stdin: Option<&str>) -> Run {
@@ -81,9 +61,9 @@ fn a_standby_takes_over_from_a_killed_leader_and_loses_no_acknowledged_apply() {
     assert_ne!(first, second);
     let both = format!("{first},{second}");
     let mut cluster = Cluster::new();
-    let args = controlplane_args(&cluster, first, "cp1", &endpoints);
+    let args = cluster.etcd_controlplane_args(first, "cp1", &endpoints, DEAD_AFTER);
     cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let args = controlplane_args(&cluster, second, "cp2", &endpoints);
+    let args = cluster.etcd_controlplane_args(second, "cp2", &endpoints, DEAD_AFTER);
     let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
 
     for n in 1..=3u8 {
@@ -337,9 +317,10 @@ fn a_leader_cut_off_from_etcd_stops_and_the_standby_continues() {
     assert_ne!(first, second);
     let both = format!("{first},{second}");
     let mut cluster = Cluster::new();
-    let args = controlplane_args(&cluster, first, "cp1", &through_links);
+    let args = cluster.etcd_controlplane_args(first, "cp1", &through_links, DEAD_AFTER);
     cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let args = controlplane_args(&cluster, second, "cp2", &etcd.endpoints().join(","));
+    let args =
+        cluster.etcd_controlplane_args(second, "cp2", &etcd.endpoints().join(","), DEAD_AFTER);
     let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
     cluster.start_standard_agent_of(1, &both);
     cluster.wait_for("n1 Alive", || (alive(&cluster, &both)? == 1).then_some(()));
