@@ -81,7 +81,7 @@ use keel::host::sim::SimJails;
 // The phases replay from the printed seed; the crash campaign's stream.
 #[path = "../tests/util/seeded.rs"]
 mod seeded;
-use seeded::SplitMix64;
+use seeded::{SplitMix64, stratified};
 
 const CONTROLPLANE: &str = env!("CARGO_BIN_EXE_keel-controlplane");
 const AGENTD: &str = env!("CARGO_BIN_EXE_keel-agentd");
@@ -634,20 +634,6 @@ impl TrafficClient {
     }
 }
 
-/// Stratified phases in [0, 1): trial i's lies in a stratum of its own (the
-/// strata shuffled), at a uniform place within it.
-fn phases(trials: usize, rng: &mut SplitMix64) -> Vec<f64> {
-    let mut strata: Vec<usize> = (0..trials).collect();
-    for i in (1..strata.len()).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        strata.swap(i, j);
-    }
-    strata
-        .into_iter()
-        .map(|s| (s as f64 + rng.unit()) / trials as f64)
-        .collect()
-}
-
 /// One trial's figures, all measured from the kill.
 struct Trial {
     victim: String,
@@ -708,7 +694,7 @@ fn run() -> Result<bool, String> {
         timings.dead_after /= QUICK_FACTOR;
     }
     let mut rng = SplitMix64(seed);
-    let phases = phases(trials, &mut rng);
+    let phases = stratified(trials, &mut rng);
 
     let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
     let cp_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));

@@ -16,9 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use keel::common::wire::{Liveness, NodeStatus};
 
-use crate::util::cluster::{
-    Cluster, Run, free_port, keelctl_through_at, standard_controlplane_args,
-};
+use crate::util::cluster::{Cluster, Run, free_port, keelctl_through_at};
 use crate::util::etcd::EtcdCluster;
 
 /// Silence after which a node is dead: the lease of the leader key is half
@@ -27,24 +25,6 @@ const DEAD_AFTER: std::time::Duration = std::time::Duration::from_secs(6);
 
 fn address() -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)))
-}
-
-/// The arguments of a control plane on `listen` with its own state
-/// directory, keeping the state in `etcd`.
-fn controlplane_args(cluster: &Cluster, listen: SocketAddr, name: &str, etcd: &str) -> Vec<String> {
-    let mut args = standard_controlplane_args(listen);
-    let at = args
-        .iter()
-        .position(|a| a == "--dead-after")
-        .expect("standard arguments set --dead-after");
-    args[at + 1] = format!("{}s", DEAD_AFTER.as_secs());
-    args.extend([
-        "--state-dir".into(),
-        cluster.dir().join(name).display().to_string(),
-        "--etcd-endpoints".into(),
-        etcd.to_string(),
-    ]);
-    args
 }
 
 fn keelctl(cluster: &Cluster, list: &str, args: &[&str], stdin: Option<&str>) -> Run {
@@ -82,9 +62,9 @@ fn a_standby_takes_over_from_a_killed_leader_and_loses_no_acknowledged_apply() {
     assert_ne!(first, second);
     let both = format!("{first},{second}");
     let mut cluster = Cluster::new();
-    let args = controlplane_args(&cluster, first, "cp1", &endpoints);
+    let args = cluster.etcd_controlplane_args(first, "cp1", &endpoints, DEAD_AFTER);
     cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let args = controlplane_args(&cluster, second, "cp2", &endpoints);
+    let args = cluster.etcd_controlplane_args(second, "cp2", &endpoints, DEAD_AFTER);
     let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
 
     for n in 1..=3u8 {
@@ -338,18 +318,19 @@ fn a_leader_partitioned_from_etcd_answers_503_while_the_standby_takes_over() {
     let second = address();
     let both = format!("{first},{second}");
     let mut cluster = Cluster::new();
-    let args = controlplane_args(
-        &cluster,
+    let args = cluster.etcd_controlplane_args(
         first,
         "cp1",
         &etcd.endpoints_on(link.host_extra).join(","),
+        DEAD_AFTER,
     );
     let exec = spaces.exec("cp1");
     cluster.start_controlplane_in(
         &exec.iter().map(String::as_str).collect::<Vec<_>>(),
         &args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
-    let args = controlplane_args(&cluster, second, "cp2", &etcd.endpoints().join(","));
+    let args =
+        cluster.etcd_controlplane_args(second, "cp2", &etcd.endpoints().join(","), DEAD_AFTER);
     let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
     // On the veth's host end: the partitioned control plane forwards
     // applies to it from its namespace.
@@ -452,9 +433,9 @@ fn a_standby_relays_every_request_to_the_leader() {
     let (first, second) = (address(), address());
     let endpoints = etcd.endpoints().join(",");
     let mut cluster = Cluster::new();
-    let args = controlplane_args(&cluster, first, "cp1", &endpoints);
+    let args = cluster.etcd_controlplane_args(first, "cp1", &endpoints, DEAD_AFTER);
     cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let args = controlplane_args(&cluster, second, "cp2", &endpoints);
+    let args = cluster.etcd_controlplane_args(second, "cp2", &endpoints, DEAD_AFTER);
     let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let only_standby = second.to_string();
     cluster.start_standard_agent_of(1, &only_standby);
@@ -509,9 +490,9 @@ fn a_new_leader_takes_the_record_of_live_nodes_but_sees_deaths_itself() {
     let endpoints = etcd.endpoints().join(",");
     let both = format!("{first},{second}");
     let mut cluster = Cluster::new();
-    let args = controlplane_args(&cluster, first, "cp1", &endpoints);
+    let args = cluster.etcd_controlplane_args(first, "cp1", &endpoints, DEAD_AFTER);
     cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let args = controlplane_args(&cluster, second, "cp2", &endpoints);
+    let args = cluster.etcd_controlplane_args(second, "cp2", &endpoints, DEAD_AFTER);
     let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
     cluster.start_standard_agent_of(1, &both);
     cluster.wait_for("n1 Alive", || (alive(&cluster, &both)? == 1).then_some(()));
@@ -580,20 +561,14 @@ fn a_leader_stopped_with_sigterm_releases_the_key_at_once() {
     let Some(etcd) = EtcdCluster::start("etcd_step_down", 1) else {
         return;
     };
-    let long = |mut args: Vec<String>| {
-        let at = args
-            .iter()
-            .position(|a| a == "--dead-after")
-            .expect("--dead-after");
-        args[at + 1] = "240s".into();
-        args
-    };
+    // A lease of 120 s, twice the test's wait.
+    let long = std::time::Duration::from_secs(240);
     let (first, second) = (address(), address());
     let endpoints = etcd.endpoints().join(",");
     let mut cluster = Cluster::new();
-    let args = long(controlplane_args(&cluster, first, "cp1", &endpoints));
+    let args = cluster.etcd_controlplane_args(first, "cp1", &endpoints, long);
     cluster.start_controlplane(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let args = long(controlplane_args(&cluster, second, "cp2", &endpoints));
+    let args = cluster.etcd_controlplane_args(second, "cp2", &endpoints, long);
     let standby = cluster.start_standby(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let record = std::fs::read_to_string(cluster.dir().join("cp1").join(LEASE_FILE))
         .expect("the leader recorded its lease");

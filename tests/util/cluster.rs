@@ -32,6 +32,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use keel::common::auth::{self, KeyFilePolicy, Signer};
+use keel::common::http::failover::Failover;
 use keel::common::http::{Client, ClientResponse, Endpoint};
 use keel::common::wire::{Liveness, NodeStatus};
 use keel::host::JailRuntime;
@@ -517,13 +518,44 @@ impl Cluster {
     /// A request to the control plane signed with [`Cluster::operator_key`];
     /// `None` when it does not answer.
     pub fn operator_call(&self, method: &str, path: &str, body: &[u8]) -> Option<ClientResponse> {
-        let key = auth::load_key(&self.operator_key(), KeyFilePolicy::for_current_process())
-            .expect("the operator key");
-        let headers = auth::sign_headers(&Signer::new(key), method, path, body, auth::unix_now())
-            .expect("sign");
+        let headers = operator_headers(&self.operator_key(), method, path, body);
         Client::new(Endpoint::Tcp(self.controlplane_addr().to_string()))
             .request(method, path, &headers, body)
             .ok()
+    }
+
+    /// [`Cluster::operator_call`] to the control planes of `list` (`A,B`);
+    /// see [`operator_call_through_at`].
+    pub fn operator_call_through(
+        &self,
+        list: &str,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> Option<ClientResponse> {
+        operator_call_through_at(&self.operator_key(), list, method, path, body)
+    }
+
+    /// The arguments of a control plane of [`standard_controlplane_args`]
+    /// on `listen`, Dead after `dead_after`, with its own state directory
+    /// `name` in the cluster's directory, keeping the state in the etcd
+    /// members of `etcd` (`URL,URL`): several of them share one cluster,
+    /// one leading.
+    pub fn etcd_controlplane_args(
+        &self,
+        listen: SocketAddr,
+        name: &str,
+        etcd: &str,
+        dead_after: Duration,
+    ) -> Vec<String> {
+        let mut args = controlplane_args_dead_after(listen, dead_after);
+        args.extend([
+            "--state-dir".into(),
+            self.dir().join(name).display().to_string(),
+            "--etcd-endpoints".into(),
+            etcd.to_string(),
+        ]);
+        args
     }
 
     /// Node `id`'s state directory.
@@ -743,6 +775,44 @@ pub fn standard_controlplane_args(listen: SocketAddr) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// [`standard_controlplane_args`] with nodes Dead after `dead_after`
+/// instead of 2 s.
+pub fn controlplane_args_dead_after(listen: SocketAddr, dead_after: Duration) -> Vec<String> {
+    let mut args = standard_controlplane_args(listen);
+    let at = args
+        .iter()
+        .position(|a| a == "--dead-after")
+        .expect("standard arguments set --dead-after");
+    args[at + 1] = format!("{}ms", dead_after.as_millis());
+    args
+}
+
+/// The `Authorization` header of a request signed with the operator key
+/// `key`.
+fn operator_headers(key: &Path, method: &str, path: &str, body: &[u8]) -> Vec<(String, String)> {
+    let key = auth::load_key(key, KeyFilePolicy::for_current_process()).expect("the operator key");
+    auth::sign_headers(&Signer::new(key), method, path, body, auth::unix_now()).expect("sign")
+}
+
+/// A request signed with the operator key `key` to the control planes of
+/// `list` (`A,B`) as keelctl sends it (to the one that takes the
+/// connection and is no standby), but asking once: a standby's 503 when
+/// no control plane leads, `None` when none answers. For a thread that
+/// cannot borrow the cluster while the test changes it.
+pub fn operator_call_through_at(
+    key: &Path,
+    list: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Option<ClientResponse> {
+    let headers = operator_headers(key, method, path, body);
+    Failover::tcp(list)
+        .with_timeout(STOP)
+        .request(method, path, &headers, body)
+        .ok()
 }
 
 /// keelctl through the control planes of `list` (`A,B`), signed with

@@ -1,7 +1,8 @@
 //! A seeded pseudo-random stream (SplitMix64) for runs that must replay from
 //! a printed seed: the crash campaign (`tests/crash_campaign.rs`) and the
-//! failover benchmark (`bench/failover.rs`, which includes this file with
-//! `#[path]`).
+//! failover benchmarks (`bench/failover.rs`, which includes this file with
+//! `#[path]`, and `bench/cp_failover.rs`, through `tests/util`); and the
+//! stratified phases those benchmarks kill at ([`stratified`]).
 //!
 //! It only picks operations, delays and phases; it must never be used for
 //! anything secret (keys, nonces: those come from `getrandom`).
@@ -31,4 +32,20 @@ impl SplitMix64 {
     pub fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
+}
+
+/// `n` phases in [0, 1), stratified: the i-th lies in a stratum of its own
+/// (the strata shuffled), at a uniform place within it, so `n` trials
+/// sample the whole period, its first n-th included, in an order that
+/// tells nothing about the place.
+pub fn stratified(n: usize, rng: &mut SplitMix64) -> Vec<f64> {
+    let mut strata: Vec<usize> = (0..n).collect();
+    for i in (1..strata.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        strata.swap(i, j);
+    }
+    strata
+        .into_iter()
+        .map(|s| (s as f64 + rng.unit()) / n as f64)
+        .collect()
 }
