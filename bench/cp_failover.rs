@@ -11,7 +11,8 @@
 //! every 200 ms, `Cluster::start_standard_agent_of`) given both. The leader
 //! key's lease is `max(dead_after / 2, 2 s)` = 7.5 s, granted by etcd as
 //! 8 s (leases are whole seconds; `Etcd::grant` rounds up) and renewed
-//! every quarter of that, 2 s; the standby tries for the key every 2 s too.
+//! every quarter of that, 2 s; the standby tries for the key every
+//! `leader::STANDBY_TRY` (500 ms).
 //! Per trial:
 //!
 //! 1. the kill's moment: the trial's phase, a seeded fraction of one lease
@@ -34,8 +35,8 @@
 //!    leader's own events must hold no `NodeDead` of `n1` from its takeover
 //!    until it is killed in turn (or the run ends), which also covers a
 //!    death too short for the observer to see. When `n1` is next seen Alive
-//!    (at the new leader: it is Unknown there until its first heartbeat) is
-//!    printed too;
+//!    at the new leader (at once when the record of live nodes vouches for
+//!    it, else at its first heartbeat there) is printed too;
 //! 4. the killed process is started again on its state directory and
 //!    waits as the new standby, so the next trial starts from two.
 //!
