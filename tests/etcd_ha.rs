@@ -6,7 +6,7 @@
 //! What it shows: the standby takes the leader key when the dead leader's
 //! lease runs out and serves the state exactly as the leader left it; every
 //! apply keelctl saw acknowledged is still placed, on the node it was
-//! placed on; keelctl with both addresses waits out the takeover instead
+//! placed on, and every replica of a 3-replica service stays where it was; keelctl with both addresses waits out the takeover instead
 //! of failing (at most one failed call, a request the dying leader had
 //! read); nothing is rescheduled; a lost etcd follower changes nothing.
 
@@ -46,6 +46,32 @@ fn placed_on(out: &str) -> String {
         .unwrap_or_else(|| panic!("no node in {out:?}"))
 }
 
+/// A 3-replica service of sleeping jails.
+const WEB: &str = "kind: Service\nmetadata: {name: web}\nspec:\n  replicas: 3\n  port: 8080\n  \
+                   template:\n    base: 14.2-RELEASE\n    resources: {cpu: 0.1}\n    \
+                   exec: {start: [/bin/sleep, '300']}\n";
+
+fn web_status(cluster: &Cluster, list: &str) -> Option<keel::common::wire::ServiceStatus> {
+    let run = keelctl(
+        cluster,
+        list,
+        &["get", "services", "web", "-o", "json"],
+        None,
+    );
+    serde_json::from_str(&run.stdout).ok()
+}
+
+/// Replica name -> node.
+fn replica_nodes(
+    status: &keel::common::wire::ServiceStatus,
+) -> std::collections::BTreeMap<String, String> {
+    status
+        .replicas
+        .iter()
+        .map(|r| (r.name.clone(), r.node.clone()))
+        .collect()
+}
+
 fn alive(cluster: &Cluster, list: &str) -> Option<usize> {
     let run = keelctl(cluster, list, &["get", "nodes", "-o", "json"], None);
     let nodes: Vec<NodeStatus> = serde_json::from_str(&run.stdout).ok()?;
@@ -72,6 +98,13 @@ fn a_standby_takes_over_from_a_killed_leader_and_loses_no_acknowledged_apply() {
     }
     cluster.wait_for("3 Alive nodes", || {
         (alive(&cluster, &both)? == 3).then_some(())
+    });
+    // A 3-replica service, all ready before the kill: none may move.
+    let applied = keelctl(&cluster, &both, &["apply", "-f", "-"], Some(WEB));
+    assert_eq!(applied.code, 0, "{applied:?}\n{}", cluster.logs());
+    let replicas_before = cluster.wait_for("3 ready replicas of web", || {
+        let s = web_status(&cluster, &both)?;
+        (s.replicas.iter().filter(|r| r.ready).count() == 3).then(|| replica_nodes(&s))
     });
 
     // A stream of applies, each remembered with its node once acknowledged.
@@ -135,6 +168,14 @@ fn a_standby_takes_over_from_a_killed_leader_and_loses_no_acknowledged_apply() {
         acknowledged
     });
     assert!(acknowledged.len() >= 3, "{acknowledged:?}");
+    let replicas_after = cluster.wait_for("3 ready replicas of web again", || {
+        let s = web_status(&cluster, &both)?;
+        (s.replicas.iter().filter(|r| r.ready).count() == 3).then(|| replica_nodes(&s))
+    });
+    assert_eq!(
+        replicas_after, replicas_before,
+        "no replica moved over the failover"
+    );
 
     // One etcd member lost (a follower: a lost etcd leader stalls writes
     // until etcd elects another) changes nothing visible.
